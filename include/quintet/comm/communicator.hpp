@@ -1,0 +1,34 @@
+// One interface for the collectives every parallel axis uses. Implementations: MPI for host
+// memory (comm/mpi_communicator), NCCL for device memory (issue: CUDA backend). A communicator
+// is a value handed to whoever needs it; nothing below main() names MPI_COMM_WORLD.
+// Every method is collective over this communicator's ranks unless it says point-to-point.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace quintet {
+
+class Communicator {
+public:
+    virtual ~Communicator() = default;
+    virtual int rank() const = 0;
+    virtual int size() const = 0;
+
+    virtual void all_reduce_sum(float* buf, size_t n) const = 0;
+    virtual void all_reduce_sum(double* buf, size_t n) const = 0;
+    virtual void all_reduce_max(double* buf, size_t n) const = 0;
+    // recv[count] = sum over ranks of send[rank*count, (rank+1)*count)
+    virtual void reduce_scatter_sum(const float* send, float* recv, size_t count) const = 0;
+    // recv[size*count] = concatenation of every rank's send[count]
+    virtual void all_gather(const float* send, float* recv, size_t count) const = 0;
+    // Variable all-to-all; counts and displacements in elements.
+    virtual void all_to_allv(const float* send, const int* send_counts, const int* send_displs,
+                             float* recv, const int* recv_counts, const int* recv_displs) const = 0;
+    // Point-to-point (pipeline).
+    virtual void send(const float* buf, size_t n, int peer, int tag) const = 0;
+    virtual void recv(float* buf, size_t n, int peer, int tag) const = 0;
+    virtual void broadcast(void* buf, size_t bytes, int root) const = 0;
+    virtual void barrier() const = 0;
+};
+
+}  // namespace quintet

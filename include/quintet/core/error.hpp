@@ -1,0 +1,35 @@
+// Errors in two tiers (see docs/architecture.md, "Errors"):
+//  - ConfigError: deterministic (deck, layout, data header). Every rank detects it identically,
+//    so main() prints it once from rank 0 and finalises cleanly with exit status 2.
+//  - everything else (I/O, a rank-local failure): main() prints "rank N: ..." and MPI_Abort()s,
+//    so the job never hangs waiting for the failed rank.
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace quintet {
+
+// A failure every rank sees identically; safe to end the job collectively.
+struct ConfigError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// A failure of this rank only (file system, library call); the job must be aborted.
+struct RankError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// "deck key 'model.n_heads' = 7: must be divisible by parallel.tp = 2"
+[[noreturn]] void config_fail(const std::string& key, const std::string& value,
+                              const std::string& valid);
+[[noreturn]] void rank_fail(const std::string& what);
+
+// Checks a condition at file:line; throws RankError with the text.
+#define QUINTET_CHECK(cond, msg)                                                          \
+    do {                                                                                  \
+        if (!(cond))                                                                      \
+            ::quintet::rank_fail(std::string(__FILE__ ":") + std::to_string(__LINE__) +   \
+                                 ": " + (msg));                                           \
+    } while (0)
+
+}  // namespace quintet

@@ -1,0 +1,45 @@
+// Checkpoints: one HDF5 file per checkpoint, written collectively with parallel HDF5 (MPI-IO).
+// Every tensor is stored whole, under its Hugging Face name and logical shape; each rank writes
+// the part of the flat arena it owns, so a checkpoint loads into any other layout.
+// The file is written as step_NNNNNNNN.h5.tmp and renamed when complete; `latest` (a one-line
+// text file) names the last complete checkpoint. Formats: docs/formats.md.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+
+#include "quintet/model/params.hpp"
+#include "quintet/parallel/layout.hpp"
+
+namespace quintet {
+
+constexpr int64_t kCheckpointFormatVersion = 1;
+
+struct CheckpointMeta {
+    int64_t step = 0;
+    int64_t tokens_seen = 0;
+    std::string deck;    // resolved deck text
+    std::string layout;  // e.g. "tp=1 cp=1 dp=2 pp=1 zero=1"
+};
+
+// Collective over `comm`. params: full arena; `owned` = the flat range this rank writes;
+// exp_avg/exp_avg_sq hold at least `owned` (indexed from `opt_base`, i.e. element i of the arena
+// is exp_avg[i - opt_base]). Returns the final path. Old checkpoints beyond `keep` are removed.
+std::string checkpoint_save(MPI_Comm comm, const std::string& run_dir, const CheckpointMeta& meta,
+                            const ParamTable& table, const float* params, const float* exp_avg,
+                            const float* exp_avg_sq, size_t opt_base, Range owned, int keep);
+
+// The path named by run_dir/checkpoints/latest, or "" when there is none.
+std::string checkpoint_latest(const std::string& run_dir);
+
+// Checks that `path` is a complete quintet checkpoint whose tensors have exactly the shapes of
+// `table`; throws ConfigError naming the first mismatch. Collective-safe (read-only).
+CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& table);
+
+// Reads params[lo, hi) of the arena, and (when exp_avg != nullptr) the moments of `opt` into
+// exp_avg[i - opt.lo]. Any rank may call it independently.
+void checkpoint_load(const std::string& path, const ParamTable& table, float* params, Range prange,
+                     float* exp_avg, float* exp_avg_sq, Range opt);
+
+}  // namespace quintet

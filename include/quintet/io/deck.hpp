@@ -1,0 +1,39 @@
+// The input deck: Boost.Program_options config file (`[section]` + `key = value`) plus
+// `--section.key=value` overrides. One option table binds {section.key, field, default, help};
+// --help, docs/deck.md and inputs/reference.deck are all generated from it, so they can't drift.
+// Every key is checked here, before any work: errors name the key, the value and what is valid.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "quintet/train/train_config.hpp"
+
+namespace quintet {
+
+struct DeckOption {
+    std::string key;      // "section.key"
+    std::string help;     // one line
+    std::function<void(const std::string&)> set;  // parse + range check; throws ConfigError
+    std::function<std::string()> get;             // current value as deck text
+};
+
+// The option table, bound to the fields of `deck`.
+std::vector<DeckOption> deck_options(Deck& deck);
+
+// Reads DECK_PATH (may be empty: defaults only) and applies `overrides` ("--section.key=value").
+// Throws ConfigError on unknown keys, unparsable or out-of-range values.
+Deck deck_load(const std::string& deck_path, const std::vector<std::string>& overrides);
+
+// Cross-key checks that need the world size (layout) and features not built yet.
+// vocab_size must already be set from the data file.
+void deck_validate(const Deck& deck, int world_size);
+
+// The resolved deck as a config file ("[section]" blocks), stored in checkpoints and metrics.
+std::string deck_to_text(const Deck& deck);
+// Every key with its default and help as comments: inputs/reference.deck.
+std::string deck_reference_text();
+// Markdown table of every key: docs/deck.md's body.
+std::string deck_markdown_table();
+
+}  // namespace quintet

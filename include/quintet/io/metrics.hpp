@@ -1,0 +1,30 @@
+// metrics.h5: extendible 1-D datasets, one row per step, flushed every step so a killed job
+// keeps its history. Written by one rank (the grid's rank 0) with serial HDF5.
+// /train/{step, loss, ce_loss, aux_loss, lr, grad_norm, tokens_per_s, mfu, step_time_s}
+// /eval/{step, loss}    /timing/<phase> (seconds per step, aligned with /train/step)
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "quintet/io/h5.hpp"
+
+namespace quintet {
+
+class MetricsFile {
+public:
+    // Opens run_dir/metrics.h5; when resuming from `first_step` > 0 an existing file is kept and
+    // rows after step first_step are dropped (they will be recomputed), else it is created anew.
+    MetricsFile(const std::string& run_dir, const std::string& deck_text, long first_step);
+    ~MetricsFile();
+    // Appends one row to each named dataset of `group` (creating it on first use).
+    void append(const std::string& group, const std::vector<std::pair<std::string, double>>& row);
+    void flush();
+
+private:
+    void append_value(const std::string& path, double v);
+    h5::Handle file_;
+    std::map<std::string, h5::Handle> open_;
+};
+
+}  // namespace quintet

@@ -1,0 +1,37 @@
+// The token file (DESIGN §4, docs/formats.md): one HDF5 file holding the token stream and the
+// tokenizer that made it, so data and vocabulary cannot be separated. Serial HDF5 only: it is
+// read whole (a few hundred MB at most for this project's corpora), not sliced per rank.
+//   /tokens                1-D uint16 (vocab_size <= 65536) or uint32, contiguous
+//   /tokenizer/merges      uint32 [n_merges, 2], BPE only; merge i makes token 256 + i
+//   attributes on /        format_version (int64 = 1), vocab_size (int64), tokenizer ("byte"|"bpe")
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "quintet/io/tokenizer.hpp"
+
+namespace quintet {
+
+inline constexpr int64_t kTokenFileFormatVersion = 1;
+
+struct TokenFile {
+    std::vector<uint32_t> tokens;  // [n_tokens], every id < vocab_size
+    Tokenizer tokenizer;           // tables built
+    int vocab_size = 0;            // == tokenizer.vocab_size()
+};
+
+// Writes `path` + ".tmp" and renames it over `path`, so a failed write never leaves a half file.
+// Throws RankError (naming the path) if the file cannot be written.
+void token_file_write(const std::string& path, const std::vector<uint32_t>& tokens,
+                      const Tokenizer& tok);
+
+// Reads and fully validates a token file. Throws ConfigError naming the path and the problem:
+// missing file, not HDF5 / corrupt, no or malformed /tokens, missing attributes, fewer than
+// 2 tokens, a token id >= vocab_size (with its index), merges inconsistent with vocab_size.
+TokenFile token_file_read(const std::string& path);
+
+// The tokenizer only, without reading the tokens (for generate). Same checks on the header.
+Tokenizer token_file_read_tokenizer(const std::string& path);
+
+}  // namespace quintet

@@ -1,0 +1,105 @@
+// The compute backend: a narrow interface of the ops the model needs, on memory the backend
+// owns (host memory for CPU, device memory for CUDA). Model code calls these, never a BLAS.
+// The CPU backend (OpenBLAS + OpenMP) is the reference every other backend is tested against.
+//
+// Dimension letters (docs/architecture.md): N = B*T tokens of a microbatch, C = d_model,
+// NH/NKV query/key-value heads, HD head dim, F ffn hidden width, V vocabulary.
+// Conventions (llm.c style): outputs first, then saved values, then inputs, then weights, then
+// dims. Parameter gradients accumulate (+=); activation gradients overwrite (=) unless the
+// function says it accumulates (the residual stream).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace quintet {
+
+enum class Device { cpu, cuda };
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual Device device() const = 0;
+    virtual std::string name() const = 0;
+    virtual int threads() const = 0;
+
+    // ---- memory (elements are float unless named otherwise) ----
+    virtual float* alloc(size_t n) = 0;          // zero-filled
+    virtual void release(float* p) = 0;
+    virtual void zero(float* p, size_t n) = 0;
+    virtual void copy(float* dst, const float* src, size_t n) = 0;          // same device
+    virtual void to_host(float* host, const float* src, size_t n) = 0;
+    virtual void from_host(float* dst, const float* host, size_t n) = 0;
+    virtual int32_t* alloc_i32(size_t n) = 0;
+    virtual void release_i32(int32_t* p) = 0;
+    virtual void from_host_i32(int32_t* dst, const int32_t* host, size_t n) = 0;
+
+    // ---- dense algebra, row-major ----
+    // C[M,N] = alpha * op(A) op(B) + beta * C; op = transpose when the flag is set.
+    virtual void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                      int lda, const float* B, int ldb, float beta, float* C, int ldc) = 0;
+
+    // ---- element-wise and row-wise kernels ----
+    // out[N,C] = wte[ids[n], :]
+    virtual void embedding_forward(float* out, const int32_t* ids, const float* wte, int N, int C) = 0;
+    // dwte[ids[n], :] += dout[n, :]   (deterministic: rows of one id summed in token order)
+    virtual void embedding_backward(float* dwte, const float* dout, const int32_t* ids, int N, int C,
+                                    int V) = 0;
+    // out[N,C] = inp * rstd * w ; rstd[N] saved
+    virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N,
+                                 int C, float eps) = 0;
+    // dinp[N,C] += d(out)/d(inp)^T dout (accumulates: the residual stream); dw[C] += ...
+    virtual void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
+                                  const float* w, const float* rstd, int N, int C) = 0;
+    // In place on x[N, row_stride]: heads [0, n_rot_heads) of HD each, starting at column 0, are
+    // rotated by position t = n % T with tables cos/sin [T, HD/2] (rotate-half convention).
+    virtual void rope_forward(float* x, const float* cos, const float* sin, int N, int T,
+                              int n_rot_heads, int HD, int row_stride) = 0;
+    // The transpose rotation, in place on dx.
+    virtual void rope_backward(float* dx, const float* cos, const float* sin, int N, int T,
+                               int n_rot_heads, int HD, int row_stride) = 0;
+    // Causal attention, tiled with an online softmax (never a T x T matrix).
+    // q: head h at q[(b*T+t)*q_stride + h*HD]; k, v: kv head g at [(b*T+t)*kv_stride + g*HD];
+    // out[N, NH*HD] (row stride NH*HD); lse[B, NH, T] saved for backward.
+    virtual void attention_forward(float* out, float* lse, const float* q, const float* k,
+                                   const float* v, int B, int T, int NH, int NKV, int HD,
+                                   int q_stride, int kv_stride, float scale) = 0;
+    // dq, dk, dv laid out like q, k, v (overwritten: zeroed by the callee).
+    virtual void attention_backward(float* dq, float* dk, float* dv, const float* dout,
+                                    const float* out, const float* lse, const float* q,
+                                    const float* k, const float* v, int B, int T, int NH, int NKV,
+                                    int HD, int q_stride, int kv_stride, float scale) = 0;
+    // gu[N, 2F] = [gate | up]; out[N,F] = silu(gate) * up
+    virtual void swiglu_forward(float* out, const float* gu, int N, int F) = 0;
+    // dgu[N, 2F] from dout[N,F] (overwrites)
+    virtual void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F) = 0;
+    // a[n] += b[n]
+    virtual void add_inplace(float* a, const float* b, size_t n) = 0;
+    // Fused softmax cross-entropy: logits[N,V] are replaced by grad_scale * (softmax - onehot);
+    // losses[N] (host memory) gets each row's -log p(target). Targets < 0 are ignored (loss 0, grad 0).
+    virtual void xent_forward_backward(float* logits, float* losses, const int32_t* targets, int N,
+                                       int V, float grad_scale) = 0;
+    // Loss only (evaluation): logits untouched.
+    virtual void xent_forward(float* losses, const float* logits, const int32_t* targets, int N,
+                              int V) = 0;
+
+    // ---- optimizer ----
+    // Sum of squares of x[0,n) in double, deterministic for a given thread count.
+    virtual double sumsq(const float* x, size_t n) = 0;
+    virtual void scale(float* x, size_t n, float s) = 0;
+    // PyTorch AdamW on n elements: p -= lr*wd*p; m,v moments; bias corrections bc1, bc2 given.
+    virtual void adamw(float* p, const float* g, float* m, float* v, size_t n, float lr,
+                       float beta1, float beta2, float eps, float wd, float bc1, float bc2) = 0;
+};
+
+// threads = 0: OMP_NUM_THREADS, else all cores.
+std::unique_ptr<Backend> make_cpu_backend(int threads);
+// Throws ConfigError naming train.device when built without CUDA or when no GPU is present.
+std::unique_ptr<Backend> make_cuda_backend(int device_index);
+bool cuda_available();
+
+// Measured single-precision GEMM rate of the CPU backend (GFLOP/s) on this machine.
+double cpu_measure_sgemm_gflops(Backend& be, int size = 1024, int repeats = 4);
+
+}  // namespace quintet

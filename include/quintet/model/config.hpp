@@ -1,0 +1,41 @@
+// Model hyper-parameters. Field name = deck key: `model.d_model` is ModelConfig::d_model.
+// Defaults and help texts live in the option table (src/io/deck.cpp), the single source for
+// --help, docs/deck.md and inputs/reference.deck.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace quintet {
+
+struct ModelConfig {
+    int d_model = 256;            // C: width of the residual stream
+    int n_layers = 4;             // L: decoder layers
+    int n_heads = 4;              // NH: query heads
+    int n_kv_heads = 0;           // NKV: key/value heads (GQA); 0 = n_heads
+    int ffn_dim = 0;              // SwiGLU hidden width; 0 = 8/3*d_model rounded up to 64
+    double norm_eps = 1e-5;       // RMSNorm epsilon
+    bool tie_embeddings = false;  // lm_head shares model.embed_tokens
+    std::string attention = "mha";  // mha | mla
+    int kv_lora_rank = 0, q_lora_rank = 0, qk_nope_dim = 0, qk_rope_dim = 0, v_head_dim = 0;
+    int vocab_size = 0;  // V: not a deck key; taken from the data file
+    int head_dim() const { return d_model / n_heads; }  // HD
+};
+
+struct RopeConfig {
+    double theta = 10000.0;
+    std::string scaling = "none";  // none | yarn
+    double factor = 1.0;           // YaRN scale s
+    int original_max_position = 0; // YaRN L (0 = data.seq_len)
+    double beta_fast = 32.0, beta_slow = 1.0;
+};
+
+struct MoeConfig {
+    int experts = 0;  // E; 0 = dense FFN
+    int top_k = 2, shared_experts = 0, ffn_dim = 0;
+    std::string layers = "all";
+    bool norm_topk = true;
+    std::string balance = "aux_loss";  // aux_loss | aux_free | none
+    double aux_coef = 0.01, bias_rate = 0.001;
+};
+
+}  // namespace quintet

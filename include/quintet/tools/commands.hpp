@@ -1,0 +1,14 @@
+// Entry points of the `quintet` subcommands, dispatched from src/main.cpp.
+// Each takes the subcommand's own argv (argv[0] = the subcommand name) and returns the exit status.
+#pragma once
+#include <mpi.h>
+
+namespace quintet {
+
+int train_main(int argc, char** argv, MPI_Comm world);  // tools/train_cmd.cpp; collective
+int prepare_main(int argc, char** argv);   // tools/prepare_cmd.cpp; rank 0 only, no MPI
+int generate_main(int argc, char** argv);  // tools/generate_cmd.cpp; rank 0 only
+int deck_main(int argc, char** argv);      // tools/misc_cmd.cpp: reference deck / markdown
+int peak_main(int argc, char** argv);      // tools/misc_cmd.cpp: sgemm rate
+
+}  // namespace quintet

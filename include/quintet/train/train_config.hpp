@@ -1,0 +1,77 @@
+// Run configuration: one struct per deck section, field name = key.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "quintet/model/config.hpp"
+
+namespace quintet {
+
+struct ParallelConfig {
+    int tp = 1, pp = 1, cp = 1, ep = 1;
+    int dp = 0;                  // 0 = world / (tp*pp*cp)
+    int microbatches = 1;        // per DP replica per step
+    int zero = 0;                // 0 | 1 (optimizer state sharded over dp)
+    bool sequence_parallel = false;
+    std::string schedule = "1f1b";
+    int virtual_stages = 1;
+    std::string pp_layers = "";
+    double bucket_mb = 25.0;     // DP gradient bucket size in MiB
+};
+
+struct DataConfig {
+    std::string path = "data/quickstart.h5";
+    int seq_len = 128;           // T
+    int micro_batch_size = 8;    // B
+    std::string order = "random";  // random | sequential
+    double val_fraction = 0.05;
+};
+
+struct TrainConfig {
+    int steps = 100;
+    double lr = 3e-4, lr_min = 3e-5;
+    int warmup = 10;
+    double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, grad_clip = 1.0;
+    int64_t seed = 1234;
+    std::string device = "cpu";     // cpu | cuda
+    std::string precision = "fp32"; // fp32 | bf16
+    double peak_tflops = 0.0;       // 0 = backend default (CPU: measured sgemm-bound peak)
+    int threads = 0;                // OpenMP/BLAS threads per rank; 0 = OMP_NUM_THREADS or cores/ranks
+};
+
+struct InitConfig {
+    std::string scheme = "scaled";  // normal | scaled | fan_in
+    double std = 0.02;
+};
+
+struct EvalConfig {
+    int every = 0;   // 0 = never
+    int batches = 4;
+};
+
+struct CheckpointConfig {
+    int every = 0;                 // 0 = only at the end (and on SIGTERM/SIGUSR1)
+    std::string resume = "auto";   // auto | none | PATH
+    int keep = 3;                  // complete checkpoints kept; 0 = all
+};
+
+struct OutputConfig {
+    std::string run_dir = "runs/quickstart";
+    int log_every = 1;
+};
+
+// The whole resolved deck.
+struct Deck {
+    ModelConfig model;
+    RopeConfig rope;
+    MoeConfig moe;
+    ParallelConfig parallel;
+    DataConfig data;
+    TrainConfig train;
+    InitConfig init;
+    EvalConfig eval;
+    CheckpointConfig checkpoint;
+    OutputConfig output;
+};
+
+}  // namespace quintet

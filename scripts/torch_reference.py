@@ -1,0 +1,621 @@
+#!/usr/bin/env python3
+"""Independent PyTorch reference for quintet's dense Llama-style decoder.
+
+Written from docs/DESIGN.md sections 2-4 (model maths, training semantics, files), not from
+quintet's C++, so that agreement between the two means something.
+
+Two modes:
+
+  bench   time steady-state training steps of a randomly initialised model
+            torch_reference.py bench --vocab 256 --d-model 256 --n-layers 4 --n-heads 4 \
+                --n-kv-heads 4 --ffn-dim 768 --seq-len 256 --micro-batch 16 \
+                --steps 8 --warmup-steps 2 --threads 2
+          prints one line:
+            torch_tokens_per_s=<f> step_time_s=<median> threads=<n> runtime=<OpenMP|...>
+            torch_version=<v> flops_per_token=<int> params=<int> ...
+
+  check   continue training from a quintet checkpoint with exactly DESIGN section 3
+            torch_reference.py check --checkpoint run/checkpoints/step_00000000.h5 \
+                --data data/quickstart.h5 --steps 20 [--out losses.txt] [--double]
+          prints (and writes to --out) one line per step:  step <s> loss <8 significant digits>
+
+Dense models only (model.attention = mha, moe.experts = 0); MLA and MoE stop with an error.
+Needs torch (>= 1.13, CPU is fine), numpy and h5py.
+"""
+import argparse
+import math
+import os
+import re
+import statistics
+import sys
+import time
+
+
+# --------------------------------------------------------------------------------------------
+# Interpreter: Debian's python3-torch lives in /usr/bin/python3; if the python3 on PATH (e.g. a
+# pyenv shim) lacks torch, re-run this script with the system interpreter.
+def _ensure_torch_interpreter():
+    try:
+        import torch  # noqa: F401
+        import h5py  # noqa: F401
+        return
+    except ImportError:
+        pass
+    sys_py = "/usr/bin/python3"
+    if (os.path.exists(sys_py) and not os.environ.get("TORCH_REFERENCE_REEXEC")
+            and os.path.realpath(sys.executable) != os.path.realpath(sys_py)):
+        os.environ["TORCH_REFERENCE_REEXEC"] = "1"
+        os.execv(sys_py, [sys_py] + sys.argv)
+    sys.exit("torch_reference.py: needs torch, numpy and h5py (Debian: apt-get install "
+             "python3-torch python3-h5py; then run with /usr/bin/python3)")
+
+
+# --------------------------------------------------------------------------------------------
+# Deck (Boost.Program_options config text): "[section]" headers, "key = value" lines,
+# '#' comments. Keys written as "section.key" outside a section are accepted too.
+
+# Defaults used when a key is absent (quintet's resolved deck normally carries every key).
+DECK_DEFAULTS = {
+    "model.d_model": "256", "model.n_layers": "4", "model.n_heads": "4", "model.n_kv_heads": "0",
+    "model.ffn_dim": "0", "model.norm_eps": "1e-5", "model.tie_embeddings": "false",
+    "model.attention": "mha",
+    "rope.theta": "10000", "rope.scaling": "none", "rope.factor": "1",
+    "rope.original_max_position": "0", "rope.beta_fast": "32", "rope.beta_slow": "1",
+    "moe.experts": "0",
+    "parallel.dp": "0", "parallel.microbatches": "1",
+    "data.path": "", "data.seq_len": "128", "data.micro_batch_size": "8", "data.order": "random",
+    "data.val_fraction": "0.05",
+    "train.steps": "100", "train.lr": "3e-4", "train.lr_min": "3e-5", "train.warmup": "10",
+    "train.weight_decay": "0.1", "train.beta1": "0.9", "train.beta2": "0.95", "train.eps": "1e-8",
+    "train.grad_clip": "1.0",
+}
+
+
+def parse_deck(text):
+    """Returns {"section.key": "value"} from Boost config-file text."""
+    out = {}
+    section = ""
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"\[\s*([^\]]*?)\s*\]", line)
+        if m:
+            section = m.group(1)
+            continue
+        if "=" not in line:
+            raise ValueError(f"deck line {lineno}: expected 'key = value', got {raw!r}")
+        key, value = (s.strip() for s in line.split("=", 1))
+        full = key if ("." in key or not section) else f"{section}.{key}"
+        out[full] = value
+    return out
+
+
+class Deck:
+    def __init__(self, kv):
+        self.kv = dict(kv)
+        self.defaulted = []
+
+    def raw(self, key):
+        if key in self.kv:
+            return self.kv[key]
+        if key in DECK_DEFAULTS:
+            self.defaulted.append(key)
+            return DECK_DEFAULTS[key]
+        raise KeyError(f"deck has no key '{key}' and there is no default for it")
+
+    def str(self, key):
+        return self.raw(key)
+
+    def int(self, key):
+        return int(self.raw(key))
+
+    def float(self, key):
+        return float(self.raw(key))
+
+    def bool(self, key):
+        v = self.raw(key).strip().lower()
+        if v in ("1", "true", "yes", "on"):
+            return True
+        if v in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"deck key '{key}': '{v}' is not a boolean")
+
+
+def resolve_ffn_dim(ffn_dim, d_model):
+    if ffn_dim > 0:
+        return ffn_dim
+    # 8/3 * d_model rounded up to a multiple of 64, in integers: ceil(8 d / (3 * 64)) * 64
+    return (8 * d_model + 191) // 192 * 64
+
+
+# --------------------------------------------------------------------------------------------
+# Model
+
+class ModelConfig:
+    def __init__(self, vocab, d_model, n_layers, n_heads, n_kv_heads, ffn_dim, norm_eps=1e-5,
+                 tie_embeddings=False, theta=10000.0, scaling="none", factor=1.0,
+                 original_max_position=0, beta_fast=32.0, beta_slow=1.0):
+        self.vocab = vocab
+        self.d_model = d_model
+        self.n_layers = n_layers
+        self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads if n_kv_heads > 0 else n_heads
+        self.ffn_dim = resolve_ffn_dim(ffn_dim, d_model)
+        self.norm_eps = norm_eps
+        self.tie_embeddings = tie_embeddings
+        self.theta = theta
+        self.scaling = scaling
+        self.factor = factor
+        self.original_max_position = original_max_position
+        self.beta_fast = beta_fast
+        self.beta_slow = beta_slow
+        if d_model % n_heads:
+            raise ValueError(f"d_model {d_model} not divisible by n_heads {n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads {self.n_kv_heads} does not divide n_heads {n_heads}")
+        self.head_dim = d_model // n_heads
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim {self.head_dim} must be even for RoPE")
+
+    def matmul_params(self):
+        """P of DESIGN's FLOP count: every matrix that multiplies tokens (LM head included,
+        embedding lookup excluded)."""
+        d, hd, nh, nkv = self.d_model, self.head_dim, self.n_heads, self.n_kv_heads
+        per_layer = d * nh * hd + 2 * d * nkv * hd + nh * hd * d + 3 * d * self.ffn_dim
+        return self.n_layers * per_layer + self.vocab * d
+
+    def flops_per_token(self, seq_len):
+        """PaLM convention: 6 P + 6 L T NH (d_qk + d_v)."""
+        return (6 * self.matmul_params()
+                + 6 * self.n_layers * seq_len * self.n_heads * (2 * self.head_dim))
+
+
+def rope_tables(cfg, seq_len, dtype):
+    """cos, sin [T, head_dim/2] (rotate-half RoPE, optional YaRN; mscale folded in)."""
+    import torch
+    d = cfg.head_dim
+    i = torch.arange(d // 2, dtype=torch.float64)
+    inv_freq = cfg.theta ** (-2.0 * i / d)
+    mscale = 1.0
+    if cfg.scaling == "yarn":
+        s = cfg.factor
+        L = cfg.original_max_position if cfg.original_max_position > 0 else seq_len
+        ln_theta = math.log(cfg.theta)
+        low = math.floor(d * math.log(L / (cfg.beta_fast * 2 * math.pi)) / (2 * ln_theta))
+        high = math.ceil(d * math.log(L / (cfg.beta_slow * 2 * math.pi)) / (2 * ln_theta))
+        low = max(low, 0)
+        high = min(high, d - 1)
+        span = (high - low) if high != low else 0.001
+        ramp = ((i - low) / span).clamp(0.0, 1.0)
+        inv_freq = (inv_freq / s) * ramp + inv_freq * (1.0 - ramp)
+        mscale = 0.1 * math.log(s) + 1.0
+    elif cfg.scaling != "none":
+        raise ValueError(f"rope.scaling '{cfg.scaling}' not supported (none | yarn)")
+    pos = torch.arange(seq_len, dtype=torch.float64)
+    angle = torch.outer(pos, inv_freq)
+    return (torch.cos(angle) * mscale).to(dtype), (torch.sin(angle) * mscale).to(dtype)
+
+
+def build_model_class():
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    def rmsnorm(x, w, eps):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+    def apply_rope(x, cos, sin):
+        # x [B, T, H, hd]; cos/sin [T, 1, hd/2]. Rotate-half: halves (x1, x2) of each head.
+        B, T, H, hd = x.shape
+        x1, x2 = x.reshape(B, T, H, 2, hd // 2).unbind(-2)
+        return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-2).view(B, T, H, hd)
+
+    class Layer(nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            d, hd = cfg.d_model, cfg.head_dim
+            self.cfg = cfg
+            self.q_rows = cfg.n_heads * hd
+            self.kv_rows = cfg.n_kv_heads * hd
+            self.attn_norm = nn.Parameter(torch.ones(d))
+            # q, k, v stacked along the output dim (rows), each [out, in] as HF Llama.
+            self.wqkv = nn.Parameter(torch.empty(self.q_rows + 2 * self.kv_rows, d))
+            self.wo = nn.Parameter(torch.empty(d, self.q_rows))
+            self.ffn_norm = nn.Parameter(torch.ones(d))
+            # gate and up stacked along rows.
+            self.w_gate_up = nn.Parameter(torch.empty(2 * cfg.ffn_dim, d))
+            self.w_down = nn.Parameter(torch.empty(d, cfg.ffn_dim))
+
+        def hf_views(self, prefix, get):
+            """{HF name: view into get(param)} for every logical HF tensor of this layer."""
+            q, kv, f = self.q_rows, self.kv_rows, self.cfg.ffn_dim
+            return {
+                prefix + "input_layernorm.weight": get(self.attn_norm),
+                prefix + "self_attn.q_proj.weight": get(self.wqkv)[0:q],
+                prefix + "self_attn.k_proj.weight": get(self.wqkv)[q:q + kv],
+                prefix + "self_attn.v_proj.weight": get(self.wqkv)[q + kv:q + 2 * kv],
+                prefix + "self_attn.o_proj.weight": get(self.wo),
+                prefix + "post_attention_layernorm.weight": get(self.ffn_norm),
+                prefix + "mlp.gate_proj.weight": get(self.w_gate_up)[0:f],
+                prefix + "mlp.up_proj.weight": get(self.w_gate_up)[f:2 * f],
+                prefix + "mlp.down_proj.weight": get(self.w_down),
+            }
+
+        def forward(self, x, cos, sin, mask):
+            cfg = self.cfg
+            B, T, _ = x.shape
+            nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+            rep = nh // nkv
+            h = rmsnorm(x, self.attn_norm, cfg.norm_eps)
+            qkv = F.linear(h, self.wqkv).view(B, T, nh + 2 * nkv, hd)
+            qk = apply_rope(qkv[:, :, :nh + nkv], cos, sin)  # q and k heads share the tables
+            # GQA without copying K/V: query head h uses kv head h // rep; fold the rep query
+            # heads of a group into the row dimension: q [B*nkv, rep*T, hd].
+            q = qk[:, :, :nh].transpose(1, 2).reshape(B * nkv, rep * T, hd)
+            k = qk[:, :, nh:].transpose(1, 2).reshape(B * nkv, T, hd)
+            v = qkv[:, :, nh + nkv:].transpose(1, 2).reshape(B * nkv, T, hd)
+            # scores = mask + scale * q k^T (mask: causal, additive -inf, tiled rep times)
+            scores = torch.baddbmm(mask, q, k.transpose(1, 2), beta=1.0,
+                                   alpha=1.0 / math.sqrt(hd))         # [B*nkv, rep*T, T]
+            probs = torch.softmax(scores, dim=-1)
+            o = torch.bmm(probs, v)                                    # [B*nkv, rep*T, hd]
+            o = o.view(B, nh, T, hd).transpose(1, 2).reshape(B, T, nh * hd)
+            x = x + F.linear(o, self.wo)
+            h = rmsnorm(x, self.ffn_norm, cfg.norm_eps)
+            gate, up = F.linear(h, self.w_gate_up).chunk(2, dim=-1)
+            return x + F.linear(F.silu(gate) * up, self.w_down)
+
+    class Decoder(nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            self.cfg = cfg
+            self.embed = nn.Parameter(torch.empty(cfg.vocab, cfg.d_model))
+            self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.n_layers))
+            self.norm = nn.Parameter(torch.ones(cfg.d_model))
+            self.lm_head = None if cfg.tie_embeddings else nn.Parameter(
+                torch.empty(cfg.vocab, cfg.d_model))
+            self._rope_cache = {}
+
+        def hf_views(self, get=lambda p: p.data):
+            views = {"model.embed_tokens.weight": get(self.embed)}
+            for i, layer in enumerate(self.layers):
+                views.update(layer.hf_views(f"model.layers.{i}.", get))
+            views["model.norm.weight"] = get(self.norm)
+            if self.lm_head is not None:
+                views["lm_head.weight"] = get(self.lm_head)
+            return views
+
+        def init_normal(self, std, generator=None):
+            with torch.no_grad():
+                for p in self.parameters():
+                    if p.ndim >= 2:
+                        p.normal_(0.0, std, generator=generator)
+                    else:
+                        p.fill_(1.0)
+
+        def _tables(self, T, dtype):
+            key = (T, dtype)
+            if key not in self._rope_cache:
+                cos, sin = rope_tables(self.cfg, T, dtype)
+                mask = torch.full((T, T), float("-inf"), dtype=dtype).triu(1)
+                rep = self.cfg.n_heads // self.cfg.n_kv_heads
+                self._rope_cache[key] = (cos[:, None, :].contiguous(), sin[:, None, :].contiguous(),
+                                         mask.repeat(rep, 1))
+            return self._rope_cache[key]
+
+        def forward(self, tokens):
+            """tokens [B, T] int64 -> logits [B, T, V]"""
+            T = tokens.shape[1]
+            cos, sin, mask = self._tables(T, self.embed.dtype)
+            x = F.embedding(tokens, self.embed)
+            for layer in self.layers:
+                x = layer(x, cos, sin, mask)
+            x = rmsnorm(x, self.norm, self.cfg.norm_eps)
+            head = self.embed if self.lm_head is None else self.lm_head
+            return F.linear(x, head)
+
+    return Decoder
+
+
+def make_adamw(model, lr, betas, eps, weight_decay):
+    """torch.optim.AdamW, weight decay on parameters of rank >= 2 only."""
+    import torch
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr, betas=betas, eps=eps)
+
+
+def lr_at(s, lr, lr_min, warmup, steps):
+    """Linear warmup lr*(s+1)/warmup for s < warmup, then cosine from lr to lr_min at `steps`."""
+    if s < warmup:
+        return lr * (s + 1) / warmup
+    if steps <= warmup:
+        return lr_min
+    frac = min(1.0, (s - warmup) / (steps - warmup))
+    return lr_min + 0.5 * (lr - lr_min) * (1.0 + math.cos(math.pi * frac))
+
+
+def runtime_word(torch):
+    info = torch.__config__.parallel_info()
+    m = re.search(r"ATen parallel backend:\s*([A-Za-z0-9_]+)", info)
+    if m:
+        return m.group(1)
+    for word in ("OpenMP", "TBB", "native"):
+        if word in info:
+            return word
+    return "unknown"
+
+
+# --------------------------------------------------------------------------------------------
+# bench
+
+def cmd_bench(args):
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    cfg = ModelConfig(args.vocab, args.d_model, args.n_layers, args.n_heads, args.n_kv_heads,
+                      args.ffn_dim)
+    Decoder = build_model_class()
+    model = Decoder(cfg)
+    model.init_normal(0.02)
+    opt = make_adamw(model, 1e-3, (0.9, 0.95), 1e-8, 0.1)
+    B, T, V = args.micro_batch, args.seq_len, cfg.vocab
+    gen = torch.Generator().manual_seed(args.seed + 1)
+
+    def step():
+        data = torch.randint(0, V, (B, T + 1), generator=gen)
+        opt.zero_grad(set_to_none=True)
+        logits = model(data[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, V), data[:, 1:].reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+        opt.step()
+        return loss.item()
+
+    for _ in range(args.warmup_steps):
+        step()
+    times = []
+    loss = float("nan")
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        loss = step()
+        times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    tok_s = B * T / med
+    fpt = cfg.flops_per_token(T)
+    wait = os.environ.get("OMP_WAIT_POLICY", "default")
+    print(f"torch_tokens_per_s={tok_s:.6g} step_time_s={med:.6g} threads={torch.get_num_threads()} "
+          f"runtime={runtime_word(torch)} torch_version={torch.__version__} "
+          f"omp_wait_policy={wait} flops_per_token={fpt} params={cfg.matmul_params()} "
+          f"model_gflops={tok_s * fpt / 1e9:.6g} steps={args.steps} last_loss={loss:.6g}",
+          flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# check
+
+def read_deck_attr(f):
+    if "deck" not in f.attrs:
+        sys.exit(f"{f.filename}: no root attribute 'deck'")
+    v = f.attrs["deck"]
+    if isinstance(v, bytes):
+        v = v.decode()
+    elif hasattr(v, "tolist"):  # numpy array / scalar of bytes
+        v = v.tolist()
+        if isinstance(v, list):
+            v = v[0]
+        if isinstance(v, bytes):
+            v = v.decode()
+    return str(v)
+
+
+def cmd_check(args):
+    import numpy as np
+    import h5py
+    import torch
+    import torch.nn.functional as F
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    dtype = torch.float64 if args.double else torch.float32
+
+    with h5py.File(args.checkpoint, "r") as ck:
+        kv = parse_deck(read_deck_attr(ck))
+        start = int(ck.attrs["step"]) if "step" in ck.attrs else 0
+        for item in args.set:
+            k, _, v = item.partition("=")
+            kv[k.strip().lstrip("-")] = v.strip()
+        deck = Deck(kv)
+
+        if deck.str("model.attention") != "mha":
+            sys.exit("check: only model.attention = mha is implemented here")
+        if deck.int("moe.experts") != 0:
+            sys.exit("check: only dense models (moe.experts = 0) are implemented here")
+        if deck.str("data.order") != "sequential":
+            sys.exit(f"check: data.order must be 'sequential' (deck has "
+                     f"'{deck.str('data.order')}'); pass --set data.order=sequential only if the "
+                     f"quintet run used it too")
+
+        data_path = args.data or deck.str("data.path")
+        if not data_path:
+            sys.exit("check: no --data and no data.path in the deck")
+        with h5py.File(data_path, "r") as df:
+            if "vocab_size" not in df.attrs:
+                sys.exit(f"{data_path}: no attribute 'vocab_size'")
+            vocab = int(df.attrs["vocab_size"])
+            tokens = np.asarray(df["tokens"][:], dtype=np.int64)
+
+        cfg = ModelConfig(
+            vocab, deck.int("model.d_model"), deck.int("model.n_layers"),
+            deck.int("model.n_heads"), deck.int("model.n_kv_heads"), deck.int("model.ffn_dim"),
+            norm_eps=deck.float("model.norm_eps"),
+            tie_embeddings=deck.bool("model.tie_embeddings"),
+            theta=deck.float("rope.theta"), scaling=deck.str("rope.scaling"),
+            factor=deck.float("rope.factor"),
+            original_max_position=deck.int("rope.original_max_position"),
+            beta_fast=deck.float("rope.beta_fast"), beta_slow=deck.float("rope.beta_slow"))
+        if cfg.scaling == "yarn" and cfg.original_max_position <= 0:
+            cfg.original_max_position = deck.int("data.seq_len")
+
+        Decoder = build_model_class()
+        model = Decoder(cfg)
+        views = model.hf_views()
+        missing = [n for n in views if f"params/{n}" not in ck]
+        if missing:
+            sys.exit(f"{args.checkpoint}: missing parameters: {', '.join(missing[:8])}"
+                     + (" ..." if len(missing) > 8 else ""))
+        extra = sorted(set(ck["params"].keys()) - set(views)) if "params" in ck else []
+        if extra:
+            sys.exit(f"{args.checkpoint}: parameters this dense model does not have: "
+                     f"{', '.join(extra[:8])}")
+        with torch.no_grad():
+            for name, view in views.items():
+                arr = np.asarray(ck[f"params/{name}"][()], dtype=np.float32)
+                if tuple(arr.shape) != tuple(view.shape):
+                    sys.exit(f"{args.checkpoint}: /params/{name} has shape {arr.shape}, "
+                             f"model wants {tuple(view.shape)}")
+                view.copy_(torch.from_numpy(arr))
+        model.to(dtype)
+
+        lr_max, lr_min = deck.float("train.lr"), deck.float("train.lr_min")
+        warmup, total_steps = deck.int("train.warmup"), deck.int("train.steps")
+        betas = (deck.float("train.beta1"), deck.float("train.beta2"))
+        opt = make_adamw(model, lr_max, betas, deck.float("train.eps"),
+                         deck.float("train.weight_decay"))
+
+        # Resume the AdamW moments when the checkpoint is past step 0 and carries them.
+        if start > 0 and not args.no_optim_state:
+            if "optim" not in ck:
+                sys.exit(f"{args.checkpoint}: step {start} but no /optim group "
+                         f"(pass --no-optim-state to start with zero moments)")
+            for p in model.parameters():
+                opt.state[p] = {"step": torch.tensor(float(start)),
+                                "exp_avg": torch.zeros_like(p),
+                                "exp_avg_sq": torch.zeros_like(p)}
+            for key in ("exp_avg", "exp_avg_sq"):
+                sviews = model.hf_views(lambda p, key=key: opt.state[p][key])
+                with torch.no_grad():
+                    for name, view in sviews.items():
+                        view.copy_(torch.from_numpy(
+                            np.asarray(ck[f"optim/{key}/{name}"][()], dtype=np.float64)))
+
+    T = deck.int("data.seq_len")
+    mbs = deck.int("data.micro_batch_size")
+    dp = args.dp if args.dp > 0 else (deck.int("parallel.dp") or 1)
+    gb = dp * deck.int("parallel.microbatches") * mbs
+    grad_clip = deck.float("train.grad_clip")
+
+    n = len(tokens)
+    n_val = int(math.floor(n * deck.float("data.val_fraction")))
+    train = torch.from_numpy(tokens[:n - n_val].copy())
+    n_train = len(train)
+    if n_train <= 0:
+        sys.exit("check: empty train split")
+    if int(train.max()) >= vocab:
+        sys.exit(f"check: token id {int(train.max())} >= vocab_size {vocab}")
+    span = torch.arange(T + 1, dtype=torch.int64)
+
+    if deck.defaulted:
+        print("# deck keys absent, defaults used: " + ", ".join(sorted(set(deck.defaulted))),
+              file=sys.stderr)
+    print(f"# torch {torch.__version__} {str(dtype).replace('torch.', '')} V={vocab} "
+          f"d={cfg.d_model} L={cfg.n_layers} H={cfg.n_heads} KV={cfg.n_kv_heads} "
+          f"ffn={cfg.ffn_dim} T={T} GB={gb} (dp={dp} mb={deck.int('parallel.microbatches')} "
+          f"mbs={mbs}) train_tokens={n_train} start_step={start}", file=sys.stderr)
+
+    lines = []
+    out = open(args.out, "w") if args.out else None
+    for s in range(start, start + args.steps):
+        lr = lr_at(s, lr_max, lr_min, warmup, total_steps)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.zero_grad(set_to_none=True)
+        denom = gb * T
+        loss_sum = 0.0
+        # Gradient accumulation over chunks of micro_batch_size samples; the loss is the mean
+        # over every target token of the global batch.
+        for c0 in range(0, gb, mbs):
+            j = torch.arange(c0, min(c0 + mbs, gb), dtype=torch.int64)
+            offs = ((s * gb + j) * T) % n_train
+            idx = (offs[:, None] + span[None, :]) % n_train
+            sample = train[idx]
+            logits = model(sample[:, :-1])
+            ce = F.cross_entropy(logits.reshape(-1, vocab).to(dtype),
+                                 sample[:, 1:].reshape(-1), reduction="sum")
+            (ce / denom).backward()
+            loss_sum += ce.item()
+        loss = loss_sum / denom
+        if grad_clip > 0:
+            gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=grad_clip))
+        else:
+            gnorm = float(torch.norm(torch.stack(
+                [p.grad.detach().norm(2) for p in model.parameters() if p.grad is not None]), 2))
+        opt.step()
+        line = f"step {s} loss {loss:.8g}"
+        print(line, flush=True)
+        if args.verbose:
+            print(f"#   lr {lr:.8g} grad_norm {gnorm:.8g}", file=sys.stderr, flush=True)
+        lines.append(line)
+        if out:
+            out.write(line + "\n")
+            out.flush()
+    if out:
+        out.close()
+
+
+# --------------------------------------------------------------------------------------------
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="mode", required=True)
+
+    b = sub.add_parser("bench", help="time steady-state training steps (random init and data)")
+    b.add_argument("--vocab", type=int, required=True)
+    b.add_argument("--d-model", type=int, required=True)
+    b.add_argument("--n-layers", type=int, required=True)
+    b.add_argument("--n-heads", type=int, required=True)
+    b.add_argument("--n-kv-heads", type=int, default=0, help="0 = n_heads")
+    b.add_argument("--ffn-dim", type=int, default=0, help="0 = 8/3 d_model rounded up to 64")
+    b.add_argument("--seq-len", type=int, required=True)
+    b.add_argument("--micro-batch", type=int, required=True)
+    b.add_argument("--steps", type=int, default=10, help="timed steps")
+    b.add_argument("--warmup-steps", type=int, default=2, help="untimed steps first")
+    b.add_argument("--threads", type=int, default=1)
+    b.add_argument("--seed", type=int, default=1234)
+
+    c = sub.add_parser("check", help="train N steps from a quintet checkpoint (DESIGN section 3)")
+    c.add_argument("--checkpoint", required=True, help="quintet checkpoint .h5")
+    c.add_argument("--data", default="", help="token file .h5 (default: the deck's data.path)")
+    c.add_argument("--steps", type=int, required=True, help="steps to train")
+    c.add_argument("--out", default="", help="also write the 'step s loss x' lines here")
+    c.add_argument("--double", action="store_true", help="float64 instead of float32")
+    c.add_argument("--dp", type=int, default=0,
+                   help="data-parallel replicas of the run (default: parallel.dp, 1 if 0)")
+    c.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a deck key (repeatable)")
+    c.add_argument("--no-optim-state", action="store_true",
+                   help="ignore /optim moments of a step>0 checkpoint")
+    c.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    c.add_argument("--verbose", action="store_true", help="lr and grad norm per step on stderr")
+    args = ap.parse_args(argv)
+
+    # BLAS thread pools read these when torch loads; match them to --threads.
+    if getattr(args, "threads", 0) > 0:
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(var, str(args.threads))
+    _ensure_torch_interpreter()
+    if args.mode == "bench":
+        cmd_bench(args)
+    else:
+        cmd_check(args)
+
+
+if __name__ == "__main__":
+    main()

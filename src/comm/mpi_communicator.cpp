@@ -1,0 +1,72 @@
+#include "quintet/comm/mpi_communicator.hpp"
+
+#include <algorithm>
+#include <climits>
+
+#include "quintet/core/error.hpp"
+
+namespace quintet {
+
+void check_mpi(int rc, const char* what, const char* file, int line) {
+    if (rc == MPI_SUCCESS) return;
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    rank_fail(std::string(file) + ":" + std::to_string(line) + ": " + what + " failed: " +
+              std::string(text, len));
+}
+
+namespace {
+// MPI counts are int: large buffers go in chunks.
+constexpr size_t kMaxCount = size_t(INT_MAX) / 2;
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+    QUINTET_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    QUINTET_MPI(MPI_Comm_rank(comm_, &rank_));
+    QUINTET_MPI(MPI_Comm_size(comm_, &size_));
+}
+
+MpiCommunicator::~MpiCommunicator() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF && comm_ != MPI_COMM_NULL)
+        MPI_Comm_free(&comm_);
+}
+
+void MpiCommunicator::all_reduce_sum(float* buf, size_t n) const {
+    for (size_t off = 0; off < n; off += kMaxCount)
+        QUINTET_MPI(MPI_Allreduce(MPI_IN_PLACE, buf + off, int(std::min(kMaxCount, n - off)),
+                                  MPI_FLOAT, MPI_SUM, comm_));
+}
+void MpiCommunicator::all_reduce_sum(double* buf, size_t n) const {
+    QUINTET_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, int(n), MPI_DOUBLE, MPI_SUM, comm_));
+}
+void MpiCommunicator::all_reduce_max(double* buf, size_t n) const {
+    QUINTET_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, int(n), MPI_DOUBLE, MPI_MAX, comm_));
+}
+void MpiCommunicator::reduce_scatter_sum(const float* send, float* recv, size_t count) const {
+    QUINTET_CHECK(count <= kMaxCount, "reduce_scatter count too large");
+    QUINTET_MPI(MPI_Reduce_scatter_block(send, recv, int(count), MPI_FLOAT, MPI_SUM, comm_));
+}
+void MpiCommunicator::all_gather(const float* send, float* recv, size_t count) const {
+    QUINTET_CHECK(count <= kMaxCount, "all_gather count too large");
+    QUINTET_MPI(MPI_Allgather(send == recv + size_t(rank_) * count ? MPI_IN_PLACE : send,
+                              int(count), MPI_FLOAT, recv, int(count), MPI_FLOAT, comm_));
+}
+void MpiCommunicator::all_to_allv(const float* send, const int* sc, const int* sd, float* recv,
+                                  const int* rc, const int* rd) const {
+    QUINTET_MPI(MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, comm_));
+}
+void MpiCommunicator::send(const float* buf, size_t n, int peer, int tag) const {
+    QUINTET_MPI(MPI_Send(buf, int(n), MPI_FLOAT, peer, tag, comm_));
+}
+void MpiCommunicator::recv(float* buf, size_t n, int peer, int tag) const {
+    QUINTET_MPI(MPI_Recv(buf, int(n), MPI_FLOAT, peer, tag, comm_, MPI_STATUS_IGNORE));
+}
+void MpiCommunicator::broadcast(void* buf, size_t bytes, int root) const {
+    QUINTET_MPI(MPI_Bcast(buf, int(bytes), MPI_BYTE, root, comm_));
+}
+void MpiCommunicator::barrier() const { QUINTET_MPI(MPI_Barrier(comm_)); }
+
+}  // namespace quintet

@@ -1,0 +1,221 @@
+#include "quintet/io/checkpoint.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "quintet/core/error.hpp"
+#include "quintet/io/h5.hpp"
+
+namespace fs = std::filesystem;
+
+namespace quintet {
+
+namespace {
+
+std::string step_name(int64_t step) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "step_%08lld.h5", (long long)step);
+    return buf;
+}
+
+std::vector<hsize_t> logical_shape(const ParamSpec& s) {
+    if (s.ndim == 1) return {hsize_t(s.rows)};
+    return {hsize_t(s.rows), hsize_t(s.cols)};
+}
+
+// Selects, in `fspace` of tensor `s`, the elements [a, b) of its row-major flattening: up to
+// three hyperslabs (head of a row, whole rows, tail of a row). HDF5 visits selected elements in
+// row-major order, which is the order of the contiguous memory buffer.
+void select_flat(hid_t fspace, const ParamSpec& s, size_t a, size_t b) {
+    if (a >= b) {
+        H5Sselect_none(fspace);
+        return;
+    }
+    if (s.ndim == 1) {
+        hsize_t start = a, count = b - a;
+        H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &start, nullptr, &count, nullptr);
+        return;
+    }
+    const size_t cols = s.cols;
+    bool first = true;
+    auto add = [&](hsize_t r, hsize_t c, hsize_t nr, hsize_t nc) {
+        if (nr == 0 || nc == 0) return;
+        hsize_t start[2] = {r, c}, count[2] = {nr, nc};
+        H5Sselect_hyperslab(fspace, first ? H5S_SELECT_SET : H5S_SELECT_OR, start, nullptr, count,
+                            nullptr);
+        first = false;
+    };
+    size_t r0 = a / cols, c0 = a % cols, r1 = b / cols, c1 = b % cols;
+    if (r0 == r1) {
+        add(r0, c0, 1, c1 - c0);
+        return;
+    }
+    size_t full_from = r0;
+    if (c0 != 0) {
+        add(r0, c0, 1, cols - c0);
+        full_from = r0 + 1;
+    }
+    add(full_from, 0, r1 - full_from, cols);
+    add(r1, 0, c1 ? 1 : 0, c1);
+}
+
+void write_group(hid_t file, const std::string& group, const ParamTable& table, const float* data,
+                 size_t base, Range owned, hid_t dxpl) {
+    for (const auto& s : table.specs) {
+        std::string path = group + "/" + s.name;
+        auto shape = logical_shape(s);
+        h5::Handle fs = h5::space(H5Screate_simple(int(shape.size()), shape.data(), nullptr));
+        h5::Handle ds = h5::dataset(h5::check(
+            H5Dcreate2(file, path.c_str(), H5T_IEEE_F32LE, fs, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+            "create dataset " + path));
+        size_t a = std::max(owned.lo, s.offset), b = std::min(owned.hi, s.offset + s.numel());
+        if (a >= b) a = b = s.offset;  // nothing of this tensor is ours: empty selection
+        select_flat(fs, s, a - s.offset, b - s.offset);
+        hsize_t n = b - a;
+        h5::Handle ms = h5::space(H5Screate_simple(1, &n, nullptr));
+        if (n == 0) H5Sselect_none(ms);
+        const float* src = n ? data + (a - base) : data;
+        h5::check(H5Dwrite(ds, H5T_NATIVE_FLOAT, ms, fs, dxpl, src), "write " + path);
+    }
+}
+
+void read_group(hid_t file, const std::string& group, const ParamTable& table, float* data,
+                size_t base, Range want) {
+    for (const auto& s : table.specs) {
+        size_t a = std::max(want.lo, s.offset), b = std::min(want.hi, s.offset + s.numel());
+        if (a >= b) continue;
+        std::string path = group + "/" + s.name;
+        h5::Handle ds = h5::dataset(h5::check(H5Dopen2(file, path.c_str(), H5P_DEFAULT), "open " + path));
+        h5::Handle fs = h5::space(H5Dget_space(ds));
+        select_flat(fs, s, a - s.offset, b - s.offset);
+        hsize_t n = b - a;
+        h5::Handle ms = h5::space(H5Screate_simple(1, &n, nullptr));
+        h5::check(H5Dread(ds, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, data + (a - base)), "read " + path);
+    }
+}
+
+void write_text_atomically(const fs::path& path, const std::string& text) {
+    fs::path tmp = path;
+    tmp += ".tmp";
+    {
+        std::ofstream f(tmp);
+        f << text;
+        if (!f) rank_fail("cannot write " + tmp.string());
+    }
+    fs::rename(tmp, path);
+}
+
+}  // namespace
+
+std::string checkpoint_save(MPI_Comm comm, const std::string& run_dir, const CheckpointMeta& meta,
+                            const ParamTable& table, const float* params, const float* m,
+                            const float* v, size_t opt_base, Range owned, int keep) {
+    int rank = 0;
+    MPI_Comm_rank(comm, &rank);
+    fs::path dir = fs::path(run_dir) / "checkpoints";
+    if (rank == 0) fs::create_directories(dir);
+    MPI_Barrier(comm);
+    fs::path final_path = dir / step_name(meta.step);
+    fs::path tmp_path = final_path;
+    tmp_path += ".tmp";
+
+    h5::Handle fapl = h5::plist(H5Pcreate(H5P_FILE_ACCESS));
+    H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL);
+    h5::Handle file = h5::file(h5::check(
+        H5Fcreate(tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), "create " + tmp_path.string()));
+    h5::Handle dxpl = h5::plist(H5Pcreate(H5P_DATASET_XFER));
+    H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
+    h5::write_attr_i64(file, "step", meta.step);
+    h5::write_attr_i64(file, "tokens_seen", meta.tokens_seen);
+    h5::write_attr_string(file, "deck", meta.deck);
+    h5::write_attr_i64(file, "format_version", kCheckpointFormatVersion);
+    h5::write_attr_string(file, "layout", meta.layout);
+    for (const char* g : {"/params", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq"})
+        H5Gclose(h5::check(H5Gcreate2(file, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), g));
+    write_group(file, "/params", table, params, 0, owned, dxpl);
+    write_group(file, "/optim/exp_avg", table, m, opt_base, owned, dxpl);
+    write_group(file, "/optim/exp_avg_sq", table, v, opt_base, owned, dxpl);
+    h5::check(H5Fflush(file, H5F_SCOPE_GLOBAL), "flush " + tmp_path.string());
+    file.reset();
+    MPI_Barrier(comm);
+    if (rank == 0) {
+        fs::rename(tmp_path, final_path);
+        write_text_atomically(dir / "latest", final_path.filename().string() + "\n");
+        if (keep > 0) {
+            std::vector<fs::path> all;
+            for (auto& e : fs::directory_iterator(dir)) {
+                auto n = e.path().filename().string();
+                if (n.rfind("step_", 0) == 0 && e.path().extension() == ".h5") all.push_back(e.path());
+            }
+            std::sort(all.begin(), all.end());
+            for (size_t i = 0; i + keep < all.size(); ++i) fs::remove(all[i]);
+        }
+    }
+    MPI_Barrier(comm);
+    return final_path.string();
+}
+
+std::string checkpoint_latest(const std::string& run_dir) {
+    fs::path dir = fs::path(run_dir) / "checkpoints";
+    std::ifstream f(dir / "latest");
+    if (!f) return "";
+    std::string name;
+    std::getline(f, name);
+    if (name.empty()) return "";
+    return (dir / name).string();
+}
+
+CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& table) {
+    h5::silence_errors();
+    if (!fs::exists(path)) throw ConfigError("checkpoint '" + path + "': file does not exist");
+    hid_t fid = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (fid < 0) throw ConfigError("checkpoint '" + path + "': not a readable HDF5 file (corrupt or truncated?)");
+    h5::Handle file = h5::file(fid);
+    if (!h5::has_attr(file, "format_version") || !h5::has_attr(file, "step"))
+        throw ConfigError("checkpoint '" + path + "': not a quintet checkpoint (no format_version/step attributes)");
+    int64_t ver = h5::read_attr_i64(file, "format_version");
+    if (ver != kCheckpointFormatVersion)
+        throw ConfigError("checkpoint '" + path + "': format_version " + std::to_string(ver) +
+                          ", this build reads version " + std::to_string(kCheckpointFormatVersion));
+    for (const char* group : {"/params/", "/optim/exp_avg/", "/optim/exp_avg_sq/"}) {
+        for (const auto& s : table.specs) {
+            std::string p = group + s.name;
+            if (!h5::exists(file, p))
+                throw ConfigError("checkpoint '" + path + "': has no tensor " + p +
+                                  " -- it was written for another model (compare its 'deck' attribute with this deck)");
+            h5::Handle ds = h5::dataset(h5::check(H5Dopen2(file, p.c_str(), H5P_DEFAULT), "open " + p));
+            auto have = h5::dataset_shape(ds);
+            auto want = logical_shape(s);
+            if (have != want) {
+                auto str = [](const std::vector<hsize_t>& v) {
+                    std::string r = "[";
+                    for (size_t i = 0; i < v.size(); ++i) r += (i ? ", " : "") + std::to_string(v[i]);
+                    return r + "]";
+                };
+                throw ConfigError("checkpoint '" + path + "': tensor " + p + " has shape " + str(have) +
+                                  " but this deck's model needs " + str(want) +
+                                  " -- the checkpoint is from another model shape");
+            }
+        }
+    }
+    CheckpointMeta meta;
+    meta.step = h5::read_attr_i64(file, "step");
+    meta.tokens_seen = h5::read_attr_i64(file, "tokens_seen");
+    meta.deck = h5::read_attr_string(file, "deck");
+    meta.layout = h5::read_attr_string(file, "layout");
+    return meta;
+}
+
+void checkpoint_load(const std::string& path, const ParamTable& table, float* params, Range prange,
+                     float* m, float* v, Range opt) {
+    h5::silence_errors();
+    h5::Handle file = h5::file(h5::check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "open " + path));
+    read_group(file, "/params", table, params, 0, prange);
+    if (m) read_group(file, "/optim/exp_avg", table, m, opt.lo, opt);
+    if (v) read_group(file, "/optim/exp_avg_sq", table, v, opt.lo, opt);
+}
+
+}  // namespace quintet

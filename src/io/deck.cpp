@@ -1,0 +1,335 @@
+#include "quintet/io/deck.hpp"
+
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "quintet/core/error.hpp"
+
+namespace po = boost::program_options;
+
+namespace quintet {
+
+namespace {
+
+std::string fmt_double(double v) {
+    std::ostringstream s;
+    s.precision(10);
+    s << v;
+    return s.str();
+}
+
+// --- typed binders: parse text, check range, name key/value/valid on failure ---------------
+
+DeckOption opt_int(const std::string& key, int* field, long lo, long hi, std::string help) {
+    std::string valid = "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    return {key, help + " (" + valid + ")",
+            [=](const std::string& v) {
+                size_t pos = 0;
+                long x = 0;
+                try { x = std::stol(v, &pos); } catch (...) { pos = 0; }
+                if (pos == 0 || pos != v.size() || x < lo || x > hi) config_fail(key, v, "expected " + valid);
+                *field = int(x);
+            },
+            [=] { return std::to_string(*field); }};
+}
+
+DeckOption opt_i64(const std::string& key, int64_t* field, std::string help) {
+    return {key, help,
+            [=](const std::string& v) {
+                size_t pos = 0;
+                long long x = 0;
+                try { x = std::stoll(v, &pos); } catch (...) { pos = 0; }
+                if (pos == 0 || pos != v.size() || x < 0) config_fail(key, v, "expected a non-negative integer");
+                *field = x;
+            },
+            [=] { return std::to_string(*field); }};
+}
+
+DeckOption opt_double(const std::string& key, double* field, double lo, double hi, std::string help,
+                      bool lo_open = false) {
+    std::string valid = std::string("a number in ") + (lo_open ? "(" : "[") + fmt_double(lo) + ", " +
+                        fmt_double(hi) + "]";
+    return {key, help + " (" + valid + ")",
+            [=](const std::string& v) {
+                size_t pos = 0;
+                double x = 0;
+                try { x = std::stod(v, &pos); } catch (...) { pos = 0; }
+                if (pos == 0 || pos != v.size() || !std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo))
+                    config_fail(key, v, "expected " + valid);
+                *field = x;
+            },
+            [=] { return fmt_double(*field); }};
+}
+
+DeckOption opt_bool(const std::string& key, bool* field, std::string help) {
+    return {key, help + " (true | false)",
+            [=](const std::string& v) {
+                if (v == "true" || v == "1" || v == "yes" || v == "on") *field = true;
+                else if (v == "false" || v == "0" || v == "no" || v == "off") *field = false;
+                else config_fail(key, v, "expected true or false");
+            },
+            [=] { return std::string(*field ? "true" : "false"); }};
+}
+
+DeckOption opt_enum(const std::string& key, std::string* field, std::vector<std::string> choices,
+                    std::string help) {
+    std::string valid;
+    for (auto& c : choices) valid += (valid.empty() ? "" : " | ") + c;
+    return {key, help + " (" + valid + ")",
+            [=](const std::string& v) {
+                for (auto& c : choices)
+                    if (v == c) { *field = v; return; }
+                config_fail(key, v, "expected one of " + valid);
+            },
+            [=] { return *field; }};
+}
+
+DeckOption opt_string(const std::string& key, std::string* field, std::string help) {
+    return {key, help, [=](const std::string& v) { *field = v; }, [=] { return *field; }};
+}
+
+std::string section_of(const std::string& key) { return key.substr(0, key.find('.')); }
+
+}  // namespace
+
+std::vector<DeckOption> deck_options(Deck& d) {
+    auto& m = d.model; auto& r = d.rope; auto& e = d.moe; auto& p = d.parallel; auto& da = d.data;
+    auto& t = d.train; auto& in = d.init; auto& ev = d.eval; auto& c = d.checkpoint; auto& o = d.output;
+    const long big = 1L << 30;
+    return {
+        opt_int("model.d_model", &m.d_model, 1, big, "width of the residual stream C"),
+        opt_int("model.n_layers", &m.n_layers, 1, 4096, "decoder layers L"),
+        opt_int("model.n_heads", &m.n_heads, 1, 65536, "query heads NH (d_model must be divisible by it)"),
+        opt_int("model.n_kv_heads", &m.n_kv_heads, 0, 65536, "key/value heads NKV for GQA; 0 = n_heads"),
+        opt_int("model.ffn_dim", &m.ffn_dim, 0, big, "SwiGLU hidden width; 0 = 8/3*d_model rounded up to 64"),
+        opt_double("model.norm_eps", &m.norm_eps, 0, 1, "RMSNorm epsilon", true),
+        opt_bool("model.tie_embeddings", &m.tie_embeddings, "LM head shares the token embedding"),
+        opt_enum("model.attention", &m.attention, {"mha", "mla"}, "attention kind (mla: not yet supported)"),
+        opt_int("model.kv_lora_rank", &m.kv_lora_rank, 0, big, "MLA: rank of the compressed KV"),
+        opt_int("model.q_lora_rank", &m.q_lora_rank, 0, big, "MLA: rank of the compressed query; 0 = none"),
+        opt_int("model.qk_nope_dim", &m.qk_nope_dim, 0, big, "MLA: per-head q/k dims without RoPE"),
+        opt_int("model.qk_rope_dim", &m.qk_rope_dim, 0, big, "MLA: per-head q/k dims with RoPE"),
+        opt_int("model.v_head_dim", &m.v_head_dim, 0, big, "MLA: per-head value dims"),
+        opt_double("rope.theta", &r.theta, 1, 1e12, "RoPE base", true),
+        opt_enum("rope.scaling", &r.scaling, {"none", "yarn"}, "RoPE frequency scaling"),
+        opt_double("rope.factor", &r.factor, 1, 1e6, "YaRN context extension factor s"),
+        opt_int("rope.original_max_position", &r.original_max_position, 0, big,
+                "YaRN: context length L the model was trained at; 0 = data.seq_len"),
+        opt_double("rope.beta_fast", &r.beta_fast, 0, 1e6, "YaRN: rotations above which a dim is left alone", true),
+        opt_double("rope.beta_slow", &r.beta_slow, 0, 1e6, "YaRN: rotations below which a dim is fully interpolated", true),
+        opt_int("moe.experts", &e.experts, 0, 1 << 20, "routed experts E; 0 = dense FFN (MoE: not yet supported)"),
+        opt_int("moe.top_k", &e.top_k, 1, 1 << 20, "experts chosen per token"),
+        opt_int("moe.shared_experts", &e.shared_experts, 0, 1 << 20, "always-on shared experts"),
+        opt_int("moe.ffn_dim", &e.ffn_dim, 0, big, "hidden width of each expert; 0 = model.ffn_dim"),
+        opt_string("moe.layers", &e.layers, "layers with MoE: all, or a comma list of indices"),
+        opt_bool("moe.norm_topk", &e.norm_topk, "renormalise the chosen weights to sum 1"),
+        opt_enum("moe.balance", &e.balance, {"aux_loss", "aux_free", "none"}, "load balancing"),
+        opt_double("moe.aux_coef", &e.aux_coef, 0, 1e3, "weight of the load-balancing loss"),
+        opt_double("moe.bias_rate", &e.bias_rate, 0, 1e3, "aux-free bias update rate"),
+        opt_int("parallel.tp", &p.tp, 1, 1 << 20, "tensor-parallel ranks (>1: not yet supported)"),
+        opt_int("parallel.pp", &p.pp, 1, 1 << 20, "pipeline stages (>1: not yet supported)"),
+        opt_int("parallel.cp", &p.cp, 1, 1 << 20, "context-parallel ranks (>1: not yet supported)"),
+        opt_int("parallel.ep", &p.ep, 1, 1 << 20, "expert-parallel ranks (>1: not yet supported)"),
+        opt_int("parallel.dp", &p.dp, 0, 1 << 20, "data-parallel replicas; 0 = world / (tp*pp*cp)"),
+        opt_int("parallel.microbatches", &p.microbatches, 1, 1 << 20, "microbatches per DP replica per step"),
+        opt_int("parallel.zero", &p.zero, 0, 1, "1 = shard AdamW state over dp (ZeRO-1)"),
+        opt_bool("parallel.sequence_parallel", &p.sequence_parallel, "sequence parallelism with tp (not yet supported)"),
+        opt_enum("parallel.schedule", &p.schedule, {"1f1b", "interleaved", "gpipe"}, "pipeline schedule"),
+        opt_int("parallel.virtual_stages", &p.virtual_stages, 1, 1 << 20, "layer chunks per stage (interleaved)"),
+        opt_string("parallel.pp_layers", &p.pp_layers, "layers per stage as a comma list; empty = even split"),
+        opt_double("parallel.bucket_mb", &p.bucket_mb, 0, 1e6, "DP gradient bucket size in MiB", true),
+        opt_string("data.path", &da.path, "token file made by `quintet prepare` (HDF5, /tokens)"),
+        opt_int("data.seq_len", &da.seq_len, 1, 1 << 24, "sequence length T"),
+        opt_int("data.micro_batch_size", &da.micro_batch_size, 1, 1 << 20, "samples per microbatch B"),
+        opt_enum("data.order", &da.order, {"random", "sequential"}, "sample offsets"),
+        opt_double("data.val_fraction", &da.val_fraction, 0, 0.9, "share of tokens held out for validation"),
+        opt_int("train.steps", &t.steps, 0, big, "optimizer steps; 0 = write the step-0 checkpoint and stop"),
+        opt_double("train.lr", &t.lr, 0, 10, "peak learning rate"),
+        opt_double("train.lr_min", &t.lr_min, 0, 10, "final learning rate of the cosine"),
+        opt_int("train.warmup", &t.warmup, 0, big, "linear warm-up steps"),
+        opt_double("train.weight_decay", &t.weight_decay, 0, 10, "AdamW decoupled weight decay (rank>=2 params)"),
+        opt_double("train.beta1", &t.beta1, 0, 0.999999, "AdamW beta1"),
+        opt_double("train.beta2", &t.beta2, 0, 0.999999999, "AdamW beta2"),
+        opt_double("train.eps", &t.eps, 0, 1, "AdamW epsilon", true),
+        opt_double("train.grad_clip", &t.grad_clip, 0, 1e12, "global gradient-norm clip; 0 = off"),
+        opt_i64("train.seed", &t.seed, "seed of initialisation and data order"),
+        opt_enum("train.device", &t.device, {"cpu", "cuda"}, "compute device"),
+        opt_enum("train.precision", &t.precision, {"fp32", "bf16"}, "compute precision (bf16: cuda only)"),
+        opt_double("train.peak_tflops", &t.peak_tflops, 0, 1e9, "device peak for MFU; 0 = backend default"),
+        opt_int("train.threads", &t.threads, 0, 4096, "threads per rank; 0 = OMP_NUM_THREADS or cores/local ranks"),
+        opt_enum("init.scheme", &in.scheme, {"normal", "scaled", "fan_in"}, "weight initialisation"),
+        opt_double("init.std", &in.std, 0, 10, "std of normal/scaled init", true),
+        opt_int("eval.every", &ev.every, 0, big, "validation every N steps; 0 = never"),
+        opt_int("eval.batches", &ev.batches, 1, big, "validation batches of micro_batch_size samples"),
+        opt_int("checkpoint.every", &c.every, 0, big, "checkpoint every N steps; 0 = only at the end"),
+        opt_string("checkpoint.resume", &c.resume, "auto (from run_dir/checkpoints/latest) | none | PATH"),
+        opt_int("checkpoint.keep", &c.keep, 0, big, "complete checkpoints kept; 0 = all"),
+        opt_string("output.run_dir", &o.run_dir, "directory for metrics.h5 and checkpoints/"),
+        opt_int("output.log_every", &o.log_every, 1, big, "progress line every N steps"),
+    };
+}
+
+namespace {
+
+po::options_description make_description(const std::vector<DeckOption>& opts) {
+    po::options_description desc("deck keys");
+    for (auto& o : opts) desc.add_options()(o.key.c_str(), po::value<std::string>(), o.help.c_str());
+    return desc;
+}
+
+std::string keys_of_section(const std::vector<DeckOption>& opts, const std::string& section) {
+    std::string s;
+    for (auto& o : opts)
+        if (section_of(o.key) == section) s += (s.empty() ? "" : ", ") + o.key.substr(section.size() + 1);
+    return s;
+}
+
+[[noreturn]] void unknown_key(const std::vector<DeckOption>& opts, const std::string& key,
+                              const std::string& where) {
+    std::string sect = section_of(key);
+    std::string known = keys_of_section(opts, sect);
+    std::string valid;
+    if (key.find('.') == std::string::npos || known.empty()) {
+        valid = "unknown key (sections: model, rope, moe, parallel, data, train, init, eval, checkpoint, output)";
+    } else {
+        valid = "unknown key in [" + sect + "] (valid: " + known + ")";
+    }
+    throw ConfigError(where + ": '" + key + "': " + valid);
+}
+
+void apply(std::vector<DeckOption>& opts, const po::parsed_options& parsed, const std::string& where) {
+    for (auto& o : parsed.options) {
+        if (o.unregistered) unknown_key(opts, o.string_key, where);
+        std::string v = o.value.empty() ? "" : o.value.back();
+        // trim spaces and an optional trailing comment
+        auto hash = v.find('#');
+        if (hash != std::string::npos) v = v.substr(0, hash);
+        while (!v.empty() && std::isspace((unsigned char)v.back())) v.pop_back();
+        while (!v.empty() && std::isspace((unsigned char)v.front())) v.erase(0, 1);
+        for (auto& d : opts)
+            if (d.key == o.string_key) d.set(v);
+    }
+}
+
+}  // namespace
+
+Deck deck_load(const std::string& deck_path, const std::vector<std::string>& overrides) {
+    Deck deck;
+    auto opts = deck_options(deck);
+    auto desc = make_description(opts);
+    if (!deck_path.empty()) {
+        std::ifstream f(deck_path);
+        if (!f) throw ConfigError("deck file '" + deck_path + "': cannot be opened (does it exist?)");
+        try {
+            apply(opts, po::parse_config_file(f, desc, true), "deck file '" + deck_path + "'");
+        } catch (const po::error& e) {
+            throw ConfigError("deck file '" + deck_path + "': " + e.what());
+        }
+    }
+    std::vector<std::string> args;
+    for (auto& a : overrides) {
+        if (a.rfind("--", 0) != 0 || a.find('=') == std::string::npos)
+            throw ConfigError("command line: '" + a + "': overrides are written --section.key=value");
+        args.push_back(a);
+    }
+    try {
+        auto parsed = po::command_line_parser(args).options(desc).allow_unregistered().style(
+            po::command_line_style::allow_long | po::command_line_style::long_allow_adjacent).run();
+        apply(opts, parsed, "command line");
+    } catch (const po::error& e) {
+        throw ConfigError(std::string("command line: ") + e.what());
+    }
+    return deck;
+}
+
+std::string deck_to_text(const Deck& deck) {
+    Deck copy = deck;
+    auto opts = deck_options(copy);
+    std::string out, section;
+    for (auto& o : opts) {
+        std::string s = section_of(o.key);
+        if (s != section) {
+            out += (out.empty() ? "" : "\n") + std::string("[") + s + "]\n";
+            section = s;
+        }
+        out += o.key.substr(s.size() + 1) + " = " + o.get() + "\n";
+    }
+    return out;
+}
+
+std::string deck_reference_text() {
+    Deck deck;
+    auto opts = deck_options(deck);
+    std::string out =
+        "# quintet reference deck: every key with its default value and meaning.\n"
+        "# Generated from the option table (quintet deck --reference); a test keeps it in sync.\n"
+        "# Any key can be overridden on the command line as --section.key=value.\n";
+    std::string section;
+    for (auto& o : opts) {
+        std::string s = section_of(o.key);
+        if (s != section) {
+            out += "\n[" + s + "]\n";
+            section = s;
+        }
+        out += "# " + o.help + "\n" + o.key.substr(s.size() + 1) + " = " + o.get() + "\n";
+    }
+    return out;
+}
+
+std::string deck_markdown_table() {
+    Deck deck;
+    auto opts = deck_options(deck);
+    std::string out = "| key | default | meaning |\n|---|---|---|\n";
+    for (auto& o : opts) {
+        std::string dflt = o.get();
+        out += "| `" + o.key + "` | `" + (dflt.empty() ? " " : dflt) + "` | " + o.help + " |\n";
+    }
+    return out;
+}
+
+void deck_validate(const Deck& d, int world) {
+    auto S = [](auto v) { return std::to_string(v); };
+    const auto& m = d.model;
+    const auto& p = d.parallel;
+    // Features that belong to later work stop here, naming the key.
+    if (m.attention != "mha")
+        config_fail("model.attention", m.attention, "not yet supported in this build (valid: mha)");
+    if (d.moe.experts != 0)
+        config_fail("moe.experts", S(d.moe.experts), "MoE is not yet supported in this build (valid: 0)");
+    if (p.tp != 1) config_fail("parallel.tp", S(p.tp), "tensor parallelism is not yet supported (valid: 1)");
+    if (p.pp != 1) config_fail("parallel.pp", S(p.pp), "pipeline parallelism is not yet supported (valid: 1)");
+    if (p.cp != 1) config_fail("parallel.cp", S(p.cp), "context parallelism is not yet supported (valid: 1)");
+    if (p.ep != 1) config_fail("parallel.ep", S(p.ep), "expert parallelism is not yet supported (valid: 1)");
+    if (p.sequence_parallel)
+        config_fail("parallel.sequence_parallel", "true", "needs tensor parallelism, not yet supported (valid: false)");
+    if (d.train.precision != "fp32" && d.train.device == "cpu")
+        config_fail("train.precision", d.train.precision, "the CPU backend computes in fp32 (valid: fp32)");
+    // Model shape.
+    if (m.d_model % m.n_heads != 0)
+        config_fail("model.n_heads", S(m.n_heads), "must divide model.d_model = " + S(m.d_model));
+    int kv = m.n_kv_heads == 0 ? m.n_heads : m.n_kv_heads;
+    if (m.n_heads % kv != 0)
+        config_fail("model.n_kv_heads", S(m.n_kv_heads), "must divide model.n_heads = " + S(m.n_heads));
+    if (m.head_dim() % 2 != 0)
+        config_fail("model.n_heads", S(m.n_heads),
+                    "head_dim = d_model/n_heads = " + S(m.head_dim()) + " must be even for RoPE");
+    if (d.rope.scaling == "yarn" && d.rope.factor <= 1.0)
+        config_fail("rope.factor", std::to_string(d.rope.factor), "YaRN needs a factor > 1");
+    if (d.data.seq_len < 2) config_fail("data.seq_len", S(d.data.seq_len), "must be at least 2");
+    // Layout.
+    long axes = long(p.tp) * p.pp * p.cp;
+    if (world % axes != 0)
+        config_fail("parallel.tp*pp*cp", S(axes), "must divide the world size " + S(world));
+    int dp = p.dp == 0 ? int(world / axes) : p.dp;
+    if (long(dp) * axes != world)
+        config_fail("parallel.dp", S(p.dp),
+                    "dp*tp*pp*cp = " + S(long(dp) * axes) + " must equal the world size " + S(world) +
+                        " (valid: " + S(world / axes) + ", or 0 for auto)");
+    if (d.train.lr_min > d.train.lr)
+        config_fail("train.lr_min", std::to_string(d.train.lr_min), "must not exceed train.lr");
+}
+
+}  // namespace quintet

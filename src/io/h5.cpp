@@ -1,0 +1,94 @@
+#include "quintet/io/h5.hpp"
+
+#include "quintet/core/error.hpp"
+
+namespace quintet::h5 {
+
+void silence_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+
+hid_t check(hid_t id, const std::string& what) {
+    if (id < 0) rank_fail("HDF5: " + what);
+    return id;
+}
+
+void write_attr_string(hid_t obj, const std::string& name, const std::string& value) {
+    Handle t = type(H5Tcopy(H5T_C_S1));
+    H5Tset_size(t, value.empty() ? 1 : value.size());
+    H5Tset_strpad(t, H5T_STR_NULLPAD);
+    Handle s = space(H5Screate(H5S_SCALAR));
+    if (H5Aexists(obj, name.c_str()) > 0) H5Adelete(obj, name.c_str());
+    Handle a = attr(check(H5Acreate2(obj, name.c_str(), t, s, H5P_DEFAULT, H5P_DEFAULT),
+                          "create attribute " + name));
+    check(H5Awrite(a, t, value.empty() ? "" : value.data()), "write attribute " + name);
+}
+
+void write_attr_i64(hid_t obj, const std::string& name, int64_t value) {
+    Handle s = space(H5Screate(H5S_SCALAR));
+    if (H5Aexists(obj, name.c_str()) > 0) H5Adelete(obj, name.c_str());
+    Handle a = attr(check(H5Acreate2(obj, name.c_str(), H5T_STD_I64LE, s, H5P_DEFAULT, H5P_DEFAULT),
+                          "create attribute " + name));
+    check(H5Awrite(a, H5T_NATIVE_INT64, &value), "write attribute " + name);
+}
+
+bool has_attr(hid_t obj, const std::string& name) { return H5Aexists(obj, name.c_str()) > 0; }
+
+std::string read_attr_string(hid_t obj, const std::string& name) {
+    Handle a = attr(check(H5Aopen(obj, name.c_str(), H5P_DEFAULT), "open attribute " + name));
+    Handle t = type(H5Aget_type(a));
+    if (H5Tget_class(t) != H5T_STRING) rank_fail("HDF5: attribute " + name + " is not a string");
+    if (H5Tis_variable_str(t) > 0) {
+        char* s = nullptr;
+        Handle mt = type(H5Tcopy(H5T_C_S1));
+        H5Tset_size(mt, H5T_VARIABLE);
+        check(H5Aread(a, mt, &s), "read attribute " + name);
+        std::string out = s ? s : "";
+        H5free_memory(s);
+        return out;
+    }
+    size_t n = H5Tget_size(t);
+    std::string out(n, '\0');
+    check(H5Aread(a, t, out.data()), "read attribute " + name);
+    while (!out.empty() && out.back() == '\0') out.pop_back();
+    return out;
+}
+
+int64_t read_attr_i64(hid_t obj, const std::string& name) {
+    Handle a = attr(check(H5Aopen(obj, name.c_str(), H5P_DEFAULT), "open attribute " + name));
+    int64_t v = 0;
+    check(H5Aread(a, H5T_NATIVE_INT64, &v), "read attribute " + name);
+    return v;
+}
+
+bool exists(hid_t loc, const std::string& path) {
+    size_t pos = 0;
+    while (true) {
+        pos = path.find('/', pos + 1);
+        std::string prefix = path.substr(0, pos);
+        if (!prefix.empty() && prefix != "/" && H5Lexists(loc, prefix.c_str(), H5P_DEFAULT) <= 0)
+            return false;
+        if (pos == std::string::npos) return true;
+    }
+}
+
+hid_t create_groups(hid_t file, const std::string& path) {
+    size_t pos = 0;
+    while ((pos = path.find('/', pos + 1)) != std::string::npos) {
+        std::string prefix = path.substr(0, pos);
+        if (H5Lexists(file, prefix.c_str(), H5P_DEFAULT) <= 0)
+            H5Gclose(check(H5Gcreate2(file, prefix.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                           "create group " + prefix));
+    }
+    if (H5Lexists(file, path.c_str(), H5P_DEFAULT) > 0) return check(H5Gopen2(file, path.c_str(), H5P_DEFAULT), "open group " + path);
+    return check(H5Gcreate2(file, path.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                 "create group " + path);
+}
+
+std::vector<hsize_t> dataset_shape(hid_t dset) {
+    Handle s = space(H5Dget_space(dset));
+    int nd = H5Sget_simple_extent_ndims(s);
+    std::vector<hsize_t> dims(nd > 0 ? nd : 0);
+    if (nd > 0) H5Sget_simple_extent_dims(s, dims.data(), nullptr);
+    return dims;
+}
+
+}  // namespace quintet::h5

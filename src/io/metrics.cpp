@@ -1,0 +1,85 @@
+#include "quintet/io/metrics.hpp"
+
+#include <filesystem>
+
+#include "quintet/core/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace quintet {
+
+MetricsFile::MetricsFile(const std::string& run_dir, const std::string& deck_text, long first_step) {
+    h5::silence_errors();
+    fs::create_directories(run_dir);
+    std::string path = (fs::path(run_dir) / "metrics.h5").string();
+    bool keep = first_step > 0 && fs::exists(path);
+    hid_t fid = keep ? H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT) : -1;
+    if (fid < 0) {
+        keep = false;
+        fid = h5::check(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), "create " + path);
+    }
+    file_ = h5::file(fid);
+    h5::write_attr_string(file_, "deck", deck_text);
+    if (!keep) return;
+    // Drop rows of steps >= first_step in every group that has a "step" column.
+    for (const char* group : {"/train", "/eval", "/timing"}) {
+        std::string steps = std::string(group == std::string("/timing") ? "/train" : group) + "/step";
+        if (!h5::exists(file_, steps) || !h5::exists(file_, group)) continue;
+        h5::Handle ds = h5::dataset(H5Dopen2(file_, steps.c_str(), H5P_DEFAULT));
+        auto shape = h5::dataset_shape(ds);
+        std::vector<double> v(shape.empty() ? 0 : shape[0]);
+        if (!v.empty()) H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+        hsize_t keep_rows = 0;
+        while (keep_rows < v.size() && v[keep_rows] <= first_step) ++keep_rows;
+        h5::Handle g = h5::group(H5Gopen2(file_, group, H5P_DEFAULT));
+        H5G_info_t info;
+        H5Gget_info(g, &info);
+        for (hsize_t i = 0; i < info.nlinks; ++i) {
+            char name[256];
+            H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT);
+            h5::Handle d = h5::dataset(H5Dopen2(g, name, H5P_DEFAULT));
+            H5Dset_extent(d, &keep_rows);
+        }
+    }
+}
+
+MetricsFile::~MetricsFile() {
+    open_.clear();
+    if (file_.valid()) H5Fflush(file_, H5F_SCOPE_GLOBAL);
+}
+
+void MetricsFile::append_value(const std::string& path, double v) {
+    auto it = open_.find(path);
+    if (it == open_.end()) {
+        hid_t id;
+        if (h5::exists(file_, path)) {
+            id = H5Dopen2(file_, path.c_str(), H5P_DEFAULT);
+        } else {
+            h5::Handle g = h5::group(h5::create_groups(file_, path.substr(0, path.rfind('/'))));
+            hsize_t dims = 0, maxdims = H5S_UNLIMITED, chunk = 256;
+            h5::Handle sp = h5::space(H5Screate_simple(1, &dims, &maxdims));
+            h5::Handle dcpl = h5::plist(H5Pcreate(H5P_DATASET_CREATE));
+            H5Pset_chunk(dcpl, 1, &chunk);
+            bool is_step = path.size() >= 5 && path.compare(path.size() - 5, 5, "/step") == 0;
+            id = H5Dcreate2(file_, path.c_str(), is_step ? H5T_STD_I64LE : H5T_IEEE_F64LE, sp,
+                            H5P_DEFAULT, dcpl, H5P_DEFAULT);
+        }
+        it = open_.emplace(path, h5::dataset(h5::check(id, "metrics dataset " + path))).first;
+    }
+    hid_t ds = it->second;
+    hsize_t n = h5::dataset_shape(ds)[0], one = 1, newn = n + 1;
+    h5::check(H5Dset_extent(ds, &newn), "extend " + path);
+    h5::Handle fs = h5::space(H5Dget_space(ds));
+    H5Sselect_hyperslab(fs, H5S_SELECT_SET, &n, nullptr, &one, nullptr);
+    h5::Handle ms = h5::space(H5Screate_simple(1, &one, nullptr));
+    h5::check(H5Dwrite(ds, H5T_NATIVE_DOUBLE, ms, fs, H5P_DEFAULT, &v), "write " + path);
+}
+
+void MetricsFile::append(const std::string& group,
+                         const std::vector<std::pair<std::string, double>>& row) {
+    for (auto& [name, v] : row) append_value(group + "/" + name, v);
+}
+
+void MetricsFile::flush() { H5Fflush(file_, H5F_SCOPE_GLOBAL); }
+
+}  // namespace quintet

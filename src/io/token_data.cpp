@@ -1,0 +1,345 @@
+// Token file read/write with the serial HDF5 C API (layout in io/token_data.hpp).
+// The reader trusts nothing: every header field is checked and each failure becomes a
+// ConfigError that names the file, what is wrong and what was expected.
+#include "quintet/io/token_data.hpp"
+
+#include <hdf5.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "quintet/core/error.hpp"
+
+namespace quintet {
+namespace {
+
+// Owns one HDF5 id; closes it with the matching H5?close.
+class H5Id {
+public:
+    H5Id() = default;
+    H5Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+    H5Id(const H5Id&) = delete;
+    H5Id& operator=(const H5Id&) = delete;
+    H5Id(H5Id&& o) noexcept : id_(std::exchange(o.id_, -1)), close_(o.close_) {}
+    H5Id& operator=(H5Id&& o) noexcept {
+        std::swap(id_, o.id_);
+        std::swap(close_, o.close_);
+        return *this;
+    }
+    ~H5Id() {
+        if (id_ >= 0 && close_) close_(id_);
+    }
+    hid_t get() const { return id_; }
+    bool ok() const { return id_ >= 0; }
+
+private:
+    hid_t id_ = -1;
+    herr_t (*close_)(hid_t) = nullptr;
+};
+
+void silence_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+
+[[noreturn]] void bad_file(const std::string& path, const std::string& what) {
+    throw ConfigError("token file '" + path + "': " + what);
+}
+
+std::string describe_type(hid_t type) {
+    switch (H5Tget_class(type)) {
+    case H5T_INTEGER:
+        return std::string(H5Tget_sign(type) == H5T_SGN_NONE ? "uint" : "int") +
+               std::to_string(8 * H5Tget_size(type));
+    case H5T_FLOAT: return "float" + std::to_string(8 * H5Tget_size(type));
+    case H5T_STRING: return "string";
+    case H5T_COMPOUND: return "compound";
+    default: return "a non-numeric type";
+    }
+}
+
+// The object holding the header attributes: the root group, or /tokens if they were put there.
+hid_t attr_holder(hid_t file, hid_t tokens, const char* name) {
+    if (H5Aexists(file, name) > 0) return file;
+    if (tokens >= 0 && H5Aexists(tokens, name) > 0) return tokens;
+    return -1;
+}
+
+// Reads a scalar (or 1-element) integer attribute; nullopt-like `found = false` if absent.
+int64_t read_int_attr(const std::string& path, hid_t file, hid_t tokens, const char* name,
+                      bool& found) {
+    hid_t holder = attr_holder(file, tokens, name);
+    found = holder >= 0;
+    if (!found) return 0;
+    H5Id attr(H5Aopen(holder, name, H5P_DEFAULT), H5Aclose);
+    H5Id type(attr.ok() ? H5Aget_type(attr.get()) : -1, H5Tclose);
+    H5Id space(attr.ok() ? H5Aget_space(attr.get()) : -1, H5Sclose);
+    if (!type.ok() || !space.ok())
+        bad_file(path, std::string("attribute '") + name + "' cannot be opened (corrupt file?)");
+    if (H5Tget_class(type.get()) != H5T_INTEGER || H5Sget_simple_extent_npoints(space.get()) != 1)
+        bad_file(path, std::string("attribute '") + name + "' is " +
+                           describe_type(type.get()) + " with " +
+                           std::to_string(H5Sget_simple_extent_npoints(space.get())) +
+                           " element(s); expected one integer");
+    int64_t v = 0;
+    if (H5Aread(attr.get(), H5T_NATIVE_INT64, &v) < 0)
+        bad_file(path, std::string("attribute '") + name + "' cannot be read (corrupt file?)");
+    return v;
+}
+
+// Reads a string attribute, fixed-length or variable-length (h5py writes the latter).
+std::string read_string_attr(const std::string& path, hid_t file, hid_t tokens, const char* name,
+                             bool& found) {
+    hid_t holder = attr_holder(file, tokens, name);
+    found = holder >= 0;
+    if (!found) return {};
+    H5Id attr(H5Aopen(holder, name, H5P_DEFAULT), H5Aclose);
+    H5Id type(attr.ok() ? H5Aget_type(attr.get()) : -1, H5Tclose);
+    if (!type.ok())
+        bad_file(path, std::string("attribute '") + name + "' cannot be opened (corrupt file?)");
+    if (H5Tget_class(type.get()) != H5T_STRING)
+        bad_file(path, std::string("attribute '") + name + "' is " + describe_type(type.get()) +
+                           "; expected a string");
+    std::string out;
+    herr_t rc;
+    if (H5Tis_variable_str(type.get()) > 0) {
+        H5Id mem(H5Tcopy(H5T_C_S1), H5Tclose);
+        H5Tset_size(mem.get(), H5T_VARIABLE);
+        char* buf = nullptr;
+        rc = H5Aread(attr.get(), mem.get(), &buf);
+        if (rc >= 0 && buf) out = buf;
+        if (buf) H5free_memory(buf);
+    } else {
+        std::string buf(H5Tget_size(type.get()), '\0');
+        rc = H5Aread(attr.get(), type.get(), buf.data());
+        out = buf.substr(0, buf.find('\0'));
+    }
+    if (rc < 0)
+        bad_file(path, std::string("attribute '") + name + "' cannot be read (corrupt file?)");
+    while (!out.empty() && out.back() == ' ') out.pop_back();  // space-padded fixed strings
+    return out;
+}
+
+// Opens the file after the checks that give the clearest messages for the common mistakes.
+H5Id open_token_file(const std::string& path) {
+    silence_hdf5();
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec))
+        bad_file(path, "does not exist; make one with "
+                       "`quintet prepare --input TEXT --tokenizer byte|bpe --output FILE`");
+    if (std::filesystem::is_directory(path, ec))
+        bad_file(path, "is a directory; expected an HDF5 token file");
+    if (H5Fis_hdf5(path.c_str()) <= 0)
+        bad_file(path, "is not an HDF5 file (or its header is corrupt); expected a token file "
+                       "written by `quintet prepare`");
+    H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+    if (!file.ok()) bad_file(path, "cannot be opened as HDF5 (truncated or corrupt?)");
+    return file;
+}
+
+H5Id open_tokens(const std::string& path, hid_t file) {
+    if (H5Lexists(file, "tokens", H5P_DEFAULT) <= 0)
+        bad_file(path, "has no /tokens dataset; expected a 1-D uint16 or uint32 token array");
+    H5Id ds(H5Dopen2(file, "tokens", H5P_DEFAULT), H5Dclose);
+    if (!ds.ok()) bad_file(path, "/tokens is not a dataset (or is corrupt)");
+    return ds;
+}
+
+// Header + tokenizer; `tokens` (may be -1) is only searched for attributes.
+Tokenizer read_tokenizer(const std::string& path, hid_t file, hid_t tokens, int& vocab_size) {
+    bool found = false;
+    int64_t version = read_int_attr(path, file, tokens, "format_version", found);
+    if (found && version != kTokenFileFormatVersion)
+        bad_file(path, "format_version = " + std::to_string(version) + "; this build reads " +
+                           std::to_string(kTokenFileFormatVersion) + " (re-run quintet prepare)");
+
+    int64_t vocab = read_int_attr(path, file, tokens, "vocab_size", found);
+    if (!found)
+        bad_file(path, "has no 'vocab_size' attribute (on / or /tokens); expected an integer "
+                       "> 0 written by `quintet prepare`");
+    std::string kind = read_string_attr(path, file, tokens, "tokenizer", found);
+    if (!found)
+        bad_file(path, "has no 'tokenizer' attribute (on / or /tokens); expected \"byte\" or "
+                       "\"bpe\"");
+    if (kind != "byte" && kind != "bpe")
+        bad_file(path, "attribute tokenizer = '" + kind + "'; valid: \"byte\" or \"bpe\"");
+
+    Tokenizer tok;
+    tok.kind = kind;
+    if (kind == "byte") {
+        if (vocab != 256)
+            bad_file(path, "vocab_size = " + std::to_string(vocab) +
+                               " with tokenizer \"byte\"; a byte tokenizer has vocab_size 256");
+    } else {
+        if (vocab <= 256 || vocab > INT32_MAX)
+            bad_file(path, "vocab_size = " + std::to_string(vocab) +
+                               " with tokenizer \"bpe\"; valid: 257 .. 2147483647");
+        if (H5Lexists(file, "tokenizer", H5P_DEFAULT) <= 0 ||
+            H5Lexists(file, "tokenizer/merges", H5P_DEFAULT) <= 0)
+            bad_file(path, "tokenizer is \"bpe\" but there is no /tokenizer/merges dataset");
+        H5Id ds(H5Dopen2(file, "tokenizer/merges", H5P_DEFAULT), H5Dclose);
+        H5Id type(ds.ok() ? H5Dget_type(ds.get()) : -1, H5Tclose);
+        H5Id space(ds.ok() ? H5Dget_space(ds.get()) : -1, H5Sclose);
+        if (!type.ok() || !space.ok())
+            bad_file(path, "/tokenizer/merges cannot be opened (corrupt file?)");
+        hsize_t dims[2] = {0, 0};
+        int rank = H5Sget_simple_extent_ndims(space.get());
+        if (H5Tget_class(type.get()) != H5T_INTEGER || rank != 2 ||
+            (H5Sget_simple_extent_dims(space.get(), dims, nullptr), dims[1] != 2))
+            bad_file(path, "/tokenizer/merges is " + describe_type(type.get()) + " of rank " +
+                               std::to_string(rank) + "; expected uint32 [n_merges, 2]");
+        const int64_t expected = vocab - 256;
+        if (int64_t(dims[0]) != expected)
+            bad_file(path, "/tokenizer/merges has " + std::to_string(dims[0]) +
+                               " merges but vocab_size = " + std::to_string(vocab) +
+                               " needs vocab_size - 256 = " + std::to_string(expected));
+        std::vector<uint32_t> flat(2 * dims[0]);
+        if (!flat.empty() && H5Dread(ds.get(), H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                                     flat.data()) < 0)
+            bad_file(path, "/tokenizer/merges cannot be read (corrupt file?)");
+        tok.merges.resize(dims[0]);
+        for (size_t i = 0; i < dims[0]; ++i) {
+            uint32_t a = flat[2 * i], b = flat[2 * i + 1], id = 256 + uint32_t(i);
+            if (a >= id || b >= id)
+                bad_file(path, "/tokenizer/merges[" + std::to_string(i) + "] = (" +
+                                   std::to_string(a) + ", " + std::to_string(b) +
+                                   "): merge i may only use tokens < 256 + i = " +
+                                   std::to_string(id));
+            tok.merges[i] = {a, b};
+        }
+    }
+    tok.build_tables();
+    vocab_size = int(vocab);
+    return tok;
+}
+
+}  // namespace
+
+void token_file_write(const std::string& path, const std::vector<uint32_t>& tokens,
+                      const Tokenizer& tok) {
+    const int64_t vocab = tok.vocab_size();
+    QUINTET_CHECK(tok.kind == "byte" || tok.kind == "bpe",
+                  "token_file_write: tokenizer kind '" + tok.kind + "' is not byte or bpe");
+    for (size_t i = 0; i < tokens.size(); ++i)
+        QUINTET_CHECK(tokens[i] < vocab, "token_file_write: token[" + std::to_string(i) + "] = " +
+                                             std::to_string(tokens[i]) + " >= vocab_size " +
+                                             std::to_string(vocab));
+    silence_hdf5();
+    const std::string tmp = path + ".tmp";
+    auto fail = [&](const std::string& what) { rank_fail("token file '" + path + "': " + what); };
+    try {
+        H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+        if (!file.ok())
+            fail("cannot create '" + tmp + "' (does the directory exist and is it writable?)");
+
+        // Header attributes on the root group.
+        auto write_int = [&](const char* name, int64_t v) {
+            H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+            H5Id attr(H5Acreate2(file.get(), name, H5T_STD_I64LE, space.get(), H5P_DEFAULT,
+                                 H5P_DEFAULT),
+                      H5Aclose);
+            if (!attr.ok() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &v) < 0)
+                fail(std::string("cannot write attribute ") + name);
+        };
+        write_int("format_version", kTokenFileFormatVersion);
+        write_int("vocab_size", vocab);
+        {
+            H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
+            H5Tset_size(type.get(), tok.kind.size());
+            H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
+            H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+            H5Id attr(H5Acreate2(file.get(), "tokenizer", type.get(), space.get(), H5P_DEFAULT,
+                                 H5P_DEFAULT),
+                      H5Aclose);
+            if (!attr.ok() || H5Awrite(attr.get(), type.get(), tok.kind.data()) < 0)
+                fail("cannot write attribute tokenizer");
+        }
+
+        // Contiguous, uncompressed: any reader (serial or MPI-IO) can take hyperslabs of it.
+        hsize_t n = tokens.size();
+        H5Id space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+        hid_t file_type = vocab <= 65536 ? H5T_STD_U16LE : H5T_STD_U32LE;
+        H5Id ds(H5Dcreate2(file.get(), "tokens", file_type, space.get(), H5P_DEFAULT,
+                           H5P_DEFAULT, H5P_DEFAULT),
+                H5Dclose);
+        if (!ds.ok()) fail("cannot create /tokens");
+        if (n > 0 && H5Dwrite(ds.get(), H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                              tokens.data()) < 0)
+            fail("cannot write /tokens (disk full?)");
+
+        if (tok.kind == "bpe") {
+            H5Id group(H5Gcreate2(file.get(), "tokenizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                       H5Gclose);
+            if (!group.ok()) fail("cannot create /tokenizer");
+            hsize_t dims[2] = {tok.merges.size(), 2};
+            std::vector<uint32_t> flat;
+            flat.reserve(2 * tok.merges.size());
+            for (auto [a, b] : tok.merges) flat.insert(flat.end(), {a, b});
+            H5Id mspace(H5Screate_simple(2, dims, nullptr), H5Sclose);
+            H5Id mds(H5Dcreate2(group.get(), "merges", H5T_STD_U32LE, mspace.get(), H5P_DEFAULT,
+                                H5P_DEFAULT, H5P_DEFAULT),
+                     H5Dclose);
+            if (!mds.ok()) fail("cannot create /tokenizer/merges");
+            if (!flat.empty() && H5Dwrite(mds.get(), H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL,
+                                          H5P_DEFAULT, flat.data()) < 0)
+                fail("cannot write /tokenizer/merges");
+        }
+        if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) fail("cannot flush '" + tmp + "'");
+    } catch (...) {
+        // Handles are closed by now; drop the partial file so no half file is left behind.
+        std::error_code ec;
+        std::filesystem::remove(tmp, ec);
+        throw;
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) {
+        std::filesystem::remove(tmp, ec);
+        fail("cannot rename '" + tmp + "' to it: " + ec.message());
+    }
+}
+
+TokenFile token_file_read(const std::string& path) {
+    H5Id file = open_token_file(path);
+    H5Id ds = open_tokens(path, file.get());
+    TokenFile out;
+    out.tokenizer = read_tokenizer(path, file.get(), ds.get(), out.vocab_size);
+
+    H5Id type(H5Dget_type(ds.get()), H5Tclose);
+    H5Id space(H5Dget_space(ds.get()), H5Sclose);
+    if (!type.ok() || !space.ok()) bad_file(path, "/tokens cannot be opened (corrupt file?)");
+    size_t width = H5Tget_size(type.get());
+    if (H5Tget_class(type.get()) != H5T_INTEGER || H5Tget_sign(type.get()) != H5T_SGN_NONE ||
+        (width != 2 && width != 4))
+        bad_file(path, "/tokens has type " + describe_type(type.get()) +
+                           "; expected uint16 or uint32 token ids");
+    int rank = H5Sget_simple_extent_ndims(space.get());
+    if (rank != 1)
+        bad_file(path, "/tokens has rank " + std::to_string(rank) +
+                           "; expected a 1-D array of token ids");
+    hsize_t n = 0;
+    H5Sget_simple_extent_dims(space.get(), &n, nullptr);
+    if (n < 2)
+        bad_file(path, "/tokens holds " + std::to_string(n) +
+                           " token(s); need at least 2 (an input and its next-token target)");
+    out.tokens.resize(n);
+    if (H5Dread(ds.get(), H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.tokens.data()) < 0)
+        bad_file(path, "/tokens cannot be read (truncated or corrupt file?)");
+    const uint32_t vocab = uint32_t(out.vocab_size);
+    auto bad = std::find_if(out.tokens.begin(), out.tokens.end(),
+                            [&](uint32_t t) { return t >= vocab; });
+    if (bad != out.tokens.end())
+        bad_file(path, "/tokens[" + std::to_string(bad - out.tokens.begin()) + "] = " +
+                           std::to_string(*bad) + " is not a valid token id; valid: 0 .. " +
+                           std::to_string(vocab - 1) + " (vocab_size = " +
+                           std::to_string(vocab) + ")");
+    return out;
+}
+
+Tokenizer token_file_read_tokenizer(const std::string& path) {
+    H5Id file = open_token_file(path);
+    H5Id ds = open_tokens(path, file.get());
+    int vocab = 0;
+    return read_tokenizer(path, file.get(), ds.get(), vocab);
+}
+
+}  // namespace quintet

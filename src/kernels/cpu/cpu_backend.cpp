@@ -1,0 +1,496 @@
+// CPU backend: OpenBLAS sgemm for every matmul (also the attention tiles, through the OpenMP
+// build of OpenBLAS, which runs single-threaded inside our parallel regions), and fused
+// element-wise kernels parallelised with OpenMP. The reference implementation of Backend.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "quintet/core/error.hpp"
+#include "quintet/kernels/backend.hpp"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace quintet {
+
+namespace {
+
+constexpr int kBq = 64;   // query rows per attention tile
+constexpr int kBk = 64;   // key rows per attention tile
+
+// Per-thread scratch for attention tiles, sized once (no allocation in the steady state).
+struct TileScratch {
+    std::vector<float> s, dp, m, l, d;
+    void ensure(int HD) {
+        if (s.size() < size_t(kBq) * kBk) {
+            s.resize(size_t(kBq) * kBk);
+            dp.resize(size_t(kBq) * kBk);
+            m.resize(kBq);
+            l.resize(kBq);
+            d.resize(kBq);
+        }
+        (void)HD;
+    }
+};
+
+class CpuBackend final : public Backend {
+public:
+    explicit CpuBackend(int threads) : threads_(threads) {
+        omp_set_num_threads(threads_);
+        openblas_set_num_threads(threads_);
+        scratch_.resize(threads_);
+    }
+    Device device() const override { return Device::cpu; }
+    std::string name() const override { return "cpu (OpenBLAS + OpenMP)"; }
+    int threads() const override { return threads_; }
+
+    float* alloc(size_t n) override {
+        void* p = nullptr;
+        if (posix_memalign(&p, 64, std::max<size_t>(n, 1) * sizeof(float)) != 0)
+            rank_fail("out of host memory allocating " + std::to_string(n * 4) + " bytes");
+        std::memset(p, 0, n * sizeof(float));
+        return static_cast<float*>(p);
+    }
+    void release(float* p) override { std::free(p); }
+    void zero(float* p, size_t n) override {
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+        for (size_t i = 0; i < n; ++i) p[i] = 0.0f;
+    }
+    void copy(float* dst, const float* src, size_t n) override { std::memcpy(dst, src, n * 4); }
+    void to_host(float* host, const float* src, size_t n) override { std::memcpy(host, src, n * 4); }
+    void from_host(float* dst, const float* host, size_t n) override { std::memcpy(dst, host, n * 4); }
+    int32_t* alloc_i32(size_t n) override {
+        return static_cast<int32_t*>(std::calloc(std::max<size_t>(n, 1), sizeof(int32_t)));
+    }
+    void release_i32(int32_t* p) override { std::free(p); }
+    void from_host_i32(int32_t* dst, const int32_t* host, size_t n) override {
+        std::memcpy(dst, host, n * 4);
+    }
+
+    void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+              const float* B, int ldb, float beta, float* C, int ldc) override {
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    }
+
+    void embedding_forward(float* out, const int32_t* ids, const float* wte, int N, int C) override {
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; ++n)
+            std::memcpy(out + size_t(n) * C, wte + size_t(ids[n]) * C, size_t(C) * 4);
+    }
+
+    void embedding_backward(float* dwte, const float* dout, const int32_t* ids, int N, int C,
+                            int V) override {
+        (void)V;
+        // Split the columns over threads: each thread adds all tokens in order to its columns,
+        // so the sum order per element is fixed (bit-reproducible) and there are no races.
+#pragma omp parallel
+        {
+            int nt = omp_get_num_threads(), t = omp_get_thread_num();
+            int c0 = int(long(C) * t / nt), c1 = int(long(C) * (t + 1) / nt);
+            for (int n = 0; n < N; ++n) {
+                float* row = dwte + size_t(ids[n]) * C;
+                const float* g = dout + size_t(n) * C;
+                for (int c = c0; c < c1; ++c) row[c] += g[c];
+            }
+        }
+    }
+
+    void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
+                         float eps) override {
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; ++n) {
+            const float* x = inp + size_t(n) * C;
+            float* y = out + size_t(n) * C;
+            float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+            for (int c = 0; c < C; ++c) ss += x[c] * x[c];
+            float r = 1.0f / std::sqrt(ss / C + eps);
+            rstd[n] = r;
+#pragma omp simd
+            for (int c = 0; c < C; ++c) y[c] = x[c] * r * w[c];
+        }
+    }
+
+    void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
+                          const float* w, const float* rstd, int N, int C) override {
+        // dx = r*w*dy - x * r^3/C * sum(dy*w*x);  dw = sum_n dy * x * r.
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; ++n) {
+            const float* x = inp + size_t(n) * C;
+            const float* dy = dout + size_t(n) * C;
+            float* dx = dinp + size_t(n) * C;
+            float r = rstd[n], dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+            for (int c = 0; c < C; ++c) dot += dy[c] * w[c] * x[c];
+            float k = dot * r * r * r / C;
+#pragma omp simd
+            for (int c = 0; c < C; ++c) dx[c] += r * w[c] * dy[c] - k * x[c];
+        }
+        // dw: columns split over threads, rows summed in order (deterministic).
+#pragma omp parallel
+        {
+            int nt = omp_get_num_threads(), t = omp_get_thread_num();
+            int c0 = int(long(C) * t / nt), c1 = int(long(C) * (t + 1) / nt);
+            for (int n = 0; n < N; ++n) {
+                const float* x = inp + size_t(n) * C;
+                const float* dy = dout + size_t(n) * C;
+                float r = rstd[n];
+                for (int c = c0; c < c1; ++c) dw[c] += dy[c] * x[c] * r;
+            }
+        }
+    }
+
+    void rope_forward(float* x, const float* cs, const float* sn, int N, int T, int nh, int HD,
+                      int stride) override {
+        rope_apply(x, cs, sn, N, T, nh, HD, stride, 1.0f);
+    }
+    void rope_backward(float* dx, const float* cs, const float* sn, int N, int T, int nh, int HD,
+                       int stride) override {
+        rope_apply(dx, cs, sn, N, T, nh, HD, stride, -1.0f);
+    }
+
+    void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                           int B, int T, int NH, int NKV, int HD, int qs, int kvs,
+                           float scale) override;
+    void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                            const float* lse, const float* q, const float* k, const float* v,
+                            int B, int T, int NH, int NKV, int HD, int qs, int kvs,
+                            float scale) override;
+
+    void swiglu_forward(float* out, const float* gu, int N, int F) override {
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; ++n) {
+            const float* g = gu + size_t(n) * 2 * F;
+            const float* u = g + F;
+            float* o = out + size_t(n) * F;
+#pragma omp simd
+            for (int f = 0; f < F; ++f) o[f] = g[f] / (1.0f + std::exp(-g[f])) * u[f];
+        }
+    }
+    void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F) override {
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; ++n) {
+            const float* g = gu + size_t(n) * 2 * F;
+            const float* u = g + F;
+            const float* dy = dout + size_t(n) * F;
+            float* dg = dgu + size_t(n) * 2 * F;
+            float* du = dg + F;
+#pragma omp simd
+            for (int f = 0; f < F; ++f) {
+                float s = 1.0f / (1.0f + std::exp(-g[f]));
+                float silu = g[f] * s;
+                du[f] = dy[f] * silu;
+                dg[f] = dy[f] * u[f] * s * (1.0f + g[f] * (1.0f - s));
+            }
+        }
+    }
+    void add_inplace(float* a, const float* b, size_t n) override {
+#pragma omp parallel for simd schedule(static)
+        for (size_t i = 0; i < n; ++i) a[i] += b[i];
+    }
+
+    void xent_forward_backward(float* logits, float* losses, const int32_t* targets, int N, int V,
+                               float grad_scale) override {
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; ++n) {
+            float* z = logits + size_t(n) * V;
+            int tgt = targets[n];
+            if (tgt < 0) {
+                std::memset(z, 0, size_t(V) * 4);
+                losses[n] = 0.0f;
+                continue;
+            }
+            float mx = -INFINITY;
+            for (int i = 0; i < V; ++i) mx = std::max(mx, z[i]);
+            const float zt = z[tgt];
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int i = 0; i < V; ++i) {
+                float e = std::exp(z[i] - mx);
+                z[i] = e;
+                sum += e;
+            }
+            float inv = 1.0f / sum;
+            losses[n] = std::log(sum) - (zt - mx);  // -log softmax(z)[tgt]
+            float gs = grad_scale * inv;
+#pragma omp simd
+            for (int i = 0; i < V; ++i) z[i] *= gs;
+            z[tgt] -= grad_scale;
+        }
+    }
+    void xent_forward(float* losses, const float* logits, const int32_t* targets, int N,
+                      int V) override {
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; ++n) {
+            const float* z = logits + size_t(n) * V;
+            int tgt = targets[n];
+            if (tgt < 0) { losses[n] = 0.0f; continue; }
+            float mx = -INFINITY;
+            for (int i = 0; i < V; ++i) mx = std::max(mx, z[i]);
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int i = 0; i < V; ++i) sum += std::exp(z[i] - mx);
+            losses[n] = std::log(sum) + mx - z[tgt];
+        }
+    }
+
+    double sumsq(const float* x, size_t n) override {
+        // Fixed chunks summed in order: the same result for the same thread count and n.
+        constexpr size_t kChunk = 1 << 14;
+        size_t nchunks = (n + kChunk - 1) / kChunk;
+        partial_.assign(std::max<size_t>(nchunks, 1), 0.0);
+#pragma omp parallel for schedule(static)
+        for (size_t c = 0; c < nchunks; ++c) {
+            size_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
+            double s = 0.0;
+            for (size_t i = lo; i < hi; ++i) s += double(x[i]) * x[i];
+            partial_[c] = s;
+        }
+        double total = 0.0;
+        for (size_t c = 0; c < nchunks; ++c) total += partial_[c];
+        return total;
+    }
+    void scale(float* x, size_t n, float s) override {
+#pragma omp parallel for simd schedule(static)
+        for (size_t i = 0; i < n; ++i) x[i] *= s;
+    }
+    void adamw(float* p, const float* g, float* m, float* v, size_t n, float lr, float b1,
+               float b2, float eps, float wd, float bc1, float bc2) override {
+        // PyTorch's AdamW (non-foreach, non-fused path): decay, moments, bias-corrected step.
+        const float step_size = lr / bc1;
+        const float bc2_sqrt = std::sqrt(bc2);
+        const float decay = 1.0f - lr * wd;
+#pragma omp parallel for simd schedule(static)
+        for (size_t i = 0; i < n; ++i) {
+            float pi = p[i] * decay;
+            float mi = m[i] + (g[i] - m[i]) * (1.0f - b1);  // torch: m.lerp_(g, 1-beta1)
+            float vi = v[i] * b2 + (1.0f - b2) * g[i] * g[i];
+            m[i] = mi;
+            v[i] = vi;
+            float denom = std::sqrt(vi) / bc2_sqrt + eps;
+            p[i] = pi - step_size * mi / denom;
+        }
+    }
+
+private:
+    void rope_apply(float* x, const float* cs, const float* sn, int N, int T, int nh, int HD,
+                    int stride, float sign) {
+        const int half = HD / 2;
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; ++n) {
+            int t = n % T;
+            const float* c = cs + size_t(t) * half;
+            const float* s = sn + size_t(t) * half;
+            for (int h = 0; h < nh; ++h) {
+                float* x1 = x + size_t(n) * stride + size_t(h) * HD;
+                float* x2 = x1 + half;
+#pragma omp simd
+                for (int i = 0; i < half; ++i) {
+                    float a = x1[i], b = x2[i];
+                    float si = sign * s[i];
+                    x1[i] = a * c[i] - b * si;
+                    x2[i] = b * c[i] + a * si;
+                }
+            }
+        }
+    }
+
+    int threads_;
+    std::vector<TileScratch> scratch_;
+    std::vector<double> partial_;
+};
+
+// Forward: for each (b, h, query tile) an online softmax over the causal key tiles.
+void CpuBackend::attention_forward(float* out, float* lse, const float* q, const float* k,
+                                   const float* v, int B, int T, int NH, int NKV, int HD, int qs,
+                                   int kvs, float scale) {
+    const int group = NH / NKV;
+    const int nqt = (T + kBq - 1) / kBq;
+    const int ostride = NH * HD;
+    const long tasks = long(B) * NH * nqt;
+#pragma omp parallel
+    {
+        TileScratch& sc = scratch_[omp_get_thread_num()];
+        sc.ensure(HD);
+        float* S = sc.s.data();
+        float* mrow = sc.m.data();
+        float* lrow = sc.l.data();
+#pragma omp for schedule(dynamic, 1)
+        for (long task = 0; task < tasks; ++task) {
+            // Largest tiles first would balance better; tiles are cheap enough either way.
+            int qt = nqt - 1 - int(task % nqt);
+            int h = int((task / nqt) % NH);
+            int b = int(task / (long(nqt) * NH));
+            int g = h / group;
+            int t0 = qt * kBq, nq = std::min(kBq, T - t0);
+            const float* Q = q + (size_t(b) * T + t0) * qs + size_t(h) * HD;
+            float* O = out + (size_t(b) * T + t0) * ostride + size_t(h) * HD;
+            for (int i = 0; i < nq; ++i) {
+                mrow[i] = -INFINITY;
+                lrow[i] = 0.0f;
+                std::memset(O + size_t(i) * ostride, 0, size_t(HD) * 4);
+            }
+            const int kend = t0 + nq;  // causal: keys [0, kend)
+            for (int s0 = 0; s0 < kend; s0 += kBk) {
+                int nk = std::min(kBk, kend - s0);
+                const float* K = k + (size_t(b) * T + s0) * kvs + size_t(g) * HD;
+                const float* Vt = v + (size_t(b) * T + s0) * kvs + size_t(g) * HD;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, HD, scale, Q, qs, K,
+                            kvs, 0.0f, S, kBk);
+                for (int i = 0; i < nq; ++i) {
+                    float* srow = S + size_t(i) * kBk;
+                    int lim = std::min(nk, t0 + i - s0 + 1);  // keys s0+j <= t0+i
+                    float mx = mrow[i];
+                    for (int j = 0; j < lim; ++j) mx = std::max(mx, srow[j]);
+                    float corr = std::exp(mrow[i] - mx);
+                    float sum = 0.0f;
+                    for (int j = 0; j < lim; ++j) {
+                        float p = std::exp(srow[j] - mx);
+                        srow[j] = p;
+                        sum += p;
+                    }
+                    for (int j = lim; j < nk; ++j) srow[j] = 0.0f;
+                    lrow[i] = lrow[i] * corr + sum;
+                    mrow[i] = mx;
+                    if (corr != 1.0f) {
+                        float* orow = O + size_t(i) * ostride;
+                        for (int d = 0; d < HD; ++d) orow[d] *= corr;
+                    }
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, HD, nk, 1.0f, S, kBk,
+                            Vt, kvs, 1.0f, O, ostride);
+            }
+            float* L = lse + (size_t(b) * NH + h) * T + t0;
+            for (int i = 0; i < nq; ++i) {
+                float inv = 1.0f / lrow[i];
+                float* orow = O + size_t(i) * ostride;
+                for (int d = 0; d < HD; ++d) orow[d] *= inv;
+                L[i] = mrow[i] + std::log(lrow[i]);
+            }
+        }
+    }
+}
+
+// Backward: one task per (b, kv head), so dK/dV of a kv head and dQ of its query heads are
+// written by one thread only (no atomics, deterministic). P is recomputed from the saved lse.
+void CpuBackend::attention_backward(float* dq, float* dk, float* dv, const float* dout,
+                                    const float* out, const float* lse, const float* q,
+                                    const float* k, const float* v, int B, int T, int NH, int NKV,
+                                    int HD, int qs, int kvs, float scale) {
+    const int group = NH / NKV;
+    const int ostride = NH * HD;
+    const int nqt = (T + kBq - 1) / kBq;
+    const long tasks = long(B) * NKV;
+#pragma omp parallel
+    {
+        TileScratch& sc = scratch_[omp_get_thread_num()];
+        sc.ensure(HD);
+        float* P = sc.s.data();
+        float* dP = sc.dp.data();
+        float* D = sc.d.data();
+#pragma omp for schedule(dynamic, 1)
+        for (long task = 0; task < tasks; ++task) {
+            int g = int(task % NKV);
+            int b = int(task / NKV);
+            for (int t = 0; t < T; ++t) {
+                std::memset(dk + (size_t(b) * T + t) * kvs + size_t(g) * HD, 0, size_t(HD) * 4);
+                std::memset(dv + (size_t(b) * T + t) * kvs + size_t(g) * HD, 0, size_t(HD) * 4);
+                for (int h = g * group; h < (g + 1) * group; ++h)
+                    std::memset(dq + (size_t(b) * T + t) * qs + size_t(h) * HD, 0, size_t(HD) * 4);
+            }
+            for (int h = g * group; h < (g + 1) * group; ++h) {
+                for (int qt = 0; qt < nqt; ++qt) {
+                    int t0 = qt * kBq, nq = std::min(kBq, T - t0);
+                    size_t row0 = size_t(b) * T + t0;
+                    const float* Q = q + row0 * qs + size_t(h) * HD;
+                    const float* dO = dout + row0 * ostride + size_t(h) * HD;
+                    const float* O = out + row0 * ostride + size_t(h) * HD;
+                    float* dQ = dq + row0 * qs + size_t(h) * HD;
+                    const float* L = lse + (size_t(b) * NH + h) * T + t0;
+                    for (int i = 0; i < nq; ++i) {
+                        float s = 0.0f;
+                        for (int d = 0; d < HD; ++d)
+                            s += dO[size_t(i) * ostride + d] * O[size_t(i) * ostride + d];
+                        D[i] = s;
+                    }
+                    const int kend = t0 + nq;
+                    for (int s0 = 0; s0 < kend; s0 += kBk) {
+                        int nk = std::min(kBk, kend - s0);
+                        size_t krow0 = size_t(b) * T + s0;
+                        const float* K = k + krow0 * kvs + size_t(g) * HD;
+                        const float* Vt = v + krow0 * kvs + size_t(g) * HD;
+                        float* dK = dk + krow0 * kvs + size_t(g) * HD;
+                        float* dV = dv + krow0 * kvs + size_t(g) * HD;
+                        // P = exp(scale * Q K^T - lse), causal-masked
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, HD, scale, Q,
+                                    qs, K, kvs, 0.0f, P, kBk);
+                        for (int i = 0; i < nq; ++i) {
+                            float* prow = P + size_t(i) * kBk;
+                            int lim = std::min(nk, t0 + i - s0 + 1);
+                            for (int j = 0; j < lim; ++j) prow[j] = std::exp(prow[j] - L[i]);
+                            for (int j = std::max(lim, 0); j < nk; ++j) prow[j] = 0.0f;
+                        }
+                        // dV += P^T dO
+                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, HD, nq, 1.0f, P,
+                                    kBk, dO, ostride, 1.0f, dV, kvs);
+                        // dP = dO V^T
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, HD, 1.0f, dO,
+                                    ostride, Vt, kvs, 0.0f, dP, kBk);
+                        // dS = P * (dP - D), stored in dP
+                        for (int i = 0; i < nq; ++i) {
+                            float* prow = P + size_t(i) * kBk;
+                            float* drow = dP + size_t(i) * kBk;
+                            for (int j = 0; j < nk; ++j) drow[j] = prow[j] * (drow[j] - D[i]);
+                        }
+                        // dQ += scale * dS K ; dK += scale * dS^T Q
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, HD, nk, scale,
+                                    dP, kBk, K, kvs, 1.0f, dQ, qs);
+                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, HD, nq, scale, dP,
+                                    kBk, Q, qs, 1.0f, dK, kvs);
+                    }
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) {
+    if (threads <= 0) {
+        const char* env = std::getenv("OMP_NUM_THREADS");
+        threads = env ? std::atoi(env) : 0;
+        if (threads <= 0) threads = omp_get_num_procs();
+    }
+    return std::make_unique<CpuBackend>(threads);
+}
+
+double cpu_measure_sgemm_gflops(Backend& be, int n, int repeats) {
+    float* a = be.alloc(size_t(n) * n);
+    float* b = be.alloc(size_t(n) * n);
+    float* c = be.alloc(size_t(n) * n);
+    for (size_t i = 0; i < size_t(n) * n; ++i) {
+        a[i] = float((i * 7) % 13) * 0.01f;
+        b[i] = float((i * 5) % 11) * 0.01f;
+    }
+    be.gemm(false, true, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);  // warm-up
+    double best = 0.0;
+    for (int r = 0; r < repeats; ++r) {
+        auto t0 = std::chrono::steady_clock::now();
+        be.gemm(false, true, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        best = std::max(best, 2.0 * n * double(n) * n / s / 1e9);
+    }
+    be.release(a);
+    be.release(b);
+    be.release(c);
+    return best;
+}
+
+}  // namespace quintet

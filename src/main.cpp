@@ -1,0 +1,62 @@
+// quintet: one MPI program, subcommands train | prepare | generate | deck | peak.
+// Errors: ConfigError (the same on every rank) ends the job cleanly with status 2 after rank 0
+// prints it; any other failure prints "rank N: ..." and aborts the whole job (never a hang).
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "quintet/core/error.hpp"
+#include "quintet/tools/commands.hpp"
+
+namespace {
+
+const char* kUsage =
+    "usage: quintet <command> [options]      (each command takes --help)\n"
+    "\n"
+    "commands:\n"
+    "  train DECK [--section.key=value ...]   train (run under mpirun for several ranks)\n"
+    "  prepare --input TXT --tokenizer byte|bpe --output DATA.h5   make a token file\n"
+    "  generate --checkpoint CKPT.h5 --prompt TEXT   sample text from a checkpoint\n"
+    "  deck --reference | --markdown          print every deck key with its default\n"
+    "  peak                                   measure this machine's sgemm rate\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    int status = 0;
+    try {
+        std::string cmd = argc > 1 ? argv[1] : "";
+        int sub_argc = argc - 1;
+        char** sub_argv = argv + 1;
+        if (cmd == "train") status = quintet::train_main(sub_argc, sub_argv, MPI_COMM_WORLD);
+        else if (cmd == "prepare") status = rank == 0 ? quintet::prepare_main(sub_argc, sub_argv) : 0;
+        else if (cmd == "generate") status = rank == 0 ? quintet::generate_main(sub_argc, sub_argv) : 0;
+        else if (cmd == "deck") status = rank == 0 ? quintet::deck_main(sub_argc, sub_argv) : 0;
+        else if (cmd == "peak") status = rank == 0 ? quintet::peak_main(sub_argc, sub_argv) : 0;
+        else if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+            if (rank == 0) std::fputs(kUsage, stdout);
+        } else {
+            if (rank == 0)
+                std::fprintf(stderr, "quintet: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
+            status = 2;
+        }
+    } catch (const quintet::ConfigError& e) {
+        // Deterministic: every rank threw the same; report once, end cleanly.
+        if (rank == 0) std::fprintf(stderr, "quintet: error: %s\n", e.what());
+        MPI_Finalize();
+        return 2;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "quintet: rank %d: error: %s\n", rank, e.what());
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    MPI_Finalize();
+    return status;
+}

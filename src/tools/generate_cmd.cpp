@@ -1,0 +1,203 @@
+// `quintet generate --checkpoint CKPT.h5 --prompt TEXT`: sample text from a trained model.
+// Single process, incremental decoding with a KV cache: each new token costs one row of every
+// matmul and one attention row over the cached keys/values, instead of re-running the prefix.
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <algorithm>
+#include <vector>
+
+#include "quintet/core/error.hpp"
+#include "quintet/core/rng.hpp"
+#include "quintet/io/checkpoint.hpp"
+#include "quintet/io/deck.hpp"
+#include "quintet/io/h5.hpp"
+#include "quintet/io/token_data.hpp"
+#include "quintet/kernels/backend.hpp"
+#include "quintet/model/params.hpp"
+#include "quintet/model/rope.hpp"
+#include "quintet/tools/commands.hpp"
+
+namespace po = boost::program_options;
+
+namespace quintet {
+
+namespace {
+
+// Parses the resolved deck stored in a checkpoint back into a Deck.
+Deck deck_from_text(const std::string& text, const std::string& path) {
+    std::string tmp = path + ".deck.tmp";
+    Deck deck;
+    auto opts = deck_options(deck);
+    std::istringstream in(text);
+    std::string line, section;
+    while (std::getline(in, line)) {
+        if (line.empty() || line[0] == '#') continue;
+        if (line[0] == '[') { section = line.substr(1, line.find(']') - 1); continue; }
+        auto eq = line.find(" = ");
+        if (eq == std::string::npos) continue;
+        std::string key = section + "." + line.substr(0, eq), val = line.substr(eq + 3);
+        for (auto& o : opts)
+            if (o.key == key) o.set(val);
+    }
+    return deck;
+}
+
+class Decoder {
+public:
+    Decoder(Backend& be, const Deck& deck, const ParamTable& table, const std::vector<float>& params,
+            int max_len)
+        : be_(be), d_(model_dims(deck.model)), w_(model_view(table, d_, const_cast<float*>(params.data()))),
+          max_len_(max_len), eps_(float(deck.model.norm_eps)) {
+        rope_tables(cos_, sin_, max_len, rope_inv_freq(deck.rope, d_.HD, deck.data.seq_len),
+                    rope_mscale(deck.rope));
+        kcache_.assign(size_t(d_.L) * max_len * d_.NKV * d_.HD, 0.0f);
+        vcache_.assign(kcache_.size(), 0.0f);
+        x_.resize(d_.C); xn_.resize(d_.C); qkv_.resize(d_.qkv()); att_.resize(d_.NH * d_.HD);
+        gu_.resize(2 * d_.F); act_.resize(d_.F); logits_.resize(d_.V); scores_.resize(max_len);
+    }
+
+    // Feeds token `id` at position `pos`; returns the logits of the next token.
+    const std::vector<float>& step(int id, int pos) {
+        const int C = d_.C, NH = d_.NH, NKV = d_.NKV, HD = d_.HD, F = d_.F, QKV = d_.qkv();
+        const int group = NH / NKV;
+        const float scale = 1.0f / std::sqrt(float(HD));
+        float rstd;
+        std::copy(w_.wte + size_t(id) * C, w_.wte + size_t(id + 1) * C, x_.begin());
+        for (int l = 0; l < d_.L; ++l) {
+            const LayerView& p = w_.layers[l];
+            be_.rmsnorm_forward(xn_.data(), &rstd, x_.data(), p.ln1, 1, C, eps_);
+            be_.gemm(false, true, 1, QKV, C, 1.0f, xn_.data(), C, p.wqkv, C, 0.0f, qkv_.data(), QKV);
+            // rotate q and k of this one position (tables row `pos`)
+            be_.rope_forward(qkv_.data(), cos_.data() + size_t(pos) * (HD / 2),
+                             sin_.data() + size_t(pos) * (HD / 2), 1, 1, NH + NKV, HD, QKV);
+            float* kc = kcache_.data() + size_t(l) * max_len_ * NKV * HD;
+            float* vc = vcache_.data() + size_t(l) * max_len_ * NKV * HD;
+            std::copy(qkv_.begin() + NH * HD, qkv_.begin() + (NH + NKV) * HD, kc + size_t(pos) * NKV * HD);
+            std::copy(qkv_.begin() + (NH + NKV) * HD, qkv_.end(), vc + size_t(pos) * NKV * HD);
+            for (int h = 0; h < NH; ++h) {
+                int g = h / group;
+                const float* q = qkv_.data() + h * HD;
+                float mx = -INFINITY;
+                for (int t = 0; t <= pos; ++t) {
+                    const float* k = kc + (size_t(t) * NKV + g) * HD;
+                    float s = 0.0f;
+                    for (int i = 0; i < HD; ++i) s += q[i] * k[i];
+                    scores_[t] = s * scale;
+                    mx = std::max(mx, scores_[t]);
+                }
+                float sum = 0.0f;
+                for (int t = 0; t <= pos; ++t) sum += (scores_[t] = std::exp(scores_[t] - mx));
+                float* o = att_.data() + h * HD;
+                std::fill(o, o + HD, 0.0f);
+                for (int t = 0; t <= pos; ++t) {
+                    const float* v = vc + (size_t(t) * NKV + g) * HD;
+                    float pr = scores_[t] / sum;
+                    for (int i = 0; i < HD; ++i) o[i] += pr * v[i];
+                }
+            }
+            be_.gemm(false, true, 1, C, NH * HD, 1.0f, att_.data(), NH * HD, p.wo, NH * HD, 1.0f, x_.data(), C);
+            be_.rmsnorm_forward(xn_.data(), &rstd, x_.data(), p.ln2, 1, C, eps_);
+            be_.gemm(false, true, 1, 2 * F, C, 1.0f, xn_.data(), C, p.wgu, C, 0.0f, gu_.data(), 2 * F);
+            be_.swiglu_forward(act_.data(), gu_.data(), 1, F);
+            be_.gemm(false, true, 1, C, F, 1.0f, act_.data(), F, p.wdown, F, 1.0f, x_.data(), C);
+        }
+        be_.rmsnorm_forward(xn_.data(), &rstd, x_.data(), w_.norm, 1, C, eps_);
+        be_.gemm(false, true, 1, d_.V, C, 1.0f, xn_.data(), C, w_.head, C, 0.0f, logits_.data(), d_.V);
+        return logits_;
+    }
+
+private:
+    Backend& be_;
+    ModelDims d_;
+    ModelView w_;
+    int max_len_;
+    float eps_;
+    std::vector<float> cos_, sin_, kcache_, vcache_, x_, xn_, qkv_, att_, gu_, act_, logits_, scores_;
+};
+
+}  // namespace
+
+int generate_main(int argc, char** argv) {
+    std::string ckpt, prompt, data;
+    int tokens = 200, top_k = 40;
+    double temperature = 0.8;
+    int64_t seed = 1;
+    po::options_description desc(
+        "usage: quintet generate --checkpoint CKPT.h5 --prompt TEXT [options]\n\n"
+        "Samples text from a checkpoint with a KV cache. The tokenizer is read from the token\n"
+        "file named by the checkpoint's deck (data.path), or from --data.\n\noptions");
+    desc.add_options()("help,h", "this text")(
+        "checkpoint", po::value(&ckpt), "checkpoint file (run_dir/checkpoints/step_*.h5)")(
+        "prompt", po::value(&prompt)->default_value(""), "text to continue")(
+        "tokens", po::value(&tokens)->default_value(200), "tokens to generate")(
+        "temperature", po::value(&temperature)->default_value(0.8), "softmax temperature; 0 = greedy")(
+        "top-k", po::value(&top_k)->default_value(40), "sample among the k most likely; 0 = all")(
+        "seed", po::value(&seed)->default_value(1), "sampling seed")(
+        "data", po::value(&data), "token file whose tokenizer to use (default: the deck's data.path)");
+    po::variables_map vm;
+    try {
+        po::store(po::parse_command_line(argc, argv, desc), vm);
+        po::notify(vm);
+    } catch (const po::error& e) {
+        throw ConfigError(std::string("generate: ") + e.what() + " (see quintet generate --help)");
+    }
+    if (vm.count("help")) { std::cout << desc << "\n"; return 0; }
+    if (ckpt.empty()) throw ConfigError("generate: --checkpoint is required (see quintet generate --help)");
+    if (tokens < 0) throw ConfigError("generate: --tokens = " + std::to_string(tokens) + ": must be >= 0");
+    if (temperature < 0) throw ConfigError("generate: --temperature must be >= 0");
+    // Read the deck first, to build the parameter table the checkpoint must match.
+    h5::silence_errors();
+    std::string deck_text;
+    {
+        hid_t f = H5Fopen(ckpt.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+        if (f < 0) throw ConfigError("checkpoint '" + ckpt + "': cannot be opened as HDF5 (missing or corrupt)");
+        h5::Handle file = h5::file(f);
+        if (!h5::has_attr(file, "deck")) throw ConfigError("checkpoint '" + ckpt + "': no 'deck' attribute; not a quintet checkpoint");
+        deck_text = h5::read_attr_string(file, "deck");
+    }
+    Deck deck = deck_from_text(deck_text, ckpt);
+    Tokenizer tok = token_file_read_tokenizer(data.empty() ? deck.data.path : data);
+    deck.model.vocab_size = tok.vocab_size();
+    ParamTable table = make_param_table(deck.model);
+    checkpoint_inspect(ckpt, table);
+    std::vector<float> params(table.total);
+    checkpoint_load(ckpt, table, params.data(), Range{0, table.total}, nullptr, nullptr, Range{});
+    std::vector<uint32_t> ids = tok.encode(prompt);
+    if (ids.empty()) ids.push_back(uint32_t('\n') < uint32_t(tok.vocab_size()) ? '\n' : 0);
+    auto be = make_cpu_backend(0);
+    Decoder dec(*be, deck, table, params, int(ids.size()) + tokens);
+    std::mt19937_64 rng(seed);
+    std::cout << prompt << std::flush;
+    const std::vector<float>* logits = nullptr;
+    for (size_t i = 0; i < ids.size(); ++i) logits = &dec.step(int(ids[i]), int(i));
+    std::vector<int> order(deck.model.vocab_size);
+    for (int n = 0; n < tokens; ++n) {
+        const auto& z = *logits;
+        int next;
+        if (temperature == 0) {
+            next = int(std::max_element(z.begin(), z.end()) - z.begin());
+        } else {
+            std::iota(order.begin(), order.end(), 0);
+            int k = top_k > 0 ? std::min<int>(top_k, int(order.size())) : int(order.size());
+            std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                              [&](int a, int b) { return z[a] > z[b]; });
+            std::vector<double> w(k);
+            for (int i = 0; i < k; ++i) w[i] = std::exp((z[order[i]] - z[order[0]]) / temperature);
+            std::discrete_distribution<int> pick(w.begin(), w.end());
+            next = order[pick(rng)];
+        }
+        uint32_t u = uint32_t(next);
+        std::cout << tok.decode(&u, 1) << std::flush;
+        ids.push_back(u);
+        logits = &dec.step(next, int(ids.size()) - 1);
+    }
+    std::cout << "\n";
+    return 0;
+}
+
+}  // namespace quintet

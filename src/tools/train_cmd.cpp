@@ -1,0 +1,89 @@
+// `quintet train DECK [--section.key=value ...]`: the training job. Collective over the world.
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <unistd.h>
+
+#include "quintet/core/error.hpp"
+#include "quintet/io/deck.hpp"
+#include "quintet/io/token_data.hpp"
+#include "quintet/kernels/backend.hpp"
+#include "quintet/parallel/process_grid.hpp"
+#include "quintet/tools/commands.hpp"
+#include "quintet/train/trainer.hpp"
+
+namespace quintet {
+
+namespace {
+
+const char* kTrainUsage =
+    "usage: mpirun -n N quintet train DECK [--section.key=value ...]\n"
+    "\n"
+    "Trains the model the deck describes. DECK is a Boost.Program_options config file\n"
+    "([section] headers, key = value lines); any key can be overridden on the command line.\n"
+    "The resolved deck is printed at start and stored in every checkpoint and metrics file.\n"
+    "Outputs go to output.run_dir: metrics.h5 (every step) and checkpoints/ (every\n"
+    "checkpoint.every steps, at the end, and on SIGTERM/SIGUSR1). With checkpoint.resume = auto\n"
+    "a run continues from run_dir/checkpoints/latest. `quintet deck --reference` prints every key.\n"
+    "\n";
+
+int threads_per_rank(const Deck& deck, MPI_Comm world) {
+    if (deck.train.threads > 0) return deck.train.threads;
+    if (const char* e = std::getenv("OMP_NUM_THREADS"); e && std::atoi(e) > 0) return std::atoi(e);
+    MPI_Comm local;
+    MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+    int n = 1;
+    MPI_Comm_size(local, &n);
+    MPI_Comm_free(&local);
+    int cores = 1;
+    if (const char* e = std::getenv("QUINTET_CORES"); e && std::atoi(e) > 0) cores = std::atoi(e);
+    else cores = int(sysconf(_SC_NPROCESSORS_ONLN));
+    return std::max(1, cores / n);
+}
+
+}  // namespace
+
+int train_main(int argc, char** argv, MPI_Comm world) {
+    int rank = 0, size = 1;
+    MPI_Comm_rank(world, &rank);
+    MPI_Comm_size(world, &size);
+    std::string deck_path;
+    std::vector<std::string> overrides;
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        if (a == "-h" || a == "--help") {
+            if (rank == 0) std::cout << kTrainUsage << deck_reference_text();
+            return 0;
+        }
+        if (a.rfind("--", 0) == 0) overrides.push_back(a);
+        else if (deck_path.empty()) deck_path = a;
+        else throw ConfigError("train: unexpected argument '" + a + "' (one DECK, then --section.key=value overrides)");
+    }
+    if (deck_path.empty()) throw ConfigError(std::string("train: no DECK given\n") + kTrainUsage);
+    Deck deck = deck_load(deck_path, overrides);
+    // Every rank reads and checks the data header, so a bad file fails everywhere alike.
+    TokenFile data = token_file_read(deck.data.path);
+    deck.model.vocab_size = data.vocab_size;
+    deck_validate(deck, size);
+    if (deck.train.device == "cuda") make_cuda_backend(0);  // clear error when unavailable
+    std::string text = deck_to_text(deck);
+    if (rank == 0) {
+        std::printf("quintet train %s on %d rank(s)\n--- resolved deck ---\n%s---------------------\n",
+                    deck_path.c_str(), size, text.c_str());
+        std::fflush(stdout);
+    }
+    Layout layout;
+    layout.size[kTP] = deck.parallel.tp;
+    layout.size[kCP] = deck.parallel.cp;
+    layout.size[kPP] = deck.parallel.pp;
+    layout.size[kDP] = size / (deck.parallel.tp * deck.parallel.cp * deck.parallel.pp);
+    ProcessGrid grid(world, layout);
+    auto backend = make_cpu_backend(threads_per_rank(deck, world));
+    install_stop_signals();
+    Trainer trainer(deck, text, grid, *backend, data.tokens);
+    return trainer.run();
+}
+
+}  // namespace quintet

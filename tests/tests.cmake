@@ -1,0 +1,1 @@
+# The test list: name, sources, ranks, labels (unit | mpi | gpu | slow).

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Independent PyTorch reference for quintet's dense Llama-style decoder.
 
-Written from docs/DESIGN.md sections 2-4 (model maths, training semantics, files), not from
-quintet's C++, so that agreement between the two means something.
+Written from the shared DESIGN.md, sections 2-4 (model maths, training semantics, files), not
+from quintet's C++, so that agreement between the two means something.
 
 Two modes:
 

@@ -159,6 +159,8 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_enum("train.device", &t.device, {"cpu", "cuda"}, "compute device"),
         opt_enum("train.precision", &t.precision, {"fp32", "bf16"}, "compute precision (bf16: cuda only)"),
         opt_double("train.peak_tflops", &t.peak_tflops, 0, 1e9, "device peak for MFU; 0 = backend default"),
+        opt_int("train.exit_after", &t.exit_after, 0, big,
+                "stop after this many steps of this run, with a checkpoint (time-limited jobs); 0 = never"),
         opt_int("train.threads", &t.threads, 0, 4096, "threads per rank; 0 = OMP_NUM_THREADS or cores/local ranks"),
         opt_enum("init.scheme", &in.scheme, {"normal", "scaled", "fan_in"}, "weight initialisation"),
         opt_double("init.std", &in.std, 0, 10, "std of normal/scaled init", true),

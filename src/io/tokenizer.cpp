@@ -149,7 +149,7 @@ std::vector<uint32_t> Tokenizer::encode(std::string_view text,
     }
     out.reserve(text.size() / 3 + 16);
     // Each distinct chunk is encoded once: {offset, length} into `store`.
-    std::unordered_map<std::string_view, std::pair<uint32_t, uint32_t>> cache;
+    std::unordered_map<std::string_view, std::pair<size_t, size_t>> cache;
     std::vector<uint32_t> store, ids;
     constexpr size_t kProgressBytes = size_t(1) << 18;
     size_t done = 0, next_report = kProgressBytes;
@@ -157,7 +157,7 @@ std::vector<uint32_t> Tokenizer::encode(std::string_view text,
         auto [it, fresh] = cache.try_emplace(chunk);
         if (fresh) {
             encode_chunk(t, chunk, ids);
-            it->second = {uint32_t(store.size()), uint32_t(ids.size())};
+            it->second = {store.size(), ids.size()};
             store.insert(store.end(), ids.begin(), ids.end());
         }
         auto [off, len] = it->second;

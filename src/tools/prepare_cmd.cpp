@@ -1,6 +1,6 @@
 // `quintet prepare`: text file -> HDF5 token file (io/token_data.hpp), training a byte-level BPE
 // on the input first when asked. Runs on one process (rank 0) and makes no MPI calls; user
-// mistakes (options, input file) are ConfigErrors that name the option, the value and what is valid.
+// mistakes (options, input file) are ConfigErrors naming the option, the value and what is valid.
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
@@ -36,7 +36,8 @@ std::string read_input(const std::string& path) {
     namespace fs = std::filesystem;
     std::error_code ec;
     if (!fs::exists(path, ec)) bad_option("input", path, "file does not exist");
-    if (fs::is_directory(path, ec)) bad_option("input", path, "is a directory; expected a text file");
+    if (fs::is_directory(path, ec))
+        bad_option("input", path, "is a directory; expected a text file");
     std::ifstream in(path, std::ios::binary);
     if (!in) bad_option("input", path, "file cannot be opened for reading");
     std::ostringstream buf;
@@ -94,7 +95,10 @@ int prepare_main(int argc, char** argv) {
          "HDF5 token file to write (required); its directory must exist");
     po::variables_map vm;
     try {
-        po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
+        po::store(po::command_line_parser(argc, argv)
+                      .options(opts)
+                      .positional(po::positional_options_description())  // none allowed
+                      .run(), vm);
         po::notify(vm);
     } catch (const po::error& e) {
         throw ConfigError(std::string("quintet prepare: ") + e.what() +
@@ -152,9 +156,11 @@ int prepare_main(int argc, char** argv) {
     }
 
     ProgressPrinter pp;
+    bool printed = false;  // a short encode prints no progress at all, not even 100%
     const auto t_enc = Clock::now();
     std::vector<uint32_t> tokens = tok.encode(text, [&](size_t done, size_t total) {
-        if (done < total && !pp.due()) return;
+        if (done < total ? !pp.due() : !printed) return;
+        printed = true;
         double s = seconds_since(t_enc);
         std::printf("prepare: encoded %.1f / %.1f MB (%.1f%%), %.1f MB/s\n", done / 1e6,
                     total / 1e6, 100.0 * done / total, s > 0 ? done / 1e6 / s : 0.0);

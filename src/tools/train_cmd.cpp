@@ -68,6 +68,8 @@ int train_main(int argc, char** argv, MPI_Comm world) {
     deck.model.vocab_size = data.vocab_size;
     deck_validate(deck, size);
     if (deck.train.device == "cuda") make_cuda_backend(0);  // clear error when unavailable
+    // Store the resolved layout, not "auto", so a checkpoint says what it was written with.
+    deck.parallel.dp = size / (deck.parallel.tp * deck.parallel.cp * deck.parallel.pp);
     std::string text = deck_to_text(deck);
     if (rank == 0) {
         std::printf("quintet train %s on %d rank(s)\n--- resolved deck ---\n%s---------------------\n",

@@ -224,7 +224,6 @@ int Trainer::run() {
     }
     const double t_start = now_s();
     int64_t s = start_step_;
-    bool stopped = false;
     while (s < t.steps) {
         StepStats st = step(s);
         ++s;
@@ -261,15 +260,15 @@ int Trainer::run() {
         // Stop signals are agreed on by all ranks, so everyone checkpoints the same step.
         double stop = g_stop_signal ? 1.0 : 0.0;
         grid_.world().all_reduce_max(&stop, 1);
+        bool exit_now = t.exit_after > 0 && s - start_step_ >= t.exit_after;
         bool periodic = deck_.checkpoint.every > 0 && s % deck_.checkpoint.every == 0;
-        if (periodic || s == t.steps || stop > 0) save_checkpoint(s);
-        if (stop > 0 && s < t.steps) {
-            log("stop signal received: checkpointed step " + std::to_string(s) + ", exiting");
-            stopped = true;
+        if (periodic || s == t.steps || stop > 0 || exit_now) save_checkpoint(s);
+        if ((stop > 0 || exit_now) && s < t.steps) {
+            log(std::string(stop > 0 ? "stop signal received" : "train.exit_after reached") +
+                ": checkpointed step " + std::to_string(s) + "; resume with checkpoint.resume=auto");
             break;
         }
     }
-    (void)stopped;
     return 0;
 }
 

@@ -37,6 +37,7 @@ struct TrainConfig {
     std::string precision = "fp32"; // fp32 | bf16
     double peak_tflops = 0.0;       // 0 = backend default (CPU: measured sgemm-bound peak)
     int threads = 0;                // OpenMP/BLAS threads per rank; 0 = OMP_NUM_THREADS or cores/ranks
+    int exit_after = 0;             // stop (with a checkpoint) after this many steps of this run; 0 = never
 };
 
 struct InitConfig {

@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# CPU throughput of quintet against PyTorch at the same shapes, and against the sgemm rate.
+#
+#   scripts/bench.sh            REPEATS rounds (default 3) per deck, medians reported
+#   scripts/bench.sh --quick    one round
+#
+# For each deck (inputs/bench_small.deck, inputs/bench_medium.deck) and each round:
+#   1. quintet: OMP_NUM_THREADS=2 build/quintet train inputs/bench_<x>.deck (one process);
+#      steady state = median of /train/tokens_per_s and /train/mfu in runs/bench_<x>/metrics.h5
+#      over the steps after the first 2;
+#   2. scripts/torch_reference.py bench at the same shapes, 2 threads, with
+#      OMP_WAIT_POLICY=PASSIVE and with the default policy (2 untimed steps, then as many timed
+#      steps as quintet's measured ones).
+# Then `build/quintet peak` (prints sgemm_gflops=<float>) REPEATS times.
+#
+# Environment: REPEATS (3), BENCH_DECKS ("small medium"), BENCH_THREADS (2),
+#   BENCH_CORPUS (text for `quintet prepare`; default ../shared/data/tinyshakespeare.txt if
+#   present, else data/quickstart.txt), PYTHON (an interpreter with torch, numpy and h5py).
+# Output: the table on stdout; raw numbers, logs and the table under runs/bench_results/.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+REPEATS=${REPEATS:-3}
+DECKS=${BENCH_DECKS:-"small medium"}
+THREADS=${BENCH_THREADS:-2}
+QUINTET=build/quintet
+OUT=runs/bench_results
+
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+for arg in "$@"; do
+    case "$arg" in
+        --quick) REPEATS=1 ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "bench.sh: unknown argument '$arg' (valid: --quick, --help)" >&2; exit 2 ;;
+    esac
+done
+
+# ---- python with torch + h5py (Debian's python3-torch lives in /usr/bin/python3) -----------
+PY=""
+for p in "${PYTHON:-}" python3 /usr/bin/python3; do
+    if [[ -n "$p" ]] && command -v "$p" >/dev/null 2>&1 \
+        && "$p" -c 'import torch, h5py, numpy' >/dev/null 2>&1; then
+        PY=$p; break
+    fi
+done
+if [[ -z "$PY" ]]; then
+    echo "bench.sh: no python3 with torch, numpy and h5py (set PYTHON=...; Debian: apt-get install python3-torch python3-h5py)" >&2
+    exit 1
+fi
+
+# ---- quintet binary ---------------------------------------------------------------------------
+if [[ ! -x "$QUINTET" ]]; then
+    if [[ ! -f build/CMakeCache.txt ]]; then
+        cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+    fi
+    cmake --build build -j2
+fi
+
+# ---- data -------------------------------------------------------------------------------------
+if [[ -n "${BENCH_CORPUS:-}" ]]; then
+    CORPUS=$BENCH_CORPUS
+elif [[ -f ../shared/data/tinyshakespeare.txt ]]; then
+    CORPUS=../shared/data/tinyshakespeare.txt
+else
+    CORPUS=data/quickstart.txt
+fi
+mkdir -p data
+if [[ ! -f data/bench_byte.h5 || ! -f data/bench_bpe8192.h5 ]]; then
+    [[ -f "$CORPUS" ]] || { echo "bench.sh: corpus '$CORPUS' not found (set BENCH_CORPUS)" >&2; exit 1; }
+fi
+if [[ ! -f data/bench_byte.h5 ]]; then
+    "$QUINTET" prepare --input "$CORPUS" --tokenizer byte --output data/bench_byte.h5 >&2
+fi
+if [[ ! -f data/bench_bpe8192.h5 ]]; then
+    "$QUINTET" prepare --input "$CORPUS" --tokenizer bpe --vocab-size 8192 --output data/bench_bpe8192.h5 >&2
+fi
+
+mkdir -p "$OUT"
+RAW=$OUT/raw.tsv
+printf 'deck\tround\tmetric\tvalue\n' > "$RAW"
+record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$RAW"; }
+
+# torch_reference.py bench arguments from a deck (+ its data file's vocab_size).
+torch_args() {
+    "$PY" - "$1" <<'EOF'
+import sys, h5py
+sys.path.insert(0, "scripts")
+from torch_reference import parse_deck
+kv = parse_deck(open(sys.argv[1]).read())
+g = lambda k, d=None: kv.get(k, d)
+with h5py.File(g("data.path"), "r") as f:
+    vocab = int(f.attrs["vocab_size"])
+dp = int(g("parallel.dp", "0")) or 1
+gb = dp * int(g("parallel.microbatches", "1")) * int(g("data.micro_batch_size"))
+steps = int(g("train.steps"))
+print(f"--vocab {vocab} --d-model {g('model.d_model')} --n-layers {g('model.n_layers')} "
+      f"--n-heads {g('model.n_heads')} --n-kv-heads {g('model.n_kv_heads', '0')} "
+      f"--ffn-dim {g('model.ffn_dim', '0')} --seq-len {g('data.seq_len')} --micro-batch {gb} "
+      f"--warmup-steps 2 --steps {max(steps - 2, 1)}")
+EOF
+}
+
+# Steady-state medians of quintet's metrics.h5: "<tokens_per_s> <mfu>".
+quintet_metrics() {
+    "$PY" - "$1" <<'EOF'
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r") as f:
+    tps = np.asarray(f["/train/tokens_per_s"][()], dtype=float).ravel()
+    mfu = np.asarray(f["/train/mfu"][()], dtype=float).ravel()
+skip = 2 if len(tps) > 2 else 0
+print(f"{np.median(tps[skip:]):.6g} {np.median(mfu[skip:]):.6g}")
+EOF
+}
+
+# key=value field of a torch_reference.py bench line.
+field() { tr ' ' '\n' <<< "$1" | sed -n "s/^$2=//p"; }
+
+for deck in $DECKS; do
+    deckfile=inputs/bench_$deck.deck
+    [[ -f "$deckfile" ]] || { echo "bench.sh: $deckfile not found" >&2; exit 1; }
+    targs_line=$(torch_args "$deckfile")
+    read -r -a targs <<< "$targs_line"
+    : > "$OUT/torch_${deck}.log"
+    for ((r = 1; r <= REPEATS; r++)); do
+        echo "== $deck round $r/$REPEATS: quintet" >&2
+        rm -rf "runs/bench_$deck"
+        env -u OMP_WAIT_POLICY OMP_NUM_THREADS="$THREADS" "$QUINTET" train "$deckfile" \
+            --output.run_dir="runs/bench_$deck" --checkpoint.resume=none --checkpoint.every=0 \
+            2>&1 | tee "$OUT/quintet_${deck}_r$r.log" >&2
+        q_line=$(quintet_metrics "runs/bench_$deck/metrics.h5")
+        read -r q_tps q_mfu <<< "$q_line"
+        record "$deck" "$r" quintet_tok_s "$q_tps"
+        record "$deck" "$r" quintet_mfu "$q_mfu"
+        echo "   quintet tokens/s=$q_tps mfu=$q_mfu" >&2
+
+        for policy in PASSIVE default; do
+            echo "== $deck round $r/$REPEATS: torch (OMP_WAIT_POLICY=$policy)" >&2
+            if [[ $policy == default ]]; then
+                line=$(env -u OMP_WAIT_POLICY OMP_NUM_THREADS="$THREADS" \
+                    "$PY" scripts/torch_reference.py bench "${targs[@]}" --threads "$THREADS" | tail -n 1)
+            else
+                line=$(env OMP_WAIT_POLICY=$policy OMP_NUM_THREADS="$THREADS" \
+                    "$PY" scripts/torch_reference.py bench "${targs[@]}" --threads "$THREADS" | tail -n 1)
+            fi
+            echo "   $line" >&2
+            echo "$line" >> "$OUT/torch_${deck}.log"
+            record "$deck" "$r" "torch_${policy}_tok_s" "$(field "$line" torch_tokens_per_s)"
+            record "$deck" "$r" torch_runtime "$(field "$line" runtime)"
+            record "$deck" "$r" torch_version "$(field "$line" torch_version)"
+            record "$deck" "$r" flops_per_token "$(field "$line" flops_per_token)"
+        done
+    done
+done
+
+for ((r = 1; r <= REPEATS; r++)); do
+    echo "== sgemm peak round $r/$REPEATS" >&2
+    if peak=$(OMP_NUM_THREADS="$THREADS" "$QUINTET" peak 2>&1); then
+        g=$(grep -o 'sgemm_gflops=[0-9.eE+-]*' <<< "$peak" | tail -n 1 | cut -d= -f2 || true)
+        echo "   sgemm_gflops=${g:-?}" >&2
+        if [[ -n "$g" ]]; then record all "$r" sgemm_gflops "$g"; fi
+    else
+        echo "bench.sh: '$QUINTET peak' failed; sgemm columns left empty" >&2
+        echo "$peak" | tail -n 5 >&2
+    fi
+done
+
+"$PY" - "$RAW" "$REPEATS" "$THREADS" <<'EOF' | tee "$OUT/table.txt"
+import sys, csv, statistics
+from collections import defaultdict
+raw, repeats, threads = sys.argv[1], sys.argv[2], sys.argv[3]
+vals = defaultdict(list)
+decks = []
+with open(raw) as f:
+    for row in csv.DictReader(f, delimiter="\t"):
+        vals[(row["deck"], row["metric"])].append(row["value"])
+        if row["deck"] != "all" and row["deck"] not in decks:
+            decks.append(row["deck"])
+
+def med(deck, metric):
+    xs = [float(v) for v in vals.get((deck, metric), []) if v not in ("", "nan")]
+    return statistics.median(xs) if xs else float("nan")
+
+def word(deck, metric):
+    xs = vals.get((deck, metric), [])
+    return xs[0] if xs else "?"
+
+sgemm = med("all", "sgemm_gflops")
+hdr = ["deck", "quintet tok/s", "torch tok/s (best)", "torch PASSIVE", "torch default",
+       "quintet/torch", "quintet MFU", "model GFLOP/s", "sgemm GFLOP/s", "of sgemm"]
+rows = []
+for d in decks:
+    q = med(d, "quintet_tok_s")
+    tp, td = med(d, "torch_PASSIVE_tok_s"), med(d, "torch_default_tok_s")
+    best, pol = (tp, "PASSIVE") if not (td > tp) else (td, "default")
+    fpt = med(d, "flops_per_token")
+    gf = q * fpt / 1e9
+    rows.append([d, f"{q:.1f}", f"{best:.1f} ({word(d, 'torch_runtime')},{pol})", f"{tp:.1f}",
+                 f"{td:.1f}", f"{q / best:.3f}", f"{med(d, 'quintet_mfu'):.4g}", f"{gf:.2f}",
+                 f"{sgemm:.2f}", f"{gf / sgemm:.3f}"])
+w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(hdr)]
+print(f"# medians over {repeats} round(s); {threads} threads; torch "
+      f"{word(decks[0], 'torch_version') if decks else '?'}; model GFLOP/s = quintet tok/s x "
+      f"(6P + 6 L T NH (dqk+dv)) per token")
+print("  ".join(h.ljust(w[i]) for i, h in enumerate(hdr)))
+for r in rows:
+    print("  ".join(c.ljust(w[i]) for i, c in enumerate(r)))
+EOF

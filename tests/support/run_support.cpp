@@ -1,0 +1,93 @@
+#include "support/run_support.hpp"
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "quintet/io/h5.hpp"
+#include "quintet/io/token_data.hpp"
+
+namespace fs = std::filesystem;
+
+namespace quintet::testing {
+
+RunResult run_quintet(int ranks, const std::string& args) {
+    std::string cmd;
+    if (ranks > 0)
+        cmd = std::string(QUINTET_MPIEXEC) + " --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 -n " +
+              std::to_string(ranks) + " ";
+    cmd += std::string(QUINTET_BINARY) + " " + args + " 2>&1";
+    RunResult r;
+    FILE* p = popen(cmd.c_str(), "r");
+    std::array<char, 4096> buf;
+    while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.output.append(buf.data(), n);
+    int st = pclose(p);
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    return r;
+}
+
+std::string read_file(const fs::path& p) {
+    std::ifstream f(p);
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+}
+
+void write_file(const fs::path& p, const std::string& text) {
+    std::ofstream f(p);
+    f << text;
+}
+
+fs::path scratch_dir(const std::string& name) {
+    fs::path d = fs::current_path() / "scratch" / name;
+    fs::remove_all(d);
+    fs::create_directories(d);
+    return d;
+}
+
+std::vector<double> metrics_column(const fs::path& run_dir, const std::string& path) {
+    h5::silence_errors();
+    std::string f = (run_dir / "metrics.h5").string();
+    h5::Handle file = h5::file(h5::check(H5Fopen(f.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "open " + f));
+    h5::Handle ds = h5::dataset(h5::check(H5Dopen2(file, path.c_str(), H5P_DEFAULT), "open " + path));
+    std::vector<double> v(h5::dataset_shape(ds)[0]);
+    if (!v.empty()) H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+    return v;
+}
+
+namespace {
+herr_t collect(hid_t loc, const char* name, const H5O_info_t* info, void* op) {
+    if (info->type != H5O_TYPE_DATASET) return 0;
+    auto* out = static_cast<std::vector<std::pair<std::string, std::vector<float>>>*>(op);
+    h5::Handle ds = h5::dataset(H5Dopen2(loc, name, H5P_DEFAULT));
+    h5::Handle sp = h5::space(H5Dget_space(ds));
+    std::vector<float> v(H5Sget_simple_extent_npoints(sp));
+    H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+    out->emplace_back(name, std::move(v));
+    return 0;
+}
+}  // namespace
+
+std::vector<std::pair<std::string, std::vector<float>>> checkpoint_tensors(const std::string& f) {
+    h5::silence_errors();
+    std::vector<std::pair<std::string, std::vector<float>>> out;
+    h5::Handle file = h5::file(h5::check(H5Fopen(f.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "open " + f));
+    H5Ovisit2(file, H5_INDEX_NAME, H5_ITER_INC, collect, &out, H5O_INFO_BASIC);
+    return out;
+}
+
+void make_token_file(const fs::path& p, size_t n, int V, uint32_t seed) {
+    std::mt19937 g(seed);
+    std::vector<uint32_t> t(n);
+    uint32_t x = 0;
+    for (size_t i = 0; i < n; ++i) {
+        x = (g() % 5 == 0) ? g() % V : (x * 7 + 3) % V;
+        t[i] = x;
+    }
+    Tokenizer tok;  // byte tokenizer: vocab 256
+    token_file_write(p.string(), t, tok);
+}
+
+}  // namespace quintet::testing

@@ -1,0 +1,31 @@
+// Helpers for end-to-end tests that run the real `quintet` binary under mpirun (as a user
+// would) and read back what it wrote: metrics.h5 columns and checkpoint tensors.
+#pragma once
+#include <hdf5.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace quintet::testing {
+
+struct RunResult {
+    int status = -1;      // exit status of mpirun/quintet
+    std::string output;   // stdout + stderr
+};
+
+// Runs `mpirun -n ranks quintet <args>` (ranks 0: no mpirun) in the current directory.
+RunResult run_quintet(int ranks, const std::string& args);
+std::string read_file(const std::filesystem::path& p);
+void write_file(const std::filesystem::path& p, const std::string& text);
+// A fresh empty directory under the build tree for one test.
+std::filesystem::path scratch_dir(const std::string& name);
+// /group/name of run_dir/metrics.h5 as doubles.
+std::vector<double> metrics_column(const std::filesystem::path& run_dir, const std::string& path);
+// Every dataset under /params and /optim of a checkpoint, as raw float32, by path.
+std::vector<std::pair<std::string, std::vector<float>>> checkpoint_tensors(const std::string& file);
+// A token file with learnable structure (a noisy cyclic pattern) of n tokens over vocab V.
+void make_token_file(const std::filesystem::path& p, size_t n, int V, uint32_t seed);
+
+}  // namespace quintet::testing

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""quintet's loss curve against an independent PyTorch implementation (scripts/torch_reference.py,
+written from DESIGN.md alone). Both start from the same step-0 checkpoint and the same token
+file; the curves must agree to fp32 reduction-order tolerance. Exit 77 (skipped) without torch.
+
+usage: test_against_torch.py QUINTET_BINARY SOURCE_DIR WORK_DIR
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+try:
+    import h5py  # noqa: F401
+    import torch  # noqa: F401
+except ImportError as e:
+    print(f"SKIPPED: needs python3-torch and python3-h5py ({e})")
+    sys.exit(77)
+import h5py
+
+binary, src, work = sys.argv[1], sys.argv[2], sys.argv[3]
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+
+
+def run(cmd):
+    r = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"FAILED: {' '.join(cmd)}\n{r.stdout}\n{r.stderr}")
+    return r.stdout
+
+
+# A BPE token file from the bundled corpus (exercises the BPE path too).
+run(["bash", os.path.join(src, "scripts/make_corpus.sh"), os.path.join(work, "corpus.txt")])
+run([binary, "prepare", "--input", "corpus.txt", "--tokenizer", "bpe", "--vocab-size", "320",
+     "--output", "tokens.h5"])
+with open(os.path.join(work, "tiny.deck"), "w") as f:
+    f.write("""[model]
+d_model = 32
+n_layers = 2
+n_heads = 4
+n_kv_heads = 2
+ffn_dim = 64
+[data]
+path = tokens.h5
+seq_len = 48
+micro_batch_size = 2
+order = sequential
+[train]
+steps = 8
+lr = 1e-2
+lr_min = 1e-3
+warmup = 2
+weight_decay = 0.1
+grad_clip = 0.5
+[output]
+log_every = 4
+""")
+
+variants = {
+    "gqa": [],
+    "tied_yarn": ["--model.tie_embeddings=true", "--rope.scaling=yarn", "--rope.factor=4",
+                  "--rope.original_max_position=16", "--init.scheme=fan_in"],
+}
+worst = 0.0
+failed = False
+for name, extra in variants.items():
+    mpi = ["mpirun", "--oversubscribe", "-n", "2", binary, "train", "tiny.deck",
+           "--parallel.microbatches=2"] + extra
+    run(mpi + ["--train.steps=0", f"--output.run_dir={name}_s0"])
+    run(mpi + [f"--output.run_dir={name}"])
+    with h5py.File(os.path.join(work, name, "metrics.h5"), "r") as m:
+        ours = [float(x) for x in m["/train/loss"][:]]
+    out = run([sys.executable, os.path.join(src, "scripts/torch_reference.py"), "check",
+               "--checkpoint", f"{name}_s0/checkpoints/step_00000000.h5", "--steps", "8",
+               "--set", "train.steps=8", "--threads", "1"])
+    theirs = [float(line.split()[3]) for line in out.splitlines() if line.startswith("step ")]
+    if len(theirs) != len(ours):
+        sys.exit(f"FAILED: {name}: {len(ours)} quintet losses, {len(theirs)} torch losses\n{out}")
+    for s, (a, b) in enumerate(zip(ours, theirs)):
+        rel = abs(a - b) / abs(b)
+        worst = max(worst, rel)
+        ok = rel <= 1e-5
+        failed |= not ok
+        print(f"{name:10s} step {s + 1:2d}  quintet {a:.7f}  torch {b:.7f}  rel {rel:.1e} {'ok' if ok else 'FAIL'}")
+    if ours[-1] > ours[0] - 0.3:
+        failed = True
+        print(f"{name}: the loss did not fall ({ours[0]:.3f} -> {ours[-1]:.3f})")
+print(f"worst relative difference {worst:.2e} (tolerance 1e-5)")
+print("1 passed, 0 failed" if not failed else "0 passed, 1 failed")
+sys.exit(1 if failed else 0)

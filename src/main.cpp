@@ -1,4 +1,4 @@
-// quintet: one MPI program, subcommands train | prepare | generate | deck | peak.
+// quintet: one MPI program, subcommands train | prepare | generate | deck | peak | schedule.
 // Errors: ConfigError (the same on every rank) ends the job cleanly with status 2 after rank 0
 // prints it; any other failure prints "rank N: ..." and aborts the whole job (never a hang).
 #include <mpi.h>
@@ -21,7 +21,8 @@ const char* kUsage =
     "  prepare --input TXT --tokenizer byte|bpe --output DATA.h5   make a token file\n"
     "  generate --checkpoint CKPT.h5 --prompt TEXT   sample text from a checkpoint\n"
     "  deck --reference | --markdown          print every deck key with its default\n"
-    "  peak                                   measure this machine's sgemm rate\n";
+    "  peak                                   measure this machine's sgemm rate\n"
+    "  schedule --pp P --microbatches M       print a pipeline schedule's timeline and bubble\n";
 
 }  // namespace
 
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
         else if (cmd == "generate") status = rank == 0 ? quintet::generate_main(sub_argc, sub_argv) : 0;
         else if (cmd == "deck") status = rank == 0 ? quintet::deck_main(sub_argc, sub_argv) : 0;
         else if (cmd == "peak") status = rank == 0 ? quintet::peak_main(sub_argc, sub_argv) : 0;
+        else if (cmd == "schedule") status = rank == 0 ? quintet::schedule_main(sub_argc, sub_argv) : 0;
         else if (cmd == "-h" || cmd == "--help" || cmd == "help") {
             if (rank == 0) std::fputs(kUsage, stdout);
         } else {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <unistd.h>
 
 #include "quintet/core/error.hpp"
 
@@ -45,6 +46,9 @@ void MpiCommunicator::all_reduce_sum(double* buf, size_t n) const {
 void MpiCommunicator::all_reduce_max(double* buf, size_t n) const {
     QUINTET_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, int(n), MPI_DOUBLE, MPI_MAX, comm_));
 }
+void MpiCommunicator::all_reduce_max(float* buf, size_t n) const {
+    QUINTET_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, int(n), MPI_FLOAT, MPI_MAX, comm_));
+}
 void MpiCommunicator::reduce_scatter_sum(const float* send, float* recv, size_t count) const {
     QUINTET_CHECK(count <= kMaxCount, "reduce_scatter count too large");
     QUINTET_MPI(MPI_Reduce_scatter_block(send, recv, int(count), MPI_FLOAT, MPI_SUM, comm_));
@@ -61,8 +65,44 @@ void MpiCommunicator::all_to_allv(const float* send, const int* sc, const int* s
 void MpiCommunicator::send(const float* buf, size_t n, int peer, int tag) const {
     QUINTET_MPI(MPI_Send(buf, int(n), MPI_FLOAT, peer, tag, comm_));
 }
-void MpiCommunicator::recv(float* buf, size_t n, int peer, int tag) const {
-    QUINTET_MPI(MPI_Recv(buf, int(n), MPI_FLOAT, peer, tag, comm_, MPI_STATUS_IGNORE));
+void MpiCommunicator::recv(float* buf, size_t n, int peer, int tag, double timeout_s,
+                           const char* what) const {
+    if (timeout_s <= 0) {
+        QUINTET_MPI(MPI_Recv(buf, int(n), MPI_FLOAT, peer, tag, comm_, MPI_STATUS_IGNORE));
+        return;
+    }
+    MPI_Request req;
+    QUINTET_MPI(MPI_Irecv(buf, int(n), MPI_FLOAT, peer, tag, comm_, &req));
+    const double start = MPI_Wtime();
+    int done = 0;
+    for (long spins = 0;; ++spins) {
+        QUINTET_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+        if (done) return;
+        double waited = MPI_Wtime() - start;
+        if (waited > timeout_s) {
+            MPI_Cancel(&req);
+            rank_fail(std::string(what) + ": nothing arrived from rank " + std::to_string(peer) +
+                      " in " + std::to_string(int(waited)) +
+                      " s (QUINTET_P2P_TIMEOUT_S); the peer failed or the schedules disagree");
+        }
+        // Spin briefly for latency, then yield the core (ranks may share cores).
+        if (spins > 1000) usleep(waited < 0.01 ? 10 : 200);
+    }
+}
+int MpiCommunicator::isend(const float* buf, size_t n, int peer, int tag) const {
+    size_t h = 0;
+    while (h < requests_.size() && requests_[h] != MPI_REQUEST_NULL) ++h;
+    if (h == requests_.size()) requests_.push_back(MPI_REQUEST_NULL);
+    QUINTET_MPI(MPI_Isend(buf, int(n), MPI_FLOAT, peer, tag, comm_, &requests_[h]));
+    return int(h);
+}
+bool MpiCommunicator::test(int h) const {
+    int done = 0;
+    QUINTET_MPI(MPI_Test(&requests_[size_t(h)], &done, MPI_STATUS_IGNORE));
+    return done != 0;
+}
+void MpiCommunicator::wait(int h) const {
+    QUINTET_MPI(MPI_Wait(&requests_[size_t(h)], MPI_STATUS_IGNORE));
 }
 void MpiCommunicator::broadcast(void* buf, size_t bytes, int root) const {
     QUINTET_MPI(MPI_Bcast(buf, int(bytes), MPI_BYTE, root, comm_));

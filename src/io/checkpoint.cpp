@@ -21,29 +21,30 @@ std::string step_name(int64_t step) {
     return buf;
 }
 
-std::vector<hsize_t> logical_shape(const ParamSpec& s) {
-    if (s.ndim == 1) return {hsize_t(s.rows)};
-    return {hsize_t(s.rows), hsize_t(s.cols)};
+std::vector<hsize_t> logical_shape(int rows, int cols, int ndim) {
+    if (ndim == 1) return {hsize_t(rows)};
+    return {hsize_t(rows), hsize_t(cols)};
 }
 
-// Selects, in `fspace` of tensor `s`, the elements [a, b) of its row-major flattening: up to
-// three hyperslabs (head of a row, whole rows, tail of a row). HDF5 visits selected elements in
-// row-major order, which is the order of the contiguous memory buffer.
-void select_flat(hid_t fspace, const ParamSpec& s, size_t a, size_t b) {
+// Selects, in `fspace` of the logical tensor, the local elements [a, b) of this rank's shard
+// (row-major over its [lrows, lcols] block at logical offset (row0, col0)): up to three
+// hyperslabs (the tail of a row, whole rows, the head of a row). HDF5 visits selected elements
+// in row-major order of the file, which is the order of the contiguous memory buffer.
+void select_local(hid_t fspace, const ParamSpec& s, size_t a, size_t b) {
     if (a >= b) {
         H5Sselect_none(fspace);
         return;
     }
     if (s.ndim == 1) {
-        hsize_t start = a, count = b - a;
+        hsize_t start = s.row0 + a, count = b - a;
         H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &start, nullptr, &count, nullptr);
         return;
     }
-    const size_t cols = s.cols;
+    const size_t cols = s.lcols;
     bool first = true;
-    auto add = [&](hsize_t r, hsize_t c, hsize_t nr, hsize_t nc) {
+    auto add = [&](size_t r, size_t c, size_t nr, size_t nc) {
         if (nr == 0 || nc == 0) return;
-        hsize_t start[2] = {r, c}, count[2] = {nr, nc};
+        hsize_t start[2] = {hsize_t(s.row0 + r), hsize_t(s.col0 + c)}, count[2] = {nr, nc};
         H5Sselect_hyperslab(fspace, first ? H5S_SELECT_SET : H5S_SELECT_OR, start, nullptr, count,
                             nullptr);
         first = false;
@@ -62,18 +63,27 @@ void select_flat(hid_t fspace, const ParamSpec& s, size_t a, size_t b) {
     add(r1, 0, c1 ? 1 : 0, c1);
 }
 
+// Collective: every rank creates every dataset; each writes the owned part of its writer shards.
 void write_group(hid_t file, const std::string& group, const ParamTable& table, const float* data,
                  size_t base, Range owned, hid_t dxpl) {
-    for (const auto& s : table.specs) {
-        std::string path = group + "/" + s.name;
-        auto shape = logical_shape(s);
+    for (const auto& lt : table.logical) {
+        std::string path = group + "/" + lt.name;
+        auto shape = logical_shape(lt.rows, lt.cols, lt.ndim);
         h5::Handle fs = h5::space(H5Screate_simple(int(shape.size()), shape.data(), nullptr));
         h5::Handle ds = h5::dataset(h5::check(
             H5Dcreate2(file, path.c_str(), H5T_IEEE_F32LE, fs, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
             "create dataset " + path));
-        size_t a = std::max(owned.lo, s.offset), b = std::min(owned.hi, s.offset + s.numel());
-        if (a >= b) a = b = s.offset;  // nothing of this tensor is ours: empty selection
-        select_flat(fs, s, a - s.offset, b - s.offset);
+        const ParamSpec* s = nullptr;
+        for (const auto& spec : table.specs)
+            if (spec.name == lt.name && spec.writer) s = &spec;
+        size_t a = 0, b = 0;
+        if (s) {
+            a = std::max(owned.lo, s->offset);
+            b = std::min(owned.hi, s->offset + s->numel());
+            if (a >= b) a = b = s->offset;
+        }
+        if (s) select_local(fs, *s, a - s->offset, b - s->offset);
+        else H5Sselect_none(fs);
         hsize_t n = b - a;
         h5::Handle ms = h5::space(H5Screate_simple(1, &n, nullptr));
         if (n == 0) H5Sselect_none(ms);
@@ -82,6 +92,7 @@ void write_group(hid_t file, const std::string& group, const ParamTable& table, 
     }
 }
 
+// Reads the local elements [want.lo, want.hi) of every shard this rank holds.
 void read_group(hid_t file, const std::string& group, const ParamTable& table, float* data,
                 size_t base, Range want) {
     for (const auto& s : table.specs) {
@@ -90,7 +101,7 @@ void read_group(hid_t file, const std::string& group, const ParamTable& table, f
         std::string path = group + "/" + s.name;
         h5::Handle ds = h5::dataset(h5::check(H5Dopen2(file, path.c_str(), H5P_DEFAULT), "open " + path));
         h5::Handle fs = h5::space(H5Dget_space(ds));
-        select_flat(fs, s, a - s.offset, b - s.offset);
+        select_local(fs, s, a - s.offset, b - s.offset);
         hsize_t n = b - a;
         h5::Handle ms = h5::space(H5Screate_simple(1, &n, nullptr));
         h5::check(H5Dread(ds, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, data + (a - base)), "read " + path);
@@ -181,14 +192,14 @@ CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& tab
         throw ConfigError("checkpoint '" + path + "': format_version " + std::to_string(ver) +
                           ", this build reads version " + std::to_string(kCheckpointFormatVersion));
     for (const char* group : {"/params/", "/optim/exp_avg/", "/optim/exp_avg_sq/"}) {
-        for (const auto& s : table.specs) {
+        for (const auto& s : table.logical) {
             std::string p = group + s.name;
             if (!h5::exists(file, p))
                 throw ConfigError("checkpoint '" + path + "': has no tensor " + p +
                                   " -- it was written for another model (compare its 'deck' attribute with this deck)");
             h5::Handle ds = h5::dataset(h5::check(H5Dopen2(file, p.c_str(), H5P_DEFAULT), "open " + p));
             auto have = h5::dataset_shape(ds);
-            auto want = logical_shape(s);
+            auto want = logical_shape(s.rows, s.cols, s.ndim);
             if (have != want) {
                 auto str = [](const std::vector<hsize_t>& v) {
                     std::string r = "[";
@@ -209,11 +220,11 @@ CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& tab
     return meta;
 }
 
-void checkpoint_load(const std::string& path, const ParamTable& table, float* params, Range prange,
+void checkpoint_load(const std::string& path, const ParamTable& table, float* params,
                      float* m, float* v, Range opt) {
     h5::silence_errors();
     h5::Handle file = h5::file(h5::check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "open " + path));
-    read_group(file, "/params", table, params, 0, prange);
+    read_group(file, "/params", table, params, 0, Range{0, table.total});
     if (m) read_group(file, "/optim/exp_avg", table, m, opt.lo, opt);
     if (v) read_group(file, "/optim/exp_avg_sq", table, v, opt.lo, opt);
 }

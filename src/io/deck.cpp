@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "quintet/core/error.hpp"
+#include "quintet/parallel/pipeline_schedule.hpp"
 
 namespace po = boost::program_options;
 
@@ -129,14 +130,14 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_enum("moe.balance", &e.balance, {"aux_loss", "aux_free", "none"}, "load balancing"),
         opt_double("moe.aux_coef", &e.aux_coef, 0, 1e3, "weight of the load-balancing loss"),
         opt_double("moe.bias_rate", &e.bias_rate, 0, 1e3, "aux-free bias update rate"),
-        opt_int("parallel.tp", &p.tp, 1, 1 << 20, "tensor-parallel ranks (>1: not yet supported)"),
-        opt_int("parallel.pp", &p.pp, 1, 1 << 20, "pipeline stages (>1: not yet supported)"),
+        opt_int("parallel.tp", &p.tp, 1, 1 << 20, "tensor-parallel ranks (Megatron-style column/row split)"),
+        opt_int("parallel.pp", &p.pp, 1, 1 << 20, "pipeline stages"),
         opt_int("parallel.cp", &p.cp, 1, 1 << 20, "context-parallel ranks (>1: not yet supported)"),
         opt_int("parallel.ep", &p.ep, 1, 1 << 20, "expert-parallel ranks (>1: not yet supported)"),
         opt_int("parallel.dp", &p.dp, 0, 1 << 20, "data-parallel replicas; 0 = world / (tp*pp*cp)"),
         opt_int("parallel.microbatches", &p.microbatches, 1, 1 << 20, "microbatches per DP replica per step"),
         opt_int("parallel.zero", &p.zero, 0, 1, "1 = shard AdamW state over dp (ZeRO-1)"),
-        opt_bool("parallel.sequence_parallel", &p.sequence_parallel, "sequence parallelism with tp (not yet supported)"),
+        opt_bool("parallel.sequence_parallel", &p.sequence_parallel, "shard norm/residual activations over tp (reduce-scatter + all-gather)"),
         opt_enum("parallel.schedule", &p.schedule, {"1f1b", "interleaved", "gpipe"}, "pipeline schedule"),
         opt_int("parallel.virtual_stages", &p.virtual_stages, 1, 1 << 20, "layer chunks per stage (interleaved)"),
         opt_string("parallel.pp_layers", &p.pp_layers, "layers per stage as a comma list; empty = even split"),
@@ -296,23 +297,23 @@ void deck_validate(const Deck& d, int world) {
     auto S = [](auto v) { return std::to_string(v); };
     const auto& m = d.model;
     const auto& p = d.parallel;
+    const int kv = m.n_kv_heads == 0 ? m.n_heads : m.n_kv_heads;
     // Features that belong to later work stop here, naming the key.
     if (m.attention != "mha")
         config_fail("model.attention", m.attention, "not yet supported in this build (valid: mha)");
     if (d.moe.experts != 0)
         config_fail("moe.experts", S(d.moe.experts), "MoE is not yet supported in this build (valid: 0)");
-    if (p.tp != 1) config_fail("parallel.tp", S(p.tp), "tensor parallelism is not yet supported (valid: 1)");
-    if (p.pp != 1) config_fail("parallel.pp", S(p.pp), "pipeline parallelism is not yet supported (valid: 1)");
     if (p.cp != 1) config_fail("parallel.cp", S(p.cp), "context parallelism is not yet supported (valid: 1)");
     if (p.ep != 1) config_fail("parallel.ep", S(p.ep), "expert parallelism is not yet supported (valid: 1)");
-    if (p.sequence_parallel)
-        config_fail("parallel.sequence_parallel", "true", "needs tensor parallelism, not yet supported (valid: false)");
-    if (d.train.precision != "fp32" && d.train.device == "cpu")
+    if (d.train.device == "cuda")
+        config_fail("train.device", "cuda",
+                    "the trainer runs on the CPU backend in this version; the CUDA backend is "
+                    "built and tested per kernel (docs/cuda.md) but not yet wired into training (valid: cpu)");
+    if (d.train.precision != "fp32")
         config_fail("train.precision", d.train.precision, "the CPU backend computes in fp32 (valid: fp32)");
     // Model shape.
     if (m.d_model % m.n_heads != 0)
         config_fail("model.n_heads", S(m.n_heads), "must divide model.d_model = " + S(m.d_model));
-    int kv = m.n_kv_heads == 0 ? m.n_heads : m.n_kv_heads;
     if (m.n_heads % kv != 0)
         config_fail("model.n_kv_heads", S(m.n_kv_heads), "must divide model.n_heads = " + S(m.n_heads));
     if (m.head_dim() % 2 != 0)
@@ -321,6 +322,47 @@ void deck_validate(const Deck& d, int world) {
     if (d.rope.scaling == "yarn" && d.rope.factor <= 1.0)
         config_fail("rope.factor", std::to_string(d.rope.factor), "YaRN needs a factor > 1");
     if (d.data.seq_len < 2) config_fail("data.seq_len", S(d.data.seq_len), "must be at least 2");
+    // Tensor parallelism: heads, kv heads and the ffn split evenly over tp.
+    const int F = m.ffn_dim > 0 ? m.ffn_dim : ((8 * m.d_model / 3 + 63) / 64) * 64;
+    if (m.n_heads % p.tp != 0)
+        config_fail("model.n_heads", S(m.n_heads), "must be divisible by parallel.tp = " + S(p.tp));
+    if (kv % p.tp != 0 && p.tp % kv != 0)
+        config_fail("model.n_kv_heads", S(kv),
+                    "must be divisible by parallel.tp = " + S(p.tp) +
+                        ", or divide it (then each kv head is replicated over tp/n_kv_heads ranks)");
+    if (F % p.tp != 0)
+        config_fail("model.ffn_dim", S(F), "must be divisible by parallel.tp = " + S(p.tp));
+    if (p.tp > m.vocab_size && m.vocab_size > 0)
+        config_fail("parallel.tp", S(p.tp), "exceeds the vocabulary size " + S(m.vocab_size));
+    if (p.sequence_parallel && p.tp > 1 && d.data.seq_len % p.tp != 0)
+        config_fail("data.seq_len", S(d.data.seq_len),
+                    "must be divisible by parallel.tp = " + S(p.tp) + " under parallel.sequence_parallel");
+    // Pipeline: layers per stage, and the schedule's own conditions.
+    if (!p.pp_layers.empty()) {
+        if (p.virtual_stages != 1)
+            config_fail("parallel.pp_layers", p.pp_layers, "only with parallel.virtual_stages = 1");
+        std::vector<int> counts;
+        std::stringstream ss(p.pp_layers);
+        std::string item;
+        while (std::getline(ss, item, ',')) {
+            size_t pos = 0;
+            int c = -1;
+            try { c = std::stoi(item, &pos); } catch (...) { pos = 0; }
+            if (pos == 0 || c < 1)
+                config_fail("parallel.pp_layers", p.pp_layers, "expected a comma list of positive layer counts");
+            counts.push_back(c);
+        }
+        int sum = 0;
+        for (int c : counts) sum += c;
+        if (int(counts.size()) != p.pp || sum != m.n_layers)
+            config_fail("parallel.pp_layers", p.pp_layers,
+                        "needs parallel.pp = " + S(p.pp) + " counts summing to model.n_layers = " + S(m.n_layers));
+    } else if (p.virtual_stages == 1 && m.n_layers % p.pp != 0) {
+        config_fail("model.n_layers", S(m.n_layers),
+                    "must be divisible by parallel.pp = " + S(p.pp) + " (or give parallel.pp_layers)");
+    }
+    std::string why = schedule_check(p.schedule, p.pp, p.microbatches, p.virtual_stages, m.n_layers);
+    if (!why.empty()) throw ConfigError(why);
     // Layout.
     long axes = long(p.tp) * p.pp * p.cp;
     if (world % axes != 0)

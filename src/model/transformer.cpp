@@ -2,147 +2,227 @@
 
 #include <cmath>
 
+#include "quintet/core/error.hpp"
 #include "quintet/model/rope.hpp"
 
 namespace quintet {
 
-Transformer::Transformer(Backend& be, const ModelConfig& m, const RopeConfig& rope,
-                         const ParamTable& table, int B, int T)
-    : be_(be), d_(model_dims(m)), table_(table), B_(B), T_(T), N_(B * T) {
+ModelChunk::ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope,
+                       const ParamTable& table, const ChunkPlan& plan, TensorParallel& tp, int B,
+                       int T)
+    : be_(be), d_(model_dims(m, tp.size(), tp.rank())), table_(table), plan_(plan), tp_(tp), B_(B),
+      T_(T), N_(B * T), Nr_(tp.sp() ? B * T / tp.size() : B * T) {
     eps_ = float(m.norm_eps);
     attn_scale_ = float(1.0 / std::sqrt(double(d_.HD)));
     // MHA/GQA rotate every q/k dim, so YaRN's mscale^2 on the logits = mscale on cos and sin.
     std::vector<float> c, s;
     rope_tables(c, s, T, rope_inv_freq(rope, d_.HD, T), rope_mscale(rope));
-    auto buf = [&](size_t n, bool counted = true) {
-        float* p = be_.alloc(n);
-        owned_.push_back(p);
-        if (counted) act_floats_ += n;
-        return p;
-    };
     cos_ = buf(c.size(), false);
     sin_ = buf(s.size(), false);
     be_.from_host(cos_, c.data(), c.size());
     be_.from_host(sin_, s.data(), s.size());
-    ids_ = be_.alloc_i32(N_);
     tgt_ = be_.alloc_i32(N_);
+    host_ids_.resize(N_);
+    host_tgt_.resize(N_);
     losses_.resize(N_);
-    const size_t N = N_, C = d_.C, F = d_.F, QKV = d_.qkv();
-    saved_.resize(d_.L);
-    for (auto& sv : saved_) {
-        sv.res = buf(N * C);
-        sv.rstd1 = buf(N);
-        sv.xn1 = buf(N * C);
-        sv.qkv = buf(N * QKV);
-        sv.att = buf(N * d_.NH * d_.HD);
-        sv.lse = buf(size_t(B) * d_.NH * T);
-        sv.h = buf(N * C);
-        sv.rstd2 = buf(N);
-        sv.xn2 = buf(N * C);
-        sv.gu = buf(N * 2 * F);
-        sv.act = buf(N * F);
-    }
-    res_final_ = buf(N * C);
-    rstd_f_ = buf(N);
-    xf_ = buf(N * C);
-    logits_ = buf(N * d_.V);
-    dres_ = buf(N * C);
-    dxn_ = buf(N * C);
-    datt_ = buf(N * d_.NH * d_.HD);
-    dqkv_ = buf(N * QKV);
-    dgu_ = buf(N * 2 * F);
-    dact_ = buf(N * F);
+    const size_t N = N_, C = d_.C;
+    full_a_ = buf(N * C, false);
+    full_b_ = buf(N * C, false);
+    dshard_ = buf(size_t(Nr_) * C, false);
+    datt_ = buf(N * d_.NHl * d_.HD, false);
+    dqkv_ = buf(N * d_.qkv_local(), false);
+    dgu_ = buf(N * 2 * d_.Fl, false);
+    dact_ = buf(N * d_.Fl, false);
 }
 
-Transformer::~Transformer() {
+ModelChunk::~ModelChunk() {
     for (float* p : owned_) be_.release(p);
-    be_.release_i32(ids_);
     be_.release_i32(tgt_);
+    for (auto& s : slots_)
+        if (s.ids) be_.release_i32(s.ids);
 }
 
-void Transformer::forward(const ModelView& w, bool) {
-    const int N = N_, C = d_.C, F = d_.F, QKV = d_.qkv(), NH = d_.NH, NKV = d_.NKV, HD = d_.HD;
-    const int A = NH * HD;  // attention output width
-    be_.embedding_forward(saved_[0].res, ids_, w.wte, N, C);
-    for (int l = 0; l < d_.L; ++l) {
-        const LayerView& p = w.layers[l];
-        Saved& s = saved_[l];
-        float* out = l + 1 < d_.L ? saved_[l + 1].res : res_final_;
+float* ModelChunk::buf(size_t n, bool per_slot) {
+    float* p = be_.alloc(n);
+    owned_.push_back(p);
+    if (per_slot) slot_floats_ += n;
+    return p;
+}
+
+int ModelChunk::add_slot() {
+    slot_floats_ = 0;
+    const size_t N = N_, Nr = Nr_, C = d_.C, A = size_t(d_.NHl) * d_.HD;
+    const int nl = plan_.layer_end - plan_.layer_begin;
+    Slot s;
+    for (int i = 0; i <= nl; ++i) s.res.push_back(buf(Nr * C, true));
+    for (int i = 0; i < nl; ++i) {
+        Layer l;
+        l.rstd1 = buf(Nr, true);
+        l.xn1 = buf(Nr * C, true);
+        l.qkv = buf(N * d_.qkv_local(), true);
+        l.att = buf(N * A, true);
+        l.lse = buf(size_t(B_) * d_.NHl * T_, true);
+        l.h = buf(Nr * C, true);
+        l.rstd2 = buf(Nr, true);
+        l.xn2 = buf(Nr * C, true);
+        l.gu = buf(N * 2 * d_.Fl, true);
+        l.act = buf(N * d_.Fl, true);
+        s.layers.push_back(l);
+    }
+    if (plan_.last) {
+        s.rstd_f = buf(Nr, true);
+        s.xf = buf(Nr * C, true);
+        s.logits = buf(N * d_.Vl(), true);
+    } else {
+        s.dout = buf(Nr * C, true);
+    }
+    s.dres = buf(Nr * C, true);
+    if (plan_.first) s.ids = be_.alloc_i32(N);
+    slots_.push_back(std::move(s));
+    return int(slots_.size()) - 1;
+}
+
+void ModelChunk::set_tokens(Slot& s, const int32_t* ids, const int32_t* targets) {
+    // Ids and targets relative to this rank's vocabulary rows; -1 where another tp rank owns them.
+    auto local = [&](int32_t x) { return x >= d_.v0 && x < d_.v1 ? x - d_.v0 : -1; };
+    if (ids) {
+        for (int n = 0; n < N_; ++n) host_ids_[n] = local(ids[n]);
+        be_.from_host_i32(s.ids, host_ids_.data(), N_);
+    }
+    if (targets) {
+        for (int n = 0; n < N_; ++n) host_tgt_[n] = local(targets[n]);
+        be_.from_host_i32(tgt_, host_tgt_.data(), N_);
+    }
+}
+
+double ModelChunk::forward(int si, const float* params, const int32_t* ids, const int32_t* targets,
+                           float grad_scale, bool need_grad) {
+    const int N = N_, Nr = Nr_, C = d_.C, F = d_.Fl, QKV = d_.qkv_local(), NH = d_.NHl,
+              NKV = d_.NKV > 0 ? d_.NKVl : 0, HD = d_.HD;
+    const int A = NH * HD;
+    const bool tp1 = tp_.size() == 1;
+    Slot& s = slots_[si];
+    ChunkView w = chunk_view(table_, plan_, const_cast<float*>(params));
+    set_tokens(s, plan_.first ? ids : nullptr, plan_.last ? targets : nullptr);
+    // out[Nr,C] = res[Nr,C] + (X[N,K] W[C,K]^T summed over tp): a row-parallel block + residual.
+    auto row_parallel_residual = [&](float* out, const float* res, const float* X, int K,
+                                     const float* W) {
+        be_.copy(out, res, size_t(Nr) * C);
+        if (tp1) {
+            be_.gemm(false, true, N, C, K, 1.0f, X, K, W, K, 1.0f, out, C);
+            return;
+        }
+        be_.gemm(false, true, N, C, K, 1.0f, X, K, W, K, 0.0f, full_b_, C);
+        be_.add_inplace(out, tp_.reduce(full_b_, dshard_, N, C), size_t(Nr) * C);
+    };
+    if (plan_.first) {
+        if (tp1) {
+            be_.embedding_forward(s.res[0], s.ids, w.wte, N, C);
+        } else {  // vocab-parallel: each rank looks up its rows, the sum over tp completes x
+            be_.embedding_forward(full_b_, s.ids, w.wte, N, C);
+            be_.copy(s.res[0], tp_.reduce(full_b_, dshard_, N, C), size_t(Nr) * C);
+        }
+    }
+    for (size_t i = 0; i < s.layers.size(); ++i) {
+        const LayerView& p = w.layers[i];
+        Layer& l = s.layers[i];
         // h = x + o_proj(attention(rope(q, k), v)) on RMSNorm(x)
-        be_.rmsnorm_forward(s.xn1, s.rstd1, s.res, p.ln1, N, C, eps_);
-        be_.gemm(false, true, N, QKV, C, 1.0f, s.xn1, C, p.wqkv, C, 0.0f, s.qkv, QKV);
-        be_.rope_forward(s.qkv, cos_, sin_, N, T_, NH + NKV, HD, QKV);
-        be_.attention_forward(s.att, s.lse, s.qkv, s.qkv + NH * HD, s.qkv + (NH + NKV) * HD, B_,
-                              T_, NH, NKV, HD, QKV, QKV, attn_scale_);
-        be_.copy(s.h, s.res, size_t(N) * C);
-        be_.gemm(false, true, N, C, A, 1.0f, s.att, A, p.wo, A, 1.0f, s.h, C);
+        be_.rmsnorm_forward(l.xn1, l.rstd1, s.res[i], p.ln1, Nr, C, eps_);
+        const float* X = tp_.gather(l.xn1, full_a_, N, C);
+        be_.gemm(false, true, N, QKV, C, 1.0f, X, C, p.wqkv, C, 0.0f, l.qkv, QKV);
+        be_.rope_forward(l.qkv, cos_, sin_, N, T_, NH + NKV, HD, QKV);
+        be_.attention_forward(l.att, l.lse, l.qkv, l.qkv + NH * HD, l.qkv + (NH + NKV) * HD, B_, T_,
+                              NH, NKV, HD, QKV, QKV, attn_scale_);
+        row_parallel_residual(l.h, s.res[i], l.att, A, p.wo);
         // y = h + down(silu(gate(z)) * up(z)), z = RMSNorm(h)
-        be_.rmsnorm_forward(s.xn2, s.rstd2, s.h, p.ln2, N, C, eps_);
-        be_.gemm(false, true, N, 2 * F, C, 1.0f, s.xn2, C, p.wgu, C, 0.0f, s.gu, 2 * F);
-        be_.swiglu_forward(s.act, s.gu, N, F);
-        be_.copy(out, s.h, size_t(N) * C);
-        be_.gemm(false, true, N, C, F, 1.0f, s.act, F, p.wdown, F, 1.0f, out, C);
+        be_.rmsnorm_forward(l.xn2, l.rstd2, l.h, p.ln2, Nr, C, eps_);
+        const float* X2 = tp_.gather(l.xn2, full_a_, N, C);
+        be_.gemm(false, true, N, 2 * F, C, 1.0f, X2, C, p.wgu, C, 0.0f, l.gu, 2 * F);
+        be_.swiglu_forward(l.act, l.gu, N, F);
+        row_parallel_residual(s.res[i + 1], l.h, l.act, F, p.wdown);
     }
-    be_.rmsnorm_forward(xf_, rstd_f_, res_final_, w.norm, N, C, eps_);
-    be_.gemm(false, true, N, d_.V, C, 1.0f, xf_, C, w.head, C, 0.0f, logits_, d_.V);
+    if (!plan_.last) return 0.0;
+    const int Vl = d_.Vl();
+    be_.rmsnorm_forward(s.xf, s.rstd_f, s.res.back(), w.norm, Nr, C, eps_);
+    const float* Xf = tp_.gather(s.xf, full_a_, N, C);
+    be_.gemm(false, true, N, Vl, C, 1.0f, Xf, C, w.head, C, 0.0f, s.logits, Vl);
+    if (tp1) {
+        if (need_grad) be_.xent_forward_backward(s.logits, losses_.data(), tgt_, N, Vl, grad_scale);
+        else be_.xent_forward(losses_.data(), s.logits, tgt_, N, Vl);
+    } else {
+        vocab_parallel_xent(be_, tp_, s.logits, losses_.data(), tgt_, N, Vl, grad_scale, need_grad, xent_);
+    }
+    double sum = 0.0;
+    for (float x : losses_) sum += x;
+    return sum;
 }
 
-void Transformer::backward(const ModelView& w, const ModelView& g) {
-    const int N = N_, C = d_.C, F = d_.F, QKV = d_.qkv(), NH = d_.NH, NKV = d_.NKV, HD = d_.HD;
-    const int V = d_.V, A = NH * HD;
-    // logits_ holds dL/dlogits (written by the fused cross-entropy).
-    be_.gemm(true, false, V, C, N, 1.0f, logits_, V, xf_, C, 1.0f, g.head, C);
-    be_.gemm(false, false, N, C, V, 1.0f, logits_, V, w.head, C, 0.0f, dxn_, C);
-    be_.zero(dres_, size_t(N) * C);
-    be_.rmsnorm_backward(dres_, g.norm, dxn_, res_final_, w.norm, rstd_f_, N, C);
-    for (int l = d_.L - 1; l >= 0; --l) {
-        const LayerView& p = w.layers[l];
-        const LayerView& gp = g.layers[l];
-        Saved& s = saved_[l];
-        // MLP branch; dres_ is dL/d(layer output) and flows straight through the residual.
-        be_.gemm(false, false, N, F, C, 1.0f, dres_, C, p.wdown, F, 0.0f, dact_, F);
-        be_.gemm(true, false, C, F, N, 1.0f, dres_, C, s.act, F, 1.0f, gp.wdown, F);
-        be_.swiglu_backward(dgu_, dact_, s.gu, N, F);
-        be_.gemm(true, false, 2 * F, C, N, 1.0f, dgu_, 2 * F, s.xn2, C, 1.0f, gp.wgu, C);
-        be_.gemm(false, false, N, C, 2 * F, 1.0f, dgu_, 2 * F, p.wgu, C, 0.0f, dxn_, C);
-        be_.rmsnorm_backward(dres_, gp.ln2, dxn_, s.h, p.ln2, s.rstd2, N, C);  // dres_ = dL/dh
+void ModelChunk::backward(int si, const float* params, float* grads) {
+    const int N = N_, Nr = Nr_, C = d_.C, F = d_.Fl, QKV = d_.qkv_local(), NH = d_.NHl,
+              NKV = d_.NKVl, HD = d_.HD;
+    const int A = NH * HD;
+    Slot& s = slots_[si];
+    ChunkView w = chunk_view(table_, plan_, const_cast<float*>(params));
+    ChunkView g = chunk_view(table_, plan_, grads);
+    float* dres = s.dres;  // dL/d(residual stream), this rank's rows
+    if (plan_.last) {
+        const int Vl = d_.Vl();
+        // s.logits holds grad_scale * dL/dlogits (written by the loss).
+        const float* Xf = tp_.gather(s.xf, full_a_, N, C);
+        be_.gemm(true, false, Vl, C, N, 1.0f, s.logits, Vl, Xf, C, 1.0f, g.head, C);
+        be_.gemm(false, false, N, C, Vl, 1.0f, s.logits, Vl, w.head, C, 0.0f, full_b_, C);
+        const float* dxf = tp_.reduce(full_b_, dshard_, N, C);
+        be_.zero(dres, size_t(Nr) * C);
+        be_.rmsnorm_backward(dres, g.norm, dxf, s.res.back(), w.norm, s.rstd_f, Nr, C);
+    } else {
+        be_.copy(dres, s.dout, size_t(Nr) * C);
+    }
+    for (int i = int(s.layers.size()) - 1; i >= 0; --i) {
+        const LayerView& p = w.layers[i];
+        const LayerView& gp = g.layers[i];
+        Layer& l = s.layers[i];
+        // MLP branch; dres flows straight through the residual.
+        const float* D = tp_.gather(dres, full_a_, N, C);
+        be_.gemm(false, false, N, F, C, 1.0f, D, C, p.wdown, F, 0.0f, dact_, F);
+        be_.gemm(true, false, C, F, N, 1.0f, D, C, l.act, F, 1.0f, gp.wdown, F);
+        be_.swiglu_backward(dgu_, dact_, l.gu, N, F);
+        const float* X2 = tp_.gather(l.xn2, full_a_, N, C);  // re-gathered, not kept (SP saves memory)
+        be_.gemm(true, false, 2 * F, C, N, 1.0f, dgu_, 2 * F, X2, C, 1.0f, gp.wgu, C);
+        be_.gemm(false, false, N, C, 2 * F, 1.0f, dgu_, 2 * F, p.wgu, C, 0.0f, full_b_, C);
+        be_.rmsnorm_backward(dres, gp.ln2, tp_.reduce(full_b_, dshard_, N, C), l.h, p.ln2, l.rstd2, Nr, C);
         // Attention branch.
-        be_.gemm(false, false, N, A, C, 1.0f, dres_, C, p.wo, A, 0.0f, datt_, A);
-        be_.gemm(true, false, C, A, N, 1.0f, dres_, C, s.att, A, 1.0f, gp.wo, A);
-        be_.attention_backward(dqkv_, dqkv_ + NH * HD, dqkv_ + (NH + NKV) * HD, datt_, s.att,
-                               s.lse, s.qkv, s.qkv + NH * HD, s.qkv + (NH + NKV) * HD, B_, T_, NH,
-                               NKV, HD, QKV, QKV, attn_scale_);
+        const float* Dh = tp_.gather(dres, full_a_, N, C);
+        be_.gemm(false, false, N, A, C, 1.0f, Dh, C, p.wo, A, 0.0f, datt_, A);
+        be_.gemm(true, false, C, A, N, 1.0f, Dh, C, l.att, A, 1.0f, gp.wo, A);
+        be_.attention_backward(dqkv_, dqkv_ + NH * HD, dqkv_ + (NH + NKV) * HD, datt_, l.att, l.lse,
+                               l.qkv, l.qkv + NH * HD, l.qkv + (NH + NKV) * HD, B_, T_, NH, NKV, HD,
+                               QKV, QKV, attn_scale_);
         be_.rope_backward(dqkv_, cos_, sin_, N, T_, NH + NKV, HD, QKV);
-        be_.gemm(true, false, QKV, C, N, 1.0f, dqkv_, QKV, s.xn1, C, 1.0f, gp.wqkv, C);
-        be_.gemm(false, false, N, C, QKV, 1.0f, dqkv_, QKV, p.wqkv, C, 0.0f, dxn_, C);
-        be_.rmsnorm_backward(dres_, gp.ln1, dxn_, s.res, p.ln1, s.rstd1, N, C);  // dL/dx
+        const float* X1 = tp_.gather(l.xn1, full_a_, N, C);
+        be_.gemm(true, false, QKV, C, N, 1.0f, dqkv_, QKV, X1, C, 1.0f, gp.wqkv, C);
+        be_.gemm(false, false, N, C, QKV, 1.0f, dqkv_, QKV, p.wqkv, C, 0.0f, full_b_, C);
+        be_.rmsnorm_backward(dres, gp.ln1, tp_.reduce(full_b_, dshard_, N, C), s.res[i], p.ln1,
+                             l.rstd1, Nr, C);
     }
-    be_.embedding_backward(g.wte, dres_, ids_, N, C, V);
+    if (plan_.first) {
+        const float* D = tp_.gather(dres, full_a_, N, C);
+        be_.embedding_backward(g.wte, D, s.ids, N, C, d_.Vl());
+    }
 }
 
-double Transformer::forward_backward(const float* params, float* grads, const int32_t* ids,
-                                     const int32_t* targets, float grad_scale) {
-    be_.from_host_i32(ids_, ids, N_);
-    be_.from_host_i32(tgt_, targets, N_);
-    ModelView w = model_view(table_, d_, const_cast<float*>(params));
-    ModelView g = model_view(table_, d_, grads);
-    forward(w, true);
-    be_.xent_forward_backward(logits_, losses_.data(), tgt_, N_, d_.V, grad_scale);
-    backward(w, g);
-    double sum = 0.0;
-    for (float x : losses_) sum += x;
-    return sum;
+double ModelChunk::forward_backward(const float* params, float* grads, const int32_t* ids,
+                                    const int32_t* targets, float grad_scale) {
+    QUINTET_CHECK(plan_.first && plan_.last, "forward_backward needs the whole model in one chunk");
+    if (slots_.empty()) add_slot();
+    double loss = forward(0, params, ids, targets, grad_scale, true);
+    backward(0, params, grads);
+    return loss;
 }
 
-double Transformer::forward_loss(const float* params, const int32_t* ids, const int32_t* targets) {
-    be_.from_host_i32(ids_, ids, N_);
-    be_.from_host_i32(tgt_, targets, N_);
-    ModelView w = model_view(table_, d_, const_cast<float*>(params));
-    forward(w, false);
-    be_.xent_forward(losses_.data(), logits_, tgt_, N_, d_.V);
-    double sum = 0.0;
-    for (float x : losses_) sum += x;
-    return sum;
+double ModelChunk::forward_loss(const float* params, const int32_t* ids, const int32_t* targets) {
+    QUINTET_CHECK(plan_.first && plan_.last, "forward_loss needs the whole model in one chunk");
+    if (slots_.empty()) add_slot();
+    return forward(0, params, ids, targets, 1.0f, false);
 }
 
 }  // namespace quintet

@@ -25,4 +25,11 @@ ProcessGrid::ProcessGrid(MPI_Comm world, const Layout& layout) : layout_(layout)
     }
 }
 
+std::unique_ptr<MpiCommunicator> ProcessGrid::split(Axis a, int color) const {
+    MPI_Comm sub;
+    QUINTET_MPI(MPI_Comm_split(comm(a).handle(), color < 0 ? MPI_UNDEFINED : color, coords_[a], &sub));
+    if (sub == MPI_COMM_NULL) return nullptr;
+    return std::make_unique<MpiCommunicator>(sub);
+}
+
 }  // namespace quintet

@@ -51,19 +51,21 @@ class Decoder {
 public:
     Decoder(Backend& be, const Deck& deck, const ParamTable& table, const std::vector<float>& params,
             int max_len)
-        : be_(be), d_(model_dims(deck.model)), w_(model_view(table, d_, const_cast<float*>(params.data()))),
+        : be_(be), d_(model_dims(deck.model)),
+          w_(chunk_view(table, stage_chunks(deck.model.n_layers, 1, 1, 0, "")[0],
+                        const_cast<float*>(params.data()))),
           max_len_(max_len), eps_(float(deck.model.norm_eps)) {
         rope_tables(cos_, sin_, max_len, rope_inv_freq(deck.rope, d_.HD, deck.data.seq_len),
                     rope_mscale(deck.rope));
         kcache_.assign(size_t(d_.L) * max_len * d_.NKV * d_.HD, 0.0f);
         vcache_.assign(kcache_.size(), 0.0f);
-        x_.resize(d_.C); xn_.resize(d_.C); qkv_.resize(d_.qkv()); att_.resize(d_.NH * d_.HD);
+        x_.resize(d_.C); xn_.resize(d_.C); qkv_.resize(d_.qkv_local()); att_.resize(d_.NH * d_.HD);
         gu_.resize(2 * d_.F); act_.resize(d_.F); logits_.resize(d_.V); scores_.resize(max_len);
     }
 
     // Feeds token `id` at position `pos`; returns the logits of the next token.
     const std::vector<float>& step(int id, int pos) {
-        const int C = d_.C, NH = d_.NH, NKV = d_.NKV, HD = d_.HD, F = d_.F, QKV = d_.qkv();
+        const int C = d_.C, NH = d_.NH, NKV = d_.NKV, HD = d_.HD, F = d_.F, QKV = d_.qkv_local();
         const int group = NH / NKV;
         const float scale = 1.0f / std::sqrt(float(HD));
         float rstd;
@@ -114,7 +116,7 @@ public:
 private:
     Backend& be_;
     ModelDims d_;
-    ModelView w_;
+    ChunkView w_;
     int max_len_;
     float eps_;
     std::vector<float> cos_, sin_, kcache_, vcache_, x_, xn_, qkv_, att_, gu_, act_, logits_, scores_;
@@ -166,7 +168,7 @@ int generate_main(int argc, char** argv) {
     ParamTable table = make_param_table(deck.model);
     checkpoint_inspect(ckpt, table);
     std::vector<float> params(table.total);
-    checkpoint_load(ckpt, table, params.data(), Range{0, table.total}, nullptr, nullptr, Range{});
+    checkpoint_load(ckpt, table, params.data(), nullptr, nullptr, Range{});
     std::vector<uint32_t> ids = tok.encode(prompt);
     if (ids.empty()) ids.push_back(uint32_t('\n') < uint32_t(tok.vocab_size()) ? '\n' : 0);
     auto be = make_cpu_backend(0);

@@ -1,10 +1,11 @@
 #include "quintet/train/trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <filesystem>
+#include <cstdlib>
 
 #include "quintet/core/error.hpp"
 #include "quintet/io/checkpoint.hpp"
@@ -38,6 +39,8 @@ std::string human_rate(double x) {
     return buf;
 }
 
+constexpr int kTagFwd = 0, kTagBwd = 1;
+
 }  // namespace
 
 void install_stop_signals() {
@@ -47,8 +50,13 @@ void install_stop_signals() {
 
 Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGrid& grid,
                  Backend& be, const std::vector<uint32_t>& tokens)
-    : deck_(deck), deck_text_(deck_text), grid_(grid), be_(be), table_(make_param_table(deck.model)),
-      dims_(model_dims(deck.model)),
+    : deck_(deck), deck_text_(deck_text), grid_(grid), be_(be),
+      tp_(grid.tp(), deck.parallel.sequence_parallel),
+      plans_(stage_chunks(deck.model.n_layers, grid.pp().size(), deck.parallel.virtual_stages,
+                          grid.coord(kPP), deck.parallel.pp_layers)),
+      table_(make_param_table(deck.model, grid.tp().size(), grid.coord(kTP), plans_,
+                              deck.parallel.sequence_parallel, grid.pp().size())),
+      dims_(model_dims(deck.model, grid.tp().size(), grid.coord(kTP))),
       sampler_(tokens, deck.data.val_fraction, deck.data.seq_len, deck.data.order == "random",
                uint64_t(deck.train.seed)) {
     const auto& dc = deck.data;
@@ -60,6 +68,12 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
         config_fail("data.val_fraction", std::to_string(dc.val_fraction),
                     "eval.every > 0 but the validation split has only " +
                         std::to_string(sampler_.val_len()) + " tokens; need at least seq_len + 1");
+    if (const char* e = std::getenv("QUINTET_P2P_TIMEOUT_S")) p2p_timeout_s_ = std::atof(e);
+    // Sub-groups for tensors replicated beyond dp (each split is collective over its axis).
+    const int pp = grid.pp().size(), stage = grid.coord(kPP);
+    if (dims_.tp > dims_.NKV) kv_group_ = grid.split(kTP, grid.coord(kTP) / dims_.kv_group());
+    if (dims_.tied && pp > 1) tied_ = grid.split(kPP, stage == 0 || stage == pp - 1 ? 0 : -1);
+
     dp_ = std::make_unique<DataParallel>(grid.dp(), table_.total, deck.parallel.bucket_mb,
                                          deck.parallel.zero == 1);
     const size_t padded = dp_->padded();
@@ -71,11 +85,20 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
     m_ = be_.alloc(opt_size_);
     v_ = be_.alloc(opt_size_);
     if (dp_->zero()) gshard_ = be_.alloc(dp_->shard_size());
-    model_ = std::make_unique<Transformer>(be_, deck.model, deck.rope, table_, dc.micro_batch_size,
-                                           dc.seq_len);
+    for (const auto& plan : plans_)
+        chunks_.push_back(std::make_unique<ModelChunk>(be_, deck.model, deck.rope, table_, plan, tp_,
+                                                       dc.micro_batch_size, dc.seq_len));
+    actions_ = make_schedule(deck.parallel.schedule, pp, stage, deck.parallel.microbatches,
+                             deck.parallel.virtual_stages);
+    const int nc = int(chunks_.size()), m = deck.parallel.microbatches;
+    free_slots_.assign(nc, {});
+    slot_of_mb_.assign(nc, std::vector<int>(m, -1));
+    pending_.assign(nc, {});
+    in_flight_.assign(nc, 0);
+    peak_in_flight_.assign(nc, 0);
     ids_.resize(size_t(dc.micro_batch_size) * dc.seq_len);
     tgt_.resize(ids_.size());
-    // Layout-invariant init: each element is a function of (seed, name, index) only.
+    // Layout-invariant init: each element is a function of (seed, name, logical index) only.
     std::vector<float> host(table_.total);
     init_params(host.data(), table_, deck.model, deck.init, uint64_t(deck.train.seed), 0, table_.total);
     be_.from_host(params_, host.data(), table_.total);
@@ -102,31 +125,143 @@ void Trainer::log(const std::string& line) const {
     }
 }
 
+int Trainer::acquire_slot(int c) {
+    // A free slot whose sends have completed; waiting for one that has not could deadlock (its
+    // receiver may post the matching recv only later in its schedule), so then take a new slot.
+    auto sends_done = [&](int slot) {
+        auto& hs = pending_[c][slot];
+        hs.erase(std::remove_if(hs.begin(), hs.end(), [&](int h) { return grid_.pp().test(h); }), hs.end());
+        return hs.empty();
+    };
+    int slot = -1;
+    for (size_t i = 0; i < free_slots_[c].size(); ++i)
+        if (sends_done(free_slots_[c][i])) {
+            slot = free_slots_[c][i];
+            free_slots_[c].erase(free_slots_[c].begin() + long(i));
+            break;
+        }
+    if (slot < 0) {
+        slot = chunks_[c]->add_slot();  // only until the schedule's steady state is reached
+        pending_[c].emplace_back();
+    }
+    peak_in_flight_[c] = std::max(peak_in_flight_[c], ++in_flight_[c]);
+    return slot;
+}
+
+// The pipeline executor: runs this stage's action list for step s.
+void Trainer::run_schedule(int64_t s, StepStats& st, double& loss_sum) {
+    const auto& p = deck_.parallel;
+    const int mbs = deck_.data.micro_batch_size, T = deck_.data.seq_len;
+    const int pp = grid_.pp().size(), stage = grid_.coord(kPP), v = p.virtual_stages;
+    const int64_t gb = int64_t(grid_.dp().size()) * p.microbatches * mbs;
+    const float grad_scale = float(1.0 / (double(gb) * T));
+    const auto& comm = grid_.pp();
+    for (auto& slots : slot_of_mb_) std::fill(slots.begin(), slots.end(), -1);
+    char what[96];
+    for (const Action& a : actions_) {
+        ModelChunk& chunk = *chunks_[a.chunk];
+        int& slot = slot_of_mb_[a.chunk][a.microbatch];
+        const size_t n = chunk.boundary_floats();
+        const int vs = virtual_stage(pp, stage, a.chunk);
+        switch (a.op) {
+        case Op::recv_fwd: {
+            slot = acquire_slot(a.chunk);
+            std::snprintf(what, sizeof what, "stage %d: recv_fwd mb %d (virtual stage %d)", stage, a.microbatch, vs);
+            double t0 = now_s();
+            comm.recv(chunk.input(slot), n, schedule_peer(pp, v, stage, a).stage, kTagFwd, p2p_timeout_s_, what);
+            st.t_wait += now_s() - t0;
+            break;
+        }
+        case Op::forward: {
+            if (slot < 0) slot = acquire_slot(a.chunk);
+            // Microbatch g of the global batch (DESIGN §3): replica r runs [r*m, (r+1)*m).
+            const int64_t g = int64_t(grid_.coord(kDP)) * p.microbatches + a.microbatch;
+            if (chunk.plan().first || chunk.plan().last)
+                for (int j = 0; j < mbs; ++j)
+                    sampler_.train_sample(s, g * mbs + j, gb, ids_.data() + size_t(j) * T,
+                                          tgt_.data() + size_t(j) * T);
+            loss_sum += chunk.forward(slot, params_, ids_.data(), tgt_.data(), grad_scale, true);
+            break;
+        }
+        case Op::send_fwd:
+            pending_[a.chunk][slot].push_back(
+                comm.isend(chunk.output(slot), n, schedule_peer(pp, v, stage, a).stage, kTagFwd));
+            break;
+        case Op::recv_bwd: {
+            std::snprintf(what, sizeof what, "stage %d: recv_bwd mb %d (virtual stage %d)", stage, a.microbatch, vs);
+            double t0 = now_s();
+            comm.recv(chunk.grad_output(slot), n, schedule_peer(pp, v, stage, a).stage, kTagBwd, p2p_timeout_s_, what);
+            st.t_wait += now_s() - t0;
+            break;
+        }
+        case Op::backward:
+            chunk.backward(slot, params_, grads_);
+            free_slots_[a.chunk].push_back(slot);  // reused only after its sends complete
+            --in_flight_[a.chunk];
+            break;
+        case Op::send_bwd:
+            pending_[a.chunk][slot].push_back(
+                comm.isend(chunk.grad_input(slot), n, schedule_peer(pp, v, stage, a).stage, kTagBwd));
+            break;
+        }
+    }
+    for (auto& per_chunk : pending_)
+        for (auto& handles : per_chunk) {
+            for (int h : handles) comm.wait(h);
+            handles.clear();
+        }
+}
+
+// Gradients of tensors replicated beyond dp are completed before the dp reduction.
+void Trainer::sync_replicated_grads() {
+    for (const auto& s : table_.specs) {
+        float* g = grads_ + s.offset;
+        switch (s.sync) {
+        case GradSync::none: break;
+        case GradSync::tp: tp_.all_reduce_sum(g, s.numel()); break;
+        case GradSync::kv_group: kv_group_->all_reduce_sum(g, s.numel()); break;
+        case GradSync::tied: tied_->all_reduce_sum(g, s.numel()); break;
+        }
+    }
+}
+
+// Global L2 norm over all parameters, each counted once: only the writer copy of a replicated
+// tensor contributes, then the partial sums are added over tp and pp (and dp for ZeRO shards).
+double Trainer::grad_norm() {
+    const bool zero = dp_->zero();
+    const float* g = zero ? gshard_ : grads_;
+    Range own = zero ? dp_->owned() : Range{0, table_.total};
+    double ss = 0.0;
+    for (const auto& spec : table_.specs) {
+        if (!spec.writer) continue;
+        size_t a = std::max(own.lo, spec.offset), b = std::min(own.hi, spec.offset + spec.numel());
+        if (a < b) ss += be_.sumsq(g + (a - opt_base_), b - a);
+    }
+    double parts[1] = {ss};
+    grid_.tp().all_reduce_sum(parts, 1);
+    grid_.pp().all_reduce_sum(parts, 1);
+    if (zero) grid_.dp().all_reduce_sum(parts, 1);
+    return std::sqrt(parts[0]);
+}
+
 StepStats Trainer::step(int64_t s) {
     StepStats st;
     const auto& p = deck_.parallel;
     const int mbs = deck_.data.micro_batch_size, T = deck_.data.seq_len;
-    const int dp = grid_.dp().size(), r = grid_.coord(kDP);
-    const int64_t gb = int64_t(dp) * p.microbatches * mbs;
-    const float grad_scale = float(1.0 / (double(gb) * T));
+    const int64_t gb = int64_t(grid_.dp().size()) * p.microbatches * mbs;
+    tp_.reset_stats();
     double t0 = now_s();
     be_.zero(grads_, dp_->padded());
     double loss_sum = 0.0;
-    for (int mb = 0; mb < p.microbatches; ++mb) {
-        int g = r * p.microbatches + mb;  // microbatch index within the global batch
-        for (int j = 0; j < mbs; ++j)
-            sampler_.train_sample(s, int64_t(g) * mbs + j, gb, ids_.data() + size_t(j) * T,
-                                  tgt_.data() + size_t(j) * T);
-        loss_sum += model_->forward_backward(params_, grads_, ids_.data(), tgt_.data(), grad_scale);
-    }
+    run_schedule(s, st, loss_sum);
     double t1 = now_s();
-    dp_->reduce_grads(grads_, gshard_);
-    loss_sum = dp_->sum(loss_sum);
+    sync_replicated_grads();
     double t2 = now_s();
-    // Global L2 norm, each parameter counted once.
-    double sumsq = dp_->zero() ? dp_->sum(be_.sumsq(gshard_, dp_->shard_size()))
-                               : be_.sumsq(grads_, table_.total);
-    double norm = std::sqrt(sumsq);
+    dp_->reduce_grads(grads_, gshard_);
+    grid_.pp().all_reduce_sum(&loss_sum, 1);  // only the last stage has the loss
+    loss_sum = dp_->sum(loss_sum);
+    double t3 = now_s();
+    double norm = grad_norm();
     const auto& t = deck_.train;
     float* g = dp_->zero() ? gshard_ : grads_;
     if (t.grad_clip > 0 && norm > t.grad_clip) be_.scale(g, opt_size_, float(t.grad_clip / (norm + 1e-6)));
@@ -142,26 +277,43 @@ StepStats Trainer::step(int64_t s) {
                   float(t.eps), spec.decay() ? float(t.weight_decay) : 0.0f, float(bc1), float(bc2));
     }
     if (dp_->zero()) dp_->gather_params(params_);
-    double t3 = now_s();
+    double t4 = now_s();
     st.loss = loss_sum / (double(gb) * T);
     st.lr = lr;
     st.grad_norm = norm;
-    st.t_compute = t1 - t0;
-    st.t_dp = t2 - t1;
-    st.t_optim = t3 - t2;
-    st.step_time = t3 - t0;
+    st.t_pipeline = t1 - t0;
+    st.t_sync = t2 - t1;
+    st.t_dp = t3 - t2;
+    st.t_optim = t4 - t3;
+    st.step_time = t4 - t0;
+    st.t_tp = tp_.seconds;
+    st.tp_bytes = tp_.bytes;
     return st;
 }
 
+// Forward only, through the pipeline virtual stage by virtual stage; batch i runs on replica i % dp.
 double Trainer::evaluate() {
     const int mbs = deck_.data.micro_batch_size, T = deck_.data.seq_len;
     const int dp = grid_.dp().size(), r = grid_.coord(kDP);
+    const int pp = grid_.pp().size(), stage = grid_.coord(kPP), v = deck_.parallel.virtual_stages;
     double sum = 0.0;
     for (int i = r; i < deck_.eval.batches; i += dp) {
         for (int j = 0; j < mbs; ++j)
             sampler_.val_sample(i, j, mbs, ids_.data() + size_t(j) * T, tgt_.data() + size_t(j) * T);
-        sum += model_->forward_loss(params_, ids_.data(), tgt_.data());
+        for (int vs = 0; vs < pp * v; ++vs) {
+            if (vs % pp != stage) continue;
+            const int c = vs / pp;
+            ModelChunk& chunk = *chunks_[c];
+            if (chunk.slots() == 0) chunk.add_slot();
+            if (vs > 0)
+                grid_.pp().recv(chunk.input(0), chunk.boundary_floats(), (stage - 1 + pp) % pp, kTagFwd,
+                                p2p_timeout_s_, "evaluation: recv_fwd");
+            sum += chunk.forward(0, params_, ids_.data(), tgt_.data(), 1.0f, false);
+            if (vs < pp * v - 1)
+                grid_.pp().send(chunk.output(0), chunk.boundary_floats(), (stage + 1) % pp, kTagFwd);
+        }
     }
+    grid_.pp().all_reduce_sum(&sum, 1);
     sum = dp_->sum(sum);
     return sum / (double(deck_.eval.batches) * mbs * T);
 }
@@ -193,15 +345,22 @@ void Trainer::resume_if_asked() {
     if (path.empty()) return;
     CheckpointMeta meta = checkpoint_inspect(path, table_);
     Range own = dp_->zero() ? dp_->owned() : Range{0, table_.total};
-    checkpoint_load(path, table_, params_, Range{0, table_.total}, m_, v_, own);
+    checkpoint_load(path, table_, params_, m_, v_, own);
     start_step_ = meta.step;
     tokens_seen_ = meta.tokens_seen;
     log("resumed from " + path + " at step " + std::to_string(meta.step) + " (written with " +
         meta.layout + ")");
 }
 
+size_t Trainer::activation_bytes() const {
+    size_t b = 0;
+    for (size_t c = 0; c < chunks_.size(); ++c) b += size_t(peak_in_flight_[c]) * chunks_[c]->slot_bytes();
+    return b;
+}
+
 int Trainer::run() {
     const auto& t = deck_.train;
+    const int pp = grid_.pp().size(), stage = grid_.coord(kPP);
     const int64_t gb = int64_t(grid_.dp().size()) * deck_.parallel.microbatches * deck_.data.micro_batch_size;
     const int64_t tokens_per_step = gb * deck_.data.seq_len;
     resume_if_asked();
@@ -209,11 +368,13 @@ int Trainer::run() {
         char buf[512];
         std::snprintf(buf, sizeof buf,
                       "model: %.2fM params (%.2fM in matmuls), vocab %d, %d layers, d_model %d, "
-                      "heads %d/%d, ffn %d | layout %s | global batch %lld x %d tokens | "
-                      "activations %.1f MiB/rank | peak %.1f GFLOP/s",
-                      table_.total / 1e6, table_.matmul_params / 1e6, dims_.V, dims_.L, dims_.C,
-                      dims_.NH, dims_.NKV, dims_.F, grid_.layout().describe().c_str(), (long long)gb,
-                      deck_.data.seq_len, model_->activation_bytes() / 1048576.0, peak_flops_ / 1e9);
+                      "heads %d/%d, ffn %d | layout %s%s | schedule %s | global batch %lld x %d "
+                      "tokens | peak %.1f GFLOP/s",
+                      [&] { size_t n = 0; for (auto& l : table_.logical) n += l.numel(); return n; }() / 1e6,
+                      table_.matmul_params / 1e6, dims_.V, dims_.L, dims_.C, dims_.NH, dims_.NKV,
+                      dims_.F, grid_.layout().describe().c_str(), tp_.sp() ? " +sp" : "",
+                      deck_.parallel.schedule.c_str(), (long long)gb, deck_.data.seq_len,
+                      peak_flops_ / 1e9);
         log(buf);
     }
     std::unique_ptr<MetricsFile> metrics;
@@ -224,18 +385,37 @@ int Trainer::run() {
     }
     const double t_start = now_s();
     int64_t s = start_step_;
+    std::vector<double> idle(pp), act_mib(pp);
     while (s < t.steps) {
         StepStats st = step(s);
         ++s;
         tokens_seen_ += tokens_per_step;
+        // Every stage's bubble (time blocked in pipeline receives / time of the schedule) and
+        // activation memory, gathered for rank 0.
+        std::fill(idle.begin(), idle.end(), 0.0);
+        std::fill(act_mib.begin(), act_mib.end(), 0.0);
+        idle[stage] = st.t_pipeline > 0 ? st.t_wait / st.t_pipeline : 0.0;
+        act_mib[stage] = activation_bytes() / 1048576.0;
+        if (pp > 1) {
+            grid_.pp().all_reduce_sum(idle.data(), idle.size());
+            grid_.pp().all_reduce_sum(act_mib.data(), act_mib.size());
+        }
         double tps = tokens_per_step / st.step_time;
         double mfu = tps * flops_per_token_ / peak_flops_;
         if (metrics) {
             metrics->append("/train", {{"step", double(s)}, {"loss", st.loss}, {"ce_loss", st.loss},
                                        {"aux_loss", 0.0}, {"lr", st.lr}, {"grad_norm", st.grad_norm},
                                        {"tokens_per_s", tps}, {"mfu", mfu}, {"step_time_s", st.step_time}});
-            metrics->append("/timing", {{"forward_backward", st.t_compute}, {"dp_reduce", st.t_dp},
-                                        {"optimizer", st.t_optim}});
+            metrics->append("/timing", {{"pipeline", st.t_pipeline}, {"pipeline_wait", st.t_wait},
+                                        {"replica_sync", st.t_sync}, {"dp_reduce", st.t_dp},
+                                        {"optimizer", st.t_optim}, {"tp_comm", st.t_tp},
+                                        {"tp_bytes", st.tp_bytes}});
+            std::vector<std::pair<std::string, double>> row;
+            for (int i = 0; i < pp; ++i) {
+                row.emplace_back("stage" + std::to_string(i) + "_idle_fraction", idle[i]);
+                row.emplace_back("stage" + std::to_string(i) + "_activation_mib", act_mib[i]);
+            }
+            metrics->append("/pipeline", row);
         }
         if (s % deck_.output.log_every == 0 || s == t.steps) {
             double el = now_s() - t_start;
@@ -267,6 +447,19 @@ int Trainer::run() {
             log(std::string(stop > 0 ? "stop signal received" : "train.exit_after reached") +
                 ": checkpointed step " + std::to_string(s) + "; resume with checkpoint.resume=auto");
             break;
+        }
+        if (s == t.steps && pp > 1) {
+            const int m = deck_.parallel.microbatches, v = deck_.parallel.virtual_stages;
+            char buf[160];
+            std::snprintf(buf, sizeof buf, "pipeline (%s, pp=%d, m=%d, v=%d): bubble theory %.3f",
+                          deck_.parallel.schedule.c_str(), pp, m, v,
+                          bubble_theory(deck_.parallel.schedule, pp, m, v));
+            log(buf);
+            for (int i = 0; i < pp; ++i) {
+                std::snprintf(buf, sizeof buf, "  stage %d: measured idle %.3f (last step) | peak activations %.1f MiB",
+                              i, idle[i], act_mib[i]);
+                log(buf);
+            }
         }
     }
     return 0;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 
+#include "quintet/comm/mpi_communicator.hpp"
 #include "quintet/kernels/backend.hpp"
 #include "quintet/model/params.hpp"
 #include "quintet/model/rope.hpp"
@@ -42,7 +43,9 @@ void check_model_gradient(bool tied, bool yarn) {
     auto be = make_cpu_backend(1);
     ParamTable table = make_param_table(c.m);
     const int B = 2, T = 9, N = B * T;
-    Transformer model(*be, c.m, c.rope, table, B, T);
+    quintet::MpiCommunicator self(MPI_COMM_SELF);
+    TensorParallel tp(self, false);
+    ModelChunk model(*be, c.m, c.rope, table, stage_chunks(c.m.n_layers, 1, 1, 0, "")[0], tp, B, T);
     std::vector<float> params(table.total), grads(table.total, 0.0f);
     init_params(params.data(), table, c.m, c.init, 42, 0, table.total);
     std::mt19937 g(3);
@@ -106,9 +109,9 @@ TEST(Init, EachElementIsAFunctionOfSeedNameAndIndexOnly) {
     init_params(pieces.data(), t, c.m, c.init, 9, b, t.total);
     EXPECT_EQ(0, std::memcmp(whole.data(), pieces.data(), t.total * 4));
     // Norm weights are one; scaled out-projections have std init.std/sqrt(2L).
-    EXPECT_EQ(whole[t.find("model.norm.weight").offset], 1.0f);
+    EXPECT_EQ(whole[t.find("model.norm.weight")->offset], 1.0f);
     auto stdev = [&](const std::string& name) {
-        const auto& s = t.find(name);
+        const auto& s = *t.find(name);
         double ss = 0;
         for (size_t i = 0; i < s.numel(); ++i) ss += double(whole[s.offset + i]) * whole[s.offset + i];
         return std::sqrt(ss / s.numel());

@@ -17,6 +17,7 @@ public:
     virtual void all_reduce_sum(float* buf, size_t n) const = 0;
     virtual void all_reduce_sum(double* buf, size_t n) const = 0;
     virtual void all_reduce_max(double* buf, size_t n) const = 0;
+    virtual void all_reduce_max(float* buf, size_t n) const = 0;
     // recv[count] = sum over ranks of send[rank*count, (rank+1)*count)
     virtual void reduce_scatter_sum(const float* send, float* recv, size_t count) const = 0;
     // recv[size*count] = concatenation of every rank's send[count]
@@ -24,9 +25,15 @@ public:
     // Variable all-to-all; counts and displacements in elements.
     virtual void all_to_allv(const float* send, const int* send_counts, const int* send_displs,
                              float* recv, const int* recv_counts, const int* recv_displs) const = 0;
-    // Point-to-point (pipeline).
+    // Point-to-point (pipeline). recv gives up after `timeout_s` seconds (0 = never) with a
+    // RankError naming `what`, so a send that never comes ends the job instead of hanging it.
     virtual void send(const float* buf, size_t n, int peer, int tag) const = 0;
-    virtual void recv(float* buf, size_t n, int peer, int tag) const = 0;
+    virtual void recv(float* buf, size_t n, int peer, int tag, double timeout_s = 0,
+                      const char* what = "recv") const = 0;
+    // Non-blocking send; `buf` must stay untouched until wait(handle) returns.
+    virtual int isend(const float* buf, size_t n, int peer, int tag) const = 0;
+    virtual void wait(int handle) const = 0;
+    virtual bool test(int handle) const = 0;  // true once the send completed (then handle is free)
     virtual void broadcast(void* buf, size_t bytes, int root) const = 0;
     virtual void barrier() const = 0;
 };

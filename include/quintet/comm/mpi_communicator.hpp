@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <string>
+#include <vector>
 
 #include "quintet/comm/communicator.hpp"
 
@@ -26,18 +27,24 @@ public:
     void all_reduce_sum(float* buf, size_t n) const override;
     void all_reduce_sum(double* buf, size_t n) const override;
     void all_reduce_max(double* buf, size_t n) const override;
+    void all_reduce_max(float* buf, size_t n) const override;
     void reduce_scatter_sum(const float* send, float* recv, size_t count) const override;
     void all_gather(const float* send, float* recv, size_t count) const override;
     void all_to_allv(const float* send, const int* sc, const int* sd, float* recv, const int* rc,
                      const int* rd) const override;
     void send(const float* buf, size_t n, int peer, int tag) const override;
-    void recv(float* buf, size_t n, int peer, int tag) const override;
+    void recv(float* buf, size_t n, int peer, int tag, double timeout_s = 0,
+              const char* what = "recv") const override;
+    int isend(const float* buf, size_t n, int peer, int tag) const override;
+    void wait(int handle) const override;
+    bool test(int handle) const override;
     void broadcast(void* buf, size_t bytes, int root) const override;
     void barrier() const override;
 
 private:
     MPI_Comm comm_;
     int rank_ = 0, size_ = 1;
+    mutable std::vector<MPI_Request> requests_;  // isend handles index this
 };
 
 }  // namespace quintet

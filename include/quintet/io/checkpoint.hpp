@@ -23,9 +23,10 @@ struct CheckpointMeta {
     std::string layout;  // e.g. "tp=1 cp=1 dp=2 pp=1 zero=1"
 };
 
-// Collective over `comm`. params: full arena; `owned` = the flat range this rank writes;
-// exp_avg/exp_avg_sq hold at least `owned` (indexed from `opt_base`, i.e. element i of the arena
-// is exp_avg[i - opt_base]). Returns the final path. Old checkpoints beyond `keep` are removed.
+// Collective over `comm` (every rank of the job). params: this rank's local arena; `owned` = the
+// flat range of it this rank writes (tensors it holds as a non-writer replica are skipped);
+// exp_avg/exp_avg_sq hold at least `owned` (element i of the arena is exp_avg[i - opt_base]).
+// Returns the final path. Old checkpoints beyond `keep` are removed.
 std::string checkpoint_save(MPI_Comm comm, const std::string& run_dir, const CheckpointMeta& meta,
                             const ParamTable& table, const float* params, const float* exp_avg,
                             const float* exp_avg_sq, size_t opt_base, Range owned, int keep);
@@ -33,13 +34,13 @@ std::string checkpoint_save(MPI_Comm comm, const std::string& run_dir, const Che
 // The path named by run_dir/checkpoints/latest, or "" when there is none.
 std::string checkpoint_latest(const std::string& run_dir);
 
-// Checks that `path` is a complete quintet checkpoint whose tensors have exactly the shapes of
-// `table`; throws ConfigError naming the first mismatch. Collective-safe (read-only).
+// Checks that `path` is a complete quintet checkpoint whose tensors have exactly the logical
+// shapes of `table`; throws ConfigError naming the first mismatch. Collective-safe (read-only).
 CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& table);
 
-// Reads params[lo, hi) of the arena, and (when exp_avg != nullptr) the moments of `opt` into
-// exp_avg[i - opt.lo]. Any rank may call it independently.
-void checkpoint_load(const std::string& path, const ParamTable& table, float* params, Range prange,
+// Reads this rank's shard of every tensor into the local arena `params`, and (when exp_avg is
+// given) the moments of the local range `opt` into exp_avg[i - opt.lo]. Independent per rank.
+void checkpoint_load(const std::string& path, const ParamTable& table, float* params,
                      float* exp_avg, float* exp_avg_sq, Range opt);
 
 }  // namespace quintet

@@ -41,9 +41,9 @@ public:
                       int lda, const float* B, int ldb, float beta, float* C, int ldc) = 0;
 
     // ---- element-wise and row-wise kernels ----
-    // out[N,C] = wte[ids[n], :]
+    // out[N,C] = wte[ids[n], :]; ids[n] < 0 (a token of another rank's vocabulary shard) gives 0
     virtual void embedding_forward(float* out, const int32_t* ids, const float* wte, int N, int C) = 0;
-    // dwte[ids[n], :] += dout[n, :]   (deterministic: rows of one id summed in token order)
+    // dwte[ids[n], :] += dout[n, :] for ids[n] >= 0 (deterministic: rows of one id summed in token order)
     virtual void embedding_backward(float* dwte, const float* dout, const int32_t* ids, int N, int C,
                                     int V) = 0;
     // out[N,C] = inp * rstd * w ; rstd[N] saved
@@ -83,6 +83,16 @@ public:
     // Loss only (evaluation): logits untouched.
     virtual void xent_forward(float* losses, const float* logits, const int32_t* targets, int N,
                               int V) = 0;
+
+    // Vocab-parallel cross-entropy, step 1 (docs/parallelism.md): per row of this rank's logit
+    // shard, its max, sum of exp(z - max) and the target's logit (0 when targets[n] < 0, i.e. the
+    // target lives on another rank). Outputs are host arrays [N].
+    virtual void xent_local_stats(float* rowmax, float* rowsum, float* target_logit,
+                                  const float* logits, const int32_t* targets, int N, int V);
+    // Step 2, after the stats are combined over tp: logits[N,V] are replaced by
+    // grad_scale * (exp(z - gmax) / gsum - onehot(targets >= 0)). gmax, gsum: host arrays [N].
+    virtual void xent_grad_from_stats(float* logits, const float* gmax, const float* gsum,
+                                      const int32_t* targets, int N, int V, float grad_scale);
 
     // ---- optimizer ----
     // Sum of squares of x[0,n) in double, deterministic for a given thread count.

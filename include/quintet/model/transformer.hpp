@@ -1,57 +1,92 @@
-// The dense Llama-style decoder: forward and backward of one microbatch, written out layer by
-// layer (no autograd tape). Parameters and gradients live in arenas owned by the caller (the
-// trainer); this class owns the activations it saves for backward, allocated once for a fixed
-// microbatch shape, so the steady-state step allocates nothing.
+// One pipeline chunk of the dense Llama-style decoder on this rank: the embedding (first chunk),
+// layers [layer_begin, layer_end), and the final norm + LM head + loss (last chunk), each layer
+// with an explicit forward and backward (no autograd tape), tensor-parallel over `tp`.
+//
+// Activations saved for backward live in slots, one per microbatch in flight (the pipeline
+// schedule decides how many); slots are allocated on first use and reused, so the steady-state
+// step allocates nothing. Parameters and gradients live in the caller's arenas.
+//
+// Row counts: N = B*T tokens; Nr = N/tp rows of the residual stream under sequence
+// parallelism, else N.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "quintet/kernels/backend.hpp"
 #include "quintet/model/params.hpp"
+#include "quintet/parallel/tensor_parallel.hpp"
+#include "quintet/parallel/vocab_parallel.hpp"
 
 namespace quintet {
 
-class Transformer {
+class ModelChunk {
 public:
-    // B, T: the microbatch shape this instance serves.
-    Transformer(Backend& be, const ModelConfig& m, const RopeConfig& rope, const ParamTable& table,
-                int B, int T);
-    ~Transformer();
-    Transformer(const Transformer&) = delete;
-    Transformer& operator=(const Transformer&) = delete;
+    ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope, const ParamTable& table,
+               const ChunkPlan& plan, TensorParallel& tp, int B, int T);
+    ~ModelChunk();
+    ModelChunk(const ModelChunk&) = delete;
+    ModelChunk& operator=(const ModelChunk&) = delete;
 
-    // Forward + backward of one microbatch. ids/targets: host [B*T]. Gradients accumulate into
-    // `grads` (same layout as `params`), scaled by grad_scale (1 / tokens of the global batch).
-    // Returns the sum of the token losses of this microbatch.
+    // Forward of one microbatch into `slot`. The first chunk embeds `ids` (host [N]); the others
+    // read input(slot). The last chunk computes the loss against `targets` (host [N]) and returns
+    // the sum of token losses (with need_grad it leaves grad_scale * dloss/dlogits for backward);
+    // the others leave output(slot) for the next stage and return 0.
+    double forward(int slot, const float* params, const int32_t* ids, const int32_t* targets,
+                   float grad_scale, bool need_grad);
+    // Backward of the microbatch in `slot`: the last chunk starts from its saved dlogits, the
+    // others from grad_output(slot). Parameter gradients accumulate into `grads`; the first chunk
+    // ends in the embedding, the others leave grad_input(slot) for the previous stage.
+    void backward(int slot, const float* params, float* grads);
+
+    // Convenience for a chunk that is the whole model (tests, tp-only layouts).
     double forward_backward(const float* params, float* grads, const int32_t* ids,
                             const int32_t* targets, float grad_scale);
-    // Forward only: sum of token losses (evaluation).
     double forward_loss(const float* params, const int32_t* ids, const int32_t* targets);
 
+    int add_slot();                      // allocates one more slot; returns its index
+    int slots() const { return int(slots_.size()); }
+    float* input(int s) { return slots_[s].res[0]; }        // [Nr, C] from the previous stage
+    float* output(int s) { return slots_[s].res.back(); }   // [Nr, C] to the next stage
+    float* grad_output(int s) { return slots_[s].dout; }    // [Nr, C] from the next stage
+    float* grad_input(int s) { return slots_[s].dres; }     // [Nr, C] to the previous stage
+    size_t boundary_floats() const { return size_t(Nr_) * d_.C; }
+    size_t slot_bytes() const { return slot_floats_ * sizeof(float); }
+    const ChunkPlan& plan() const { return plan_; }
     const ModelDims& dims() const { return d_; }
-    // Bytes of activations held for backward (reported at start).
-    size_t activation_bytes() const { return act_floats_ * sizeof(float); }
 
 private:
-    void forward(const ModelView& w, bool need_saved);
-    void backward(const ModelView& w, const ModelView& g);
+    struct Layer {  // saved for backward, per layer
+        float *rstd1, *xn1, *qkv, *att, *lse, *h, *rstd2, *xn2, *gu, *act;
+    };
+    struct Slot {
+        std::vector<float*> res;  // res[i]: input of layer i; res[n_layers]: chunk output
+        std::vector<Layer> layers;
+        float *rstd_f = nullptr, *xf = nullptr, *logits = nullptr;  // last chunk
+        float *dout = nullptr, *dres = nullptr;
+        int32_t* ids = nullptr;   // [N] the microbatch's local ids (first chunk: the embedding backward)
+    };
+    float* buf(size_t n, bool per_slot);
+    void set_tokens(Slot& s, const int32_t* ids, const int32_t* targets);
 
     Backend& be_;
     ModelDims d_;
     const ParamTable& table_;
-    int B_, T_, N_;
+    ChunkPlan plan_;
+    TensorParallel& tp_;
+    int B_, T_, N_, Nr_;
     float eps_, attn_scale_;
     float *cos_, *sin_;                 // [T, HD/2]
-    int32_t *ids_, *tgt_;               // [N]
+    int32_t* tgt_;                      // [N] vocabulary-shard-local targets (-1: elsewhere)
+    std::vector<int32_t> host_ids_, host_tgt_;
     std::vector<float> losses_;         // [N] host
-    struct Saved {
-        float *res, *rstd1, *xn1, *qkv, *att, *lse, *h, *rstd2, *xn2, *gu, *act;
-    };
-    std::vector<Saved> saved_;          // per layer
-    float *res_final_, *rstd_f_, *xf_, *logits_;
-    float *dres_, *dxn_, *datt_, *dqkv_, *dgu_, *dact_;  // gradient scratch
+    VocabParallelScratch xent_;
+    std::vector<Slot> slots_;
+    // Scratch shared by all slots (one microbatch computes at a time).
+    float *full_a_, *full_b_;           // [N, C] gathered rows / partial sums before reduction
+    float *datt_, *dqkv_, *dgu_, *dact_, *dshard_;
     std::vector<float*> owned_;
-    size_t act_floats_ = 0;
+    size_t slot_floats_ = 0;
 };
 
 }  // namespace quintet

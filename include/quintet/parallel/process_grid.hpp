@@ -24,6 +24,9 @@ public:
     const MpiCommunicator& cp() const { return comm(kCP); }
     const MpiCommunicator& dp() const { return comm(kDP); }
     const MpiCommunicator& pp() const { return comm(kPP); }
+    // collective over axis `a`: the ranks of that axis with the same `color` (negative: none;
+    // returns nullptr). Used for sub-groups such as the tp ranks sharing a kv head.
+    std::unique_ptr<MpiCommunicator> split(Axis a, int color) const;
 
 private:
     Layout layout_;

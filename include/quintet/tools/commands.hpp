@@ -10,5 +10,6 @@ int prepare_main(int argc, char** argv);   // tools/prepare_cmd.cpp; rank 0 only
 int generate_main(int argc, char** argv);  // tools/generate_cmd.cpp; rank 0 only
 int deck_main(int argc, char** argv);      // tools/misc_cmd.cpp: reference deck / markdown
 int peak_main(int argc, char** argv);      // tools/misc_cmd.cpp: sgemm rate
+int schedule_main(int argc, char** argv);  // tools/schedule_cmd.cpp: pipeline timeline; rank 0 only, no MPI
 
 }  // namespace quintet

@@ -1,6 +1,7 @@
-// The trainer: owns the model replica, the parameter/gradient/moment arenas, data-parallel
-// reduction, AdamW, the LR schedule, clipping, evaluation, metrics and checkpoints. run() is
-// the whole training job for this rank (collective over the grid).
+// The trainer: owns this rank's model chunks, the parameter/gradient/moment arenas, the
+// pipeline executor, data-parallel reduction, AdamW, the LR schedule, clipping, evaluation,
+// metrics and checkpoints. run() is the whole training job for this rank (collective over the
+// grid).
 #pragma once
 #include <memory>
 #include <string>
@@ -9,17 +10,18 @@
 #include "quintet/kernels/backend.hpp"
 #include "quintet/model/transformer.hpp"
 #include "quintet/parallel/data_parallel.hpp"
+#include "quintet/parallel/pipeline_schedule.hpp"
 #include "quintet/parallel/process_grid.hpp"
+#include "quintet/parallel/tensor_parallel.hpp"
 #include "quintet/train/sampler.hpp"
 #include "quintet/train/train_config.hpp"
 
 namespace quintet {
 
-class MetricsFile;
-
 struct StepStats {
     double loss = 0, lr = 0, grad_norm = 0, step_time = 0;
-    double t_compute = 0, t_dp = 0, t_optim = 0;
+    double t_pipeline = 0, t_wait = 0, t_sync = 0, t_dp = 0, t_optim = 0;
+    double t_tp = 0, tp_bytes = 0;
 };
 
 class Trainer {
@@ -28,32 +30,42 @@ public:
     Trainer(const Deck& deck, const std::string& deck_text, const ProcessGrid& grid, Backend& be,
             const std::vector<uint32_t>& tokens);
     ~Trainer();
-    // collective over the grid. Returns the process exit code (0).
-    int run();
-    // One optimizer step (collective); exposed for tests.
-    StepStats step(int64_t s);
-    double evaluate();  // mean validation cross-entropy (collective)
+    int run();                 // collective over the grid; returns the exit code
+    StepStats step(int64_t s); // one optimizer step (collective)
+    double evaluate();         // mean validation cross-entropy (collective)
     const ParamTable& table() const { return table_; }
-    const float* params() const { return params_; }
-    int64_t start_step() const { return start_step_; }
 
 private:
+    void run_schedule(int64_t s, StepStats& st, double& loss_sum);
+    void sync_replicated_grads();
+    double grad_norm();
     void save_checkpoint(int64_t step);
     void resume_if_asked();
     void log(const std::string& line) const;
+    int acquire_slot(int chunk);
+    size_t activation_bytes() const;
 
     const Deck& deck_;
     std::string deck_text_;
     const ProcessGrid& grid_;
     Backend& be_;
+    TensorParallel tp_;
+    std::vector<ChunkPlan> plans_;
     ParamTable table_;
     ModelDims dims_;
     std::unique_ptr<DataParallel> dp_;
-    std::unique_ptr<Transformer> model_;
+    std::vector<std::unique_ptr<ModelChunk>> chunks_;
+    std::vector<Action> actions_;
+    std::unique_ptr<MpiCommunicator> kv_group_, tied_;  // sub-groups for replicated tensors
     Sampler sampler_;
     float *params_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr, *gshard_ = nullptr;
     size_t opt_size_ = 0, opt_base_ = 0;
     std::vector<int32_t> ids_, tgt_;
+    // executor state: per chunk, free slots, the slot of each microbatch, sends in flight per slot
+    std::vector<std::vector<int>> free_slots_, slot_of_mb_;
+    std::vector<std::vector<std::vector<int>>> pending_;
+    std::vector<int> in_flight_, peak_in_flight_;
+    double p2p_timeout_s_ = 600;
     int64_t start_step_ = 0, tokens_seen_ = 0;
     double peak_flops_ = 0, flops_per_token_ = 0;
 };

@@ -80,8 +80,10 @@ public:
 
     void embedding_forward(float* out, const int32_t* ids, const float* wte, int N, int C) override {
 #pragma omp parallel for schedule(static)
-        for (int n = 0; n < N; ++n)
-            std::memcpy(out + size_t(n) * C, wte + size_t(ids[n]) * C, size_t(C) * 4);
+        for (int n = 0; n < N; ++n) {
+            if (ids[n] >= 0) std::memcpy(out + size_t(n) * C, wte + size_t(ids[n]) * C, size_t(C) * 4);
+            else std::memset(out + size_t(n) * C, 0, size_t(C) * 4);
+        }
     }
 
     void embedding_backward(float* dwte, const float* dout, const int32_t* ids, int N, int C,
@@ -94,6 +96,7 @@ public:
             int nt = omp_get_num_threads(), t = omp_get_thread_num();
             int c0 = int(long(C) * t / nt), c1 = int(long(C) * (t + 1) / nt);
             for (int n = 0; n < N; ++n) {
+                if (ids[n] < 0) continue;
                 float* row = dwte + size_t(ids[n]) * C;
                 const float* g = dout + size_t(n) * C;
                 for (int c = c0; c < c1; ++c) row[c] += g[c];
@@ -237,6 +240,33 @@ public:
 #pragma omp simd reduction(+ : sum)
             for (int i = 0; i < V; ++i) sum += std::exp(z[i] - mx);
             losses[n] = std::log(sum) + mx - z[tgt];
+        }
+    }
+
+    void xent_local_stats(float* rowmax, float* rowsum, float* tl, const float* logits,
+                          const int32_t* targets, int N, int V) override {
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; ++n) {
+            const float* z = logits + size_t(n) * V;
+            float mx = -INFINITY;
+            for (int i = 0; i < V; ++i) mx = std::max(mx, z[i]);
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int i = 0; i < V; ++i) sum += std::exp(z[i] - mx);
+            rowmax[n] = V > 0 ? mx : -INFINITY;
+            rowsum[n] = sum;
+            tl[n] = targets[n] >= 0 ? z[targets[n]] : 0.0f;
+        }
+    }
+    void xent_grad_from_stats(float* logits, const float* gmax, const float* gsum,
+                              const int32_t* targets, int N, int V, float grad_scale) override {
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; ++n) {
+            float* z = logits + size_t(n) * V;
+            const float m = gmax[n], k = grad_scale / gsum[n];
+#pragma omp simd
+            for (int i = 0; i < V; ++i) z[i] = std::exp(z[i] - m) * k;
+            if (targets[n] >= 0) z[targets[n]] -= grad_scale;
         }
     }
 
@@ -461,6 +491,14 @@ void CpuBackend::attention_backward(float* dq, float* dk, float* dv, const float
 }
 
 }  // namespace
+
+void Backend::xent_local_stats(float*, float*, float*, const float*, const int32_t*, int, int) {
+    rank_fail("backend " + name() + " does not implement xent_local_stats (vocab-parallel loss)");
+}
+void Backend::xent_grad_from_stats(float*, const float*, const float*, const int32_t*, int, int,
+                                   float) {
+    rank_fail("backend " + name() + " does not implement xent_grad_from_stats (vocab-parallel loss)");
+}
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) {
     if (threads <= 0) {

@@ -1,0 +1,52 @@
+#include "quintet/parallel/tensor_parallel.hpp"
+
+#include <mpi.h>
+
+namespace quintet {
+
+float* TensorParallel::reduce(float* partial, float* shard, size_t rows, size_t C) {
+    const int p = tp_.size();
+    if (p == 1) return partial;
+    double t0 = MPI_Wtime();
+    const double S = double(rows) * C * sizeof(float);
+    float* out;
+    if (sp_) {
+        tp_.reduce_scatter_sum(partial, shard, rows / p * C);
+        bytes += S * (p - 1) / p;
+        out = shard;
+    } else {
+        tp_.all_reduce_sum(partial, rows * C);
+        bytes += 2 * S * (p - 1) / p;
+        out = partial;
+    }
+    seconds += MPI_Wtime() - t0;
+    return out;
+}
+
+const float* TensorParallel::gather(const float* shard, float* full, size_t rows, size_t C) {
+    if (!sp_) return shard;
+    const int p = tp_.size();
+    double t0 = MPI_Wtime();
+    tp_.all_gather(shard, full, rows / p * C);
+    bytes += double(rows) * C * sizeof(float) * (p - 1) / p;
+    seconds += MPI_Wtime() - t0;
+    return full;
+}
+
+void TensorParallel::all_reduce_sum(float* x, size_t n) {
+    if (tp_.size() == 1) return;
+    double t0 = MPI_Wtime();
+    tp_.all_reduce_sum(x, n);
+    bytes += 2.0 * n * sizeof(float) * (tp_.size() - 1) / tp_.size();
+    seconds += MPI_Wtime() - t0;
+}
+
+void TensorParallel::all_reduce_max(float* x, size_t n) {
+    if (tp_.size() == 1) return;
+    double t0 = MPI_Wtime();
+    tp_.all_reduce_max(x, n);
+    bytes += 2.0 * n * sizeof(float) * (tp_.size() - 1) / tp_.size();
+    seconds += MPI_Wtime() - t0;
+}
+
+}  // namespace quintet

@@ -1,0 +1,172 @@
+// Every tensor- and pipeline-parallel layout against the single-rank run of the same deck,
+// through the real binary under mpirun: loss curves to fp32 reduction order (relative 1e-5),
+// step-0 checkpoints bit-identical, and checkpoints that move between layouts mid-run.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "support/run_support.hpp"
+
+namespace fs = std::filesystem;
+using namespace quintet::testing;
+
+namespace {
+
+// 4 layers (pp = 4 gets one each), 4 heads over 2 kv heads (tp = 4 replicates kv heads),
+// T = 32 (divisible by tp under sequence parallelism). Global batch 16 samples in every layout.
+const char* kDeck = R"([model]
+d_model = 32
+n_layers = 4
+n_heads = 4
+n_kv_heads = 2
+ffn_dim = 64
+[data]
+seq_len = 32
+micro_batch_size = 2
+order = random
+val_fraction = 0.1
+[train]
+steps = 10
+lr = 1e-2
+lr_min = 1e-3
+warmup = 2
+grad_clip = 1.0
+seed = 11
+peak_tflops = 0.1
+[eval]
+every = 5
+batches = 4
+[output]
+log_every = 5
+)";
+
+struct Layouts : ::testing::Test {
+    fs::path dir, deck, data;
+    void SetUp() override {
+        dir = scratch_dir(std::string("layouts_") + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+        deck = dir / "tiny.deck";
+        data = dir / "tokens.h5";
+        write_file(deck, kDeck);
+        make_token_file(data, 20000, 256, 3);
+    }
+    RunResult train(int ranks, const std::string& name, const std::string& extra) {
+        return run_quintet(ranks, "train " + deck.string() + " --data.path=" + data.string() +
+                                      " --output.run_dir=" + (dir / name).string() + " " + extra);
+    }
+    std::vector<double> losses(const std::string& name, const char* what = "/train/loss") {
+        return metrics_column(dir / name, what);
+    }
+    // Runs `layouts` (ranks, overrides) and compares each with the single-rank `ref` run.
+    void compare(const std::string& model, const std::vector<std::pair<int, std::string>>& layouts) {
+        auto ref = train(1, "ref", model + " --parallel.microbatches=8");
+        ASSERT_EQ(ref.status, 0) << ref.output;
+        auto lref = losses("ref"), eref = losses("ref", "/eval/loss");
+        ASSERT_EQ(lref.size(), 10u);
+        EXPECT_LT(lref.back(), lref.front() - 0.5);
+        int k = 0;
+        for (const auto& [ranks, args] : layouts) {
+            std::string name = "l" + std::to_string(k++);
+            auto r = train(ranks, name, model + " " + args);
+            ASSERT_EQ(r.status, 0) << args << "\n" << r.output;
+            auto l = losses(name), e = losses(name, "/eval/loss");
+            ASSERT_EQ(l.size(), lref.size()) << args;
+            ASSERT_EQ(e.size(), eref.size()) << args;
+            for (size_t i = 0; i < l.size(); ++i)
+                EXPECT_LE(std::abs(l[i] - lref[i]), 1e-5 * std::abs(lref[i])) << args << " step " << i + 1;
+            for (size_t i = 0; i < e.size(); ++i)
+                EXPECT_LE(std::abs(e[i] - eref[i]), 1e-5 * std::abs(eref[i])) << args << " eval " << i;
+        }
+    }
+};
+
+TEST_F(Layouts, TensorParallelMatchesSingleRank) {
+    compare("", {
+        {2, "--parallel.tp=2 --parallel.microbatches=8"},
+        {4, "--parallel.tp=4 --parallel.microbatches=8"},  // tp > n_kv_heads: kv heads replicated
+        {2, "--parallel.tp=2 --parallel.sequence_parallel=true --parallel.microbatches=8"},
+        {4, "--parallel.tp=4 --parallel.sequence_parallel=true --parallel.microbatches=8"},
+        {4, "--parallel.tp=2 --parallel.microbatches=4 --parallel.sequence_parallel=true"},  // dp=2
+        {4, "--parallel.tp=2 --parallel.microbatches=4 --parallel.zero=1"},                   // dp=2, ZeRO-1
+    });
+}
+
+TEST_F(Layouts, TensorParallelMhaAndTiedHead) {
+    compare("--model.n_kv_heads=4 --model.tie_embeddings=true", {
+        {2, "--parallel.tp=2 --parallel.microbatches=8"},
+        {4, "--parallel.tp=4 --parallel.sequence_parallel=true --parallel.microbatches=8"},
+    });
+}
+
+TEST_F(Layouts, PipelineParallelMatchesSingleRank) {
+    compare("", {
+        {2, "--parallel.pp=2 --parallel.microbatches=8"},
+        {4, "--parallel.pp=4 --parallel.microbatches=8"},
+        {2, "--parallel.pp=2 --parallel.microbatches=8 --parallel.schedule=gpipe"},
+        {2, "--parallel.pp=2 --parallel.microbatches=8 --parallel.schedule=interleaved --parallel.virtual_stages=2"},
+        {4, "--parallel.pp=2 --parallel.tp=2 --parallel.microbatches=8 --parallel.sequence_parallel=true"},
+        {4, "--parallel.pp=2 --parallel.microbatches=4 --parallel.zero=1"},  // dp=2
+        {2, "--parallel.pp=2 --parallel.microbatches=8 --parallel.pp_layers=1,3"},
+    });
+}
+
+TEST_F(Layouts, PipelineWithTiedEmbeddings) {
+    compare("--model.tie_embeddings=true", {
+        {2, "--parallel.pp=2 --parallel.microbatches=8"},
+        {4, "--parallel.pp=2 --parallel.tp=2 --parallel.microbatches=8"},
+    });
+}
+
+TEST_F(Layouts, StepZeroCheckpointsAreBitIdentical) {
+    const std::vector<std::pair<int, std::string>> layouts = {
+        {1, "--parallel.microbatches=8"},
+        {4, "--parallel.tp=4 --parallel.sequence_parallel=true --parallel.microbatches=8"},
+        {4, "--parallel.pp=2 --parallel.tp=2 --parallel.microbatches=8"},
+        {4, "--parallel.pp=4 --parallel.microbatches=8"},
+        {4, "--parallel.tp=2 --parallel.microbatches=4 --parallel.zero=1"},
+    };
+    std::vector<std::vector<std::pair<std::string, std::vector<float>>>> all;
+    int k = 0;
+    for (const auto& [ranks, args] : layouts) {
+        std::string name = "s0_" + std::to_string(k++);
+        auto r = train(ranks, name, "--train.steps=0 " + args);
+        ASSERT_EQ(r.status, 0) << r.output;
+        all.push_back(checkpoint_tensors((dir / name / "checkpoints/step_00000000.h5").string()));
+    }
+    for (size_t k = 1; k < all.size(); ++k) {
+        ASSERT_EQ(all[k].size(), all[0].size());
+        for (size_t i = 0; i < all[0].size(); ++i)
+            EXPECT_EQ(0, std::memcmp(all[k][i].second.data(), all[0][i].second.data(),
+                                     all[0][i].second.size() * 4))
+                << all[0][i].first << " differs in " << layouts[k].second;
+    }
+}
+
+TEST_F(Layouts, CheckpointsReshardOnResume) {
+    auto ref = train(1, "ref", "--parallel.microbatches=8");
+    ASSERT_EQ(ref.status, 0) << ref.output;
+    auto lref = losses("ref");
+    struct Move { int from_ranks; std::string from; int to_ranks; std::string to; };
+    const std::vector<Move> moves = {
+        {4, "--parallel.tp=2 --parallel.microbatches=4", 4, "--parallel.tp=4 --parallel.microbatches=8"},
+        {4, "--parallel.tp=2 --parallel.microbatches=4 --parallel.zero=1", 1, "--parallel.microbatches=8"},
+        {4, "--parallel.pp=4 --parallel.microbatches=8", 1, "--parallel.microbatches=8"},
+        {4, "--parallel.pp=4 --parallel.microbatches=8", 2, "--parallel.pp=2 --parallel.microbatches=8"},
+        {1, "--parallel.microbatches=8", 4, "--parallel.pp=2 --parallel.tp=2 --parallel.sequence_parallel=true --parallel.microbatches=8"},
+    };
+    int k = 0;
+    for (const auto& mv : moves) {
+        std::string name = "mv" + std::to_string(k++);
+        auto a = train(mv.from_ranks, name, mv.from + " --train.exit_after=5");
+        ASSERT_EQ(a.status, 0) << a.output;
+        auto b = train(mv.to_ranks, name, mv.to);
+        ASSERT_EQ(b.status, 0) << b.output;
+        EXPECT_NE(b.output.find("resumed from"), std::string::npos);
+        auto l = losses(name);
+        ASSERT_EQ(l.size(), 10u);
+        for (size_t i = 5; i < 10; ++i)
+            EXPECT_LE(std::abs(l[i] - lref[i]), 1e-5 * lref[i]) << mv.from << " -> " << mv.to << " step " << i + 1;
+    }
+}
+
+}  // namespace

@@ -2,7 +2,8 @@
 # CPU throughput of quintet against PyTorch at the same shapes, and against the sgemm rate.
 #
 #   scripts/bench.sh            REPEATS rounds (default 3) per deck, medians reported
-#   scripts/bench.sh --quick    one round
+#   scripts/bench.sh --quick    one round, no tp/pp runs
+#   Then scripts/bench_parallel.sh: medium at tp=1/2 (+sp) and pp=2/4 (1f1b, gpipe, interleaved)
 #
 # For each deck (inputs/bench_small.deck, inputs/bench_medium.deck) and each round:
 #   1. quintet: OMP_NUM_THREADS=2 build/quintet train inputs/bench_<x>.deck (one process);
@@ -206,3 +207,8 @@ print("  ".join(h.ljust(w[i]) for i, h in enumerate(hdr)))
 for r in rows:
     print("  ".join(c.ljust(w[i]) for i, c in enumerate(r)))
 EOF
+
+# Tensor- and pipeline-parallel figures of the medium deck (skipped with --quick or BENCH_PARALLEL=0).
+if [[ $REPEATS -gt 1 && ${BENCH_PARALLEL:-1} != 0 && " $DECKS " == *" medium "* ]]; then
+    bash scripts/bench_parallel.sh
+fi

@@ -1,0 +1,282 @@
+// The CUDA kernels' device code, run on CPU threads by emulate.hpp, against the CPU backend:
+// the same checks as tests/kernels/test_cuda_vs_cpu.cpp where they concern a kernel's logic
+// (tiling across tile boundaries, causal masks, GQA head mapping, both backward tile sizes,
+// ignored targets and ids, determinism of the reductions). The launch configurations come from
+// the same helpers the real launchers use; cuBLAS, CUB and the CUDA API are not emulated (the
+// embedding's radix sort is std::stable_sort here). Runs in every CUDA build, GPU or not.
+#include "emulate.hpp"  // first: defines the CUDA keywords for the kernel headers
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../attention_kernels.cuh"
+#include "../elementwise_kernels.cuh"
+#include "../embedding_kernels.cuh"
+#include "../reduce_kernels.cuh"
+#include "../rmsnorm_kernels.cuh"
+#include "../rope_kernels.cuh"
+#include "../xent_kernels.cuh"
+#include "quintet/kernels/backend.hpp"
+#include "quintet/model/rope.hpp"
+#include "support/gradcheck.hpp"
+
+using namespace quintet;
+using namespace quintet::cuda;
+using namespace quintet::cuda::kern;
+using quintet::testing::randn;
+using quintet_emu::launch;
+
+namespace {
+
+double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
+    if (got.size() != ref.size()) return INFINITY;
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        if (!std::isfinite(got[i]) && std::isfinite(ref[i])) return INFINITY;
+        num = std::max(num, std::abs(double(got[i]) - double(ref[i])));
+        den = std::max(den, std::abs(double(ref[i])));
+    }
+    return num / std::max(den, 1e-30);
+}
+
+constexpr double kTol = 1e-5;
+
+std::unique_ptr<Backend> cpu() { return make_cpu_backend(1); }
+
+TEST(EmulatedKernels, EmbeddingForwardBackward) {
+    auto be = cpu();
+    const int V = 23, C = 300, N = 70;
+    std::mt19937 g(5);
+    std::vector<int32_t> ids(N);
+    for (int n = 0; n < N; ++n) ids[n] = (n % 11 == 0) ? -1 : int32_t(g() % 9);
+    auto wte = randn(size_t(V) * C, 6), dout = randn(size_t(N) * C, 7), dw = randn(size_t(V) * C, 8);
+    std::vector<float> out(size_t(N) * C), out_e(out.size(), 3.0f), dw_e = dw;
+    be->embedding_forward(out.data(), ids.data(), wte.data(), N, C);
+    be->embedding_backward(dw.data(), dout.data(), ids.data(), N, C, V);
+    launch(dim3(N), dim3(kThreads), 0,
+           [&] { embedding_forward_kernel(out_e.data(), ids.data(), wte.data(), C); });
+    EXPECT_LT(rel_err(out_e, out), kTol);
+    std::vector<uint32_t> keys(N), toks(N);
+    launch(dim3(grid_for(N)), dim3(kThreads), 0,
+           [&] { embedding_keys_kernel(keys.data(), toks.data(), ids.data(), N, V); });
+    // CUB's stable radix sort of (key, token), by std::stable_sort.
+    std::vector<uint32_t> order(N);
+    std::iota(order.begin(), order.end(), 0u);
+    std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return keys[a] < keys[b]; });
+    std::vector<uint32_t> skeys(N), stoks(N);
+    for (int i = 0; i < N; ++i) {
+        skeys[i] = keys[order[i]];
+        stoks[i] = toks[order[i]];
+    }
+    launch(dim3(N), dim3(kThreads), 0, [&] {
+        embedding_backward_runs_kernel(dw_e.data(), dout.data(), skeys.data(), stoks.data(), N, C, V);
+    });
+    EXPECT_EQ(0, std::memcmp(dw_e.data(), dw.data(), dw.size() * 4)) << "not the CPU's order";
+}
+
+TEST(EmulatedKernels, RmsnormForwardBackward) {
+    auto be = cpu();
+    for (int C : {24, 300}) {
+        const int N = 67;
+        auto x = randn(size_t(N) * C, 10), w = randn(C, 11), dy = randn(size_t(N) * C, 12);
+        auto dx = randn(size_t(N) * C, 13), dw = randn(C, 14);
+        std::vector<float> out(size_t(N) * C), rstd(N), out_e(out.size()), rstd_e(N), dx_e = dx, dw_e = dw;
+        be->rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+        be->rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
+        launch(dim3(N), dim3(kThreads), 0, [&] {
+            rmsnorm_forward_kernel(out_e.data(), rstd_e.data(), x.data(), w.data(), C, 1e-5f);
+        });
+        EXPECT_LT(rel_err(out_e, out), kTol) << C;
+        EXPECT_LT(rel_err(rstd_e, rstd), kTol) << C;
+        launch(dim3(N), dim3(kThreads), 0, [&] {
+            rmsnorm_backward_dx_kernel(dx_e.data(), dy.data(), x.data(), w.data(), rstd_e.data(), C);
+        });
+        const int rows = dw_rows_per_chunk(N), chunks = dw_chunks(N);
+        std::vector<float> partial(size_t(chunks) * C);
+        const unsigned cblocks = unsigned((C + kThreads - 1) / kThreads);
+        launch(dim3(cblocks, unsigned(chunks)), dim3(kThreads), 0, [&] {
+            rmsnorm_dw_partial_kernel(partial.data(), dy.data(), x.data(), rstd_e.data(), N, C, rows);
+        });
+        launch(dim3(cblocks), dim3(kThreads), 0,
+               [&] { rmsnorm_dw_final_kernel(dw_e.data(), partial.data(), chunks, C); });
+        EXPECT_LT(rel_err(dx_e, dx), kTol) << C;
+        EXPECT_LT(rel_err(dw_e, dw), kTol) << C;
+    }
+}
+
+TEST(EmulatedKernels, RopeForwardBackward) {
+    auto be = cpu();
+    const int T = 9, NHR = 3, HD = 8, stride = 4 * HD + 4, N = 2 * T;
+    RopeConfig rc;
+    std::vector<float> cs, sn;
+    rope_tables(cs, sn, T, rope_inv_freq(rc, HD, T), 1.0);
+    auto x = randn(size_t(N) * stride, 15);
+    std::vector<float> y = x, y_e = x;
+    const size_t total = size_t(N) * NHR * (HD / 2);
+    for (float sign : {1.0f, -1.0f}) {
+        if (sign > 0) be->rope_forward(y.data(), cs.data(), sn.data(), N, T, NHR, HD, stride);
+        else be->rope_backward(y.data(), cs.data(), sn.data(), N, T, NHR, HD, stride);
+        launch(dim3(grid_for(total)), dim3(kThreads), 0, [&] {
+            rope_kernel(y_e.data(), cs.data(), sn.data(), N, T, NHR, HD, stride, sign);
+        });
+        EXPECT_LT(rel_err(y_e, y), kTol) << sign;
+    }
+}
+
+struct AttnCase {
+    int B, T, NH, NKV, HD, max_smem;  // max_smem picks the backward tile (32 or 16 rows)
+};
+
+TEST(EmulatedKernels, AttentionForwardBackward) {
+    auto be = cpu();
+    const AttnCase cases[] = {{2, 70, 4, 2, 16, 232448},  {1, 45, 2, 2, 64, 232448},
+                              {1, 40, 4, 1, 8, 1000},     {2, 5, 2, 1, 4, 232448}};
+    for (const auto& c : cases) {
+        const int N = c.B * c.T, QKV = (c.NH + 2 * c.NKV) * c.HD, A = c.NH * c.HD;
+        const int voff = (c.NH + c.NKV) * c.HD;
+        const float scale = 1.0f / std::sqrt(float(c.HD));
+        auto qkv = randn(size_t(N) * QKV, 20), dout = randn(size_t(N) * A, 21);
+        std::vector<float> out(size_t(N) * A), lse(size_t(c.B) * c.NH * c.T);
+        std::vector<float> dqkv(size_t(N) * QKV, 7.0f);
+        const float* q = qkv.data();
+        be->attention_forward(out.data(), lse.data(), q, q + A, q + voff, c.B, c.T, c.NH, c.NKV,
+                              c.HD, QKV, QKV, scale);
+        be->attention_backward(dqkv.data(), dqkv.data() + A, dqkv.data() + voff, dout.data(),
+                               out.data(), lse.data(), q, q + A, q + voff, c.B, c.T, c.NH, c.NKV,
+                               c.HD, QKV, QKV, scale);
+        const std::string what = "T=" + std::to_string(c.T) + " NH=" + std::to_string(c.NH) +
+                                 " NKV=" + std::to_string(c.NKV) + " HD=" + std::to_string(c.HD);
+        // forward, as attention_forward() launches it
+        std::vector<float> out_e(out.size()), lse_e(lse.size());
+        launch(dim3(unsigned((c.T + kFwdTile - 1) / kFwdTile), unsigned(c.NH), unsigned(c.B)),
+               dim3(kAttnThreads), fwd_smem_bytes(c.HD), [&] {
+                   attention_forward_kernel(out_e.data(), lse_e.data(), q, q + A, q + voff, c.T,
+                                            c.NH, c.NKV, c.HD, QKV, QKV, scale);
+               });
+        EXPECT_LT(rel_err(out_e, out), kTol) << what;
+        EXPECT_LT(rel_err(lse_e, lse), kTol) << what;
+        // backward, as attention_backward() launches it
+        std::vector<float> dsum(lse.size()), dqkv_e(dqkv.size(), 7.0f);
+        const size_t rows = lse.size();
+        launch(dim3(unsigned((rows * 32 + kAttnThreads - 1) / kAttnThreads)), dim3(kAttnThreads), 0,
+               [&] { attention_dsum_kernel(dsum.data(), dout.data(), out_e.data(), rows, c.T, c.NH, c.HD); });
+        const int bt = backward_tile(c.HD, c.max_smem), ntiles = (c.T + bt - 1) / bt;
+        float* dq = dqkv_e.data();
+        launch(dim3(unsigned(ntiles), unsigned(c.NKV), unsigned(c.B)), dim3(kAttnThreads),
+               dkv_smem_bytes(c.HD, bt), [&] {
+                   attention_backward_dkv_kernel(dq + A, dq + voff, dout.data(), lse_e.data(),
+                                                 dsum.data(), q, q + A, q + voff, c.T, c.NH, c.NKV,
+                                                 c.HD, QKV, QKV, scale, bt);
+               });
+        launch(dim3(unsigned(ntiles), unsigned(c.NH), unsigned(c.B)), dim3(kAttnThreads),
+               dq_smem_bytes(c.HD, bt), [&] {
+                   attention_backward_dq_kernel(dq, dout.data(), lse_e.data(), dsum.data(), q, q + A,
+                                                q + voff, c.T, c.NH, c.NKV, c.HD, QKV, QKV, scale, bt);
+               });
+        EXPECT_LT(rel_err(dqkv_e, dqkv), kTol) << what << " bt=" << bt;
+    }
+}
+
+TEST(EmulatedKernels, SwigluAddScaleAdamw) {
+    auto be = cpu();
+    const int N = 7, F = 37;
+    const size_t total = size_t(N) * F;
+    auto gu = randn(size_t(N) * 2 * F, 30, 2.0f), dy = randn(total, 31);
+    std::vector<float> out(total), dgu(gu.size(), 5.0f), out_e(total), dgu_e(gu.size(), 5.0f);
+    be->swiglu_forward(out.data(), gu.data(), N, F);
+    be->swiglu_backward(dgu.data(), dy.data(), gu.data(), N, F);
+    launch(dim3(grid_for(total)), dim3(kThreads), 0,
+           [&] { swiglu_forward_kernel(out_e.data(), gu.data(), N, F); });
+    launch(dim3(grid_for(total)), dim3(kThreads), 0,
+           [&] { swiglu_backward_kernel(dgu_e.data(), dy.data(), gu.data(), N, F); });
+    EXPECT_LT(rel_err(out_e, out), kTol);
+    EXPECT_LT(rel_err(dgu_e, dgu), kTol);
+
+    auto a = randn(1001, 32), b = randn(1001, 33);
+    auto a_e = a;
+    be->add_inplace(a.data(), b.data(), a.size());
+    be->scale(a.data(), a.size(), -0.37f);
+    launch(dim3(grid_for(a.size())), dim3(kThreads), 0, [&] { add_kernel(a_e.data(), b.data(), a.size()); });
+    launch(dim3(grid_for(a.size())), dim3(kThreads), 0, [&] { scale_kernel(a_e.data(), a.size(), -0.37f); });
+    EXPECT_LT(rel_err(a_e, a), kTol);
+
+    const size_t m = 3001;
+    auto p = randn(m, 51);
+    std::vector<float> mo(m, 0.0f), ve(m, 0.0f), p_e = p, mo_e = mo, ve_e = ve;
+    for (int step = 1; step <= 3; ++step) {
+        auto g = randn(m, 52 + step, 0.1f * step);
+        const float b1 = 0.9f, b2 = 0.95f;
+        const float bc1 = 1.0f - std::pow(b1, float(step)), bc2 = 1.0f - std::pow(b2, float(step));
+        be->adamw(p.data(), g.data(), mo.data(), ve.data(), m, 1e-2f, b1, b2, 1e-8f, 0.1f, bc1, bc2);
+        const AdamwScalars sc = adamw_scalars(1e-2f, b1, b2, 1e-8f, 0.1f, bc1, bc2);
+        launch(dim3(grid_for(m)), dim3(kThreads), 0,
+               [&] { adamw_kernel(p_e.data(), g.data(), mo_e.data(), ve_e.data(), m, sc); });
+    }
+    EXPECT_LT(rel_err(p_e, p), kTol);
+    EXPECT_LT(rel_err(mo_e, mo), kTol);
+    EXPECT_LT(rel_err(ve_e, ve), kTol);
+}
+
+TEST(EmulatedKernels, CrossEntropyFusedAndVocabParallel) {
+    auto be = cpu();
+    for (int V : {50, 1000}) {
+        const int N = 9;
+        auto logits = randn(size_t(N) * V, 40, 3.0f);
+        std::mt19937 g(41);
+        std::vector<int32_t> tgt(N);
+        for (int n = 0; n < N; ++n) tgt[n] = (n % 4 == 3) ? -1 : int32_t(g() % uint32_t(V));
+        const float gs = 1.0f / N;
+        std::vector<float> l(N), l_e(N);
+        be->xent_forward(l.data(), logits.data(), tgt.data(), N, V);
+        launch(dim3(N), dim3(kXentThreads), 0,
+               [&] { xent_forward_kernel(l_e.data(), logits.data(), tgt.data(), V); });
+        EXPECT_LT(rel_err(l_e, l), kTol) << V;
+        std::vector<float> z = logits, z_e = logits;
+        be->xent_forward_backward(z.data(), l.data(), tgt.data(), N, V, gs);
+        launch(dim3(N), dim3(kXentThreads), 0, [&] {
+            xent_forward_backward_kernel(z_e.data(), l_e.data(), tgt.data(), V, gs);
+        });
+        EXPECT_LT(rel_err(l_e, l), kTol) << V;
+        EXPECT_LT(rel_err(z_e, z), kTol) << V;
+        std::vector<float> mx(N), sum(N), tl(N), stats(3 * size_t(N));
+        be->xent_local_stats(mx.data(), sum.data(), tl.data(), logits.data(), tgt.data(), N, V);
+        launch(dim3(N), dim3(kXentThreads), 0, [&] {
+            xent_local_stats_kernel(stats.data(), logits.data(), tgt.data(), N, V);
+        });
+        EXPECT_LT(rel_err(std::vector<float>(stats.begin(), stats.begin() + N), mx), kTol) << V;
+        EXPECT_LT(rel_err(std::vector<float>(stats.begin() + N, stats.begin() + 2 * N), sum), kTol) << V;
+        EXPECT_LT(rel_err(std::vector<float>(stats.begin() + 2 * N, stats.end()), tl), kTol) << V;
+        std::vector<float> z2 = logits, z2_e = logits, gstats(mx);
+        gstats.insert(gstats.end(), sum.begin(), sum.end());
+        be->xent_grad_from_stats(z2.data(), mx.data(), sum.data(), tgt.data(), N, V, gs);
+        launch(dim3(N), dim3(kXentThreads), 0, [&] {
+            xent_grad_from_stats_kernel(z2_e.data(), gstats.data(), tgt.data(), N, V, gs);
+        });
+        EXPECT_LT(rel_err(z2_e, z2), kTol) << V;
+    }
+}
+
+TEST(EmulatedKernels, SumsqDeterministic) {
+    auto be = cpu();
+    const size_t n = 20011;
+    auto x = randn(n, 50);
+    const double ref = be->sumsq(x.data(), n);
+    double results[2];
+    for (double& r : results) {
+        const int blocks = sumsq_blocks(n);
+        std::vector<double> partial(static_cast<size_t>(kSumsqBlocks));
+        launch(dim3(unsigned(blocks)), dim3(kThreads), 0,
+               [&] { sumsq_partial_kernel(partial.data(), x.data(), n); });
+        launch(dim3(1), dim3(kThreads), 0, [&] { sumsq_final_kernel(&r, partial.data(), blocks); });
+    }
+    EXPECT_NEAR(results[0], ref, 1e-10 * ref);
+    EXPECT_EQ(0, std::memcmp(&results[0], &results[1], sizeof(double)));
+}
+
+}  // namespace

@@ -1,0 +1,530 @@
+// The CUDA backend against the CPU reference (STYLE 6 and 12c, ggml's test-backend-ops): every
+// op on the same random inputs, forward and backward; the reductions' determinism; the whole
+// model's loss curve on both backends; the NCCL communicator on one rank.
+// "Relative error" here is max|gpu - cpu| / max|cpu| over the whole output (norm-wise, as the
+// gradchecks): fp32 ops must agree to 1e-5 (only the summation order differs), bf16 as stated.
+// Without a usable GPU every test skips with the reason, and a marker line lets ctest report
+// the suite as skipped (tests/tests.cmake), never as passed.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "quintet/comm/mpi_communicator.hpp"
+#include "quintet/core/error.hpp"
+#include "quintet/kernels/cuda_backend.hpp"
+#include "quintet/model/params.hpp"
+#include "quintet/model/rope.hpp"
+#include "quintet/model/transformer.hpp"
+#include "support/gradcheck.hpp"
+#ifdef QUINTET_WITH_NCCL
+#include "quintet/comm/nccl_communicator.hpp"
+#endif
+
+using namespace quintet;
+using quintet::testing::randn;
+
+namespace {
+
+// At the end: if there was no device and nothing failed, say so in the marker ctest matches.
+class GpuSkipReport : public ::testing::Environment {
+public:
+    void TearDown() override {
+        const std::string why = cuda_unavailable_reason();
+        if (!why.empty() && ::testing::UnitTest::GetInstance()->failed_test_count() == 0)
+            std::printf("QUINTET_GPU_TESTS_SKIPPED: %s\n", why.c_str());
+    }
+};
+::testing::Environment* const kSkipReport =
+    ::testing::AddGlobalTestEnvironment(new GpuSkipReport);
+
+// max|got - ref| / max|ref|; infinite when got has a NaN/Inf or the sizes differ.
+double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
+    if (got.size() != ref.size()) return INFINITY;
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        if (!std::isfinite(got[i]) && std::isfinite(ref[i])) return INFINITY;
+        num = std::max(num, std::abs(double(got[i]) - double(ref[i])));
+        den = std::max(den, std::abs(double(ref[i])));
+    }
+    return num / std::max(den, 1e-30);
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+constexpr double kTol = 1e-5;  // fp32, different summation order
+
+class CudaVsCpu : public ::testing::Test {
+protected:
+    void SetUp() override {
+        const std::string why = cuda_unavailable_reason();
+        if (!why.empty()) GTEST_SKIP() << why;
+        gpu_ = make_cuda_backend_ext(0);
+        cpu_ = make_cpu_backend(1);
+    }
+    void TearDown() override {
+        for (float* p : owned_) gpu_->release(p);
+        for (int32_t* p : owned_i32_) gpu_->release_i32(p);
+        owned_.clear();
+        owned_i32_.clear();
+    }
+    float* dev(const std::vector<float>& h) {
+        float* p = gpu_->alloc(h.size());
+        gpu_->from_host(p, h.data(), h.size());
+        owned_.push_back(p);
+        return p;
+    }
+    int32_t* dev_i32(const std::vector<int32_t>& h) {
+        int32_t* p = gpu_->alloc_i32(h.size());
+        gpu_->from_host_i32(p, h.data(), h.size());
+        owned_i32_.push_back(p);
+        return p;
+    }
+    std::vector<float> host(const float* d, size_t n) {
+        std::vector<float> h(n);
+        gpu_->to_host(h.data(), d, n);
+        return h;
+    }
+
+    std::unique_ptr<CudaBackend> gpu_;
+    std::unique_ptr<Backend> cpu_;
+    std::vector<float*> owned_;
+    std::vector<int32_t*> owned_i32_;
+};
+
+TEST(CudaErrors, TrainDeviceCudaFailsClearly) {
+    const std::string why = cuda_unavailable_reason();
+    if (!why.empty()) {
+        // The error a user sees for train.device = cuda on a machine without a GPU.
+        EXPECT_FALSE(cuda_available());
+        try {
+            make_cuda_backend(0);
+            ADD_FAILURE() << "make_cuda_backend(0) did not throw without a device";
+        } catch (const ConfigError& e) {
+            const std::string msg = e.what();
+            EXPECT_NE(msg.find("train.device"), std::string::npos) << msg;
+            EXPECT_NE(msg.find("no CUDA device"), std::string::npos) << msg;
+        }
+        GTEST_SKIP() << why;
+    }
+    EXPECT_TRUE(cuda_available());
+    try {
+        make_cuda_backend(1 << 20);
+        ADD_FAILURE() << "an out-of-range device index did not throw";
+    } catch (const ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("train.device"), std::string::npos) << e.what();
+    }
+}
+
+TEST_F(CudaVsCpu, PoolReusesBlocksAndZeroFills) {
+    float* a = gpu_->alloc(12345);
+    std::vector<float> ones(12345, 1.0f);
+    gpu_->from_host(a, ones.data(), ones.size());
+    const size_t mallocs = gpu_->pool_stats().device_mallocs;
+    gpu_->release(a);
+    float* b = gpu_->alloc(12345);  // same size class: from the free list
+    EXPECT_EQ(gpu_->pool_stats().device_mallocs, mallocs);
+    for (float x : host(b, 12345)) ASSERT_EQ(x, 0.0f);
+    gpu_->release(b);
+    EXPECT_EQ(gpu_->pool_stats().device_mallocs, mallocs);
+}
+
+TEST_F(CudaVsCpu, GemmAllTranspositionsWithLeadingDimensionsAndBeta) {
+    const int shapes[][3] = {{37, 53, 71}, {256, 192, 320}, {1, 65, 7}};
+    for (const auto& s : shapes) {
+        const int M = s[0], N = s[1], K = s[2];
+        for (int ta = 0; ta < 2; ++ta) {
+            for (int tb = 0; tb < 2; ++tb) {
+                const int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 3, ldc = N + 2;
+                auto A = randn(size_t(ta ? K : M) * lda, 1), B = randn(size_t(tb ? N : K) * ldb, 2);
+                auto C = randn(size_t(M) * ldc, 3);
+                float *dA = dev(A), *dB = dev(B), *dC = dev(C);
+                cpu_->gemm(ta, tb, M, N, K, 0.7f, A.data(), lda, B.data(), ldb, 0.3f, C.data(), ldc);
+                gpu_->gemm(ta, tb, M, N, K, 0.7f, dA, lda, dB, ldb, 0.3f, dC, ldc);
+                EXPECT_LT(rel_err(host(dC, C.size()), C), kTol)
+                    << "M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb;
+            }
+        }
+    }
+}
+
+TEST_F(CudaVsCpu, EmbeddingForwardBackwardDeterministic) {
+    const int V = 97, C = 300, N = 301;
+    std::mt19937 g(5);
+    std::vector<int32_t> ids(N);
+    for (int n = 0; n < N; ++n) ids[n] = (n % 17 == 0) ? -1 : int32_t(g() % 13);  // repeats, -1s
+    auto wte = randn(size_t(V) * C, 6), dout = randn(size_t(N) * C, 7), dw0 = randn(size_t(V) * C, 8);
+    std::vector<float> out(size_t(N) * C, 3.0f), dw = dw0;
+    cpu_->embedding_forward(out.data(), ids.data(), wte.data(), N, C);
+    cpu_->embedding_backward(dw.data(), dout.data(), ids.data(), N, C, V);
+    int32_t* dids = dev_i32(ids);
+    float *dwte = dev(wte), *dout_d = dev(dout), *dout_fwd = dev(std::vector<float>(out.size(), 3.0f));
+    gpu_->embedding_forward(dout_fwd, dids, dwte, N, C);
+    EXPECT_LT(rel_err(host(dout_fwd, out.size()), out), kTol);
+    float* ddw = dev(dw0);
+    gpu_->embedding_backward(ddw, dout_d, dids, N, C, V);
+    auto got = host(ddw, dw.size());
+    EXPECT_LT(rel_err(got, dw), kTol);
+    // Same summation order as the CPU (token order per id): bit-identical, and run to run.
+    EXPECT_TRUE(same_bits(got, dw));
+    float* ddw2 = dev(dw0);
+    gpu_->embedding_backward(ddw2, dout_d, dids, N, C, V);
+    EXPECT_TRUE(same_bits(host(ddw2, dw.size()), got));
+}
+
+TEST_F(CudaVsCpu, RmsnormForwardBackwardDeterministic) {
+    for (int C : {24, 300}) {
+        const int N = 67;
+        auto x = randn(size_t(N) * C, 10), w = randn(C, 11), dy = randn(size_t(N) * C, 12);
+        auto dx0 = randn(size_t(N) * C, 13), dw0 = randn(C, 14);
+        std::vector<float> out(size_t(N) * C), rstd(N), dx = dx0, dw = dw0;
+        cpu_->rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+        cpu_->rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
+        float *dxin = dev(x), *dwv = dev(w), *ddy = dev(dy);
+        float *dout = dev(std::vector<float>(out.size())), *drstd = dev(std::vector<float>(N));
+        gpu_->rmsnorm_forward(dout, drstd, dxin, dwv, N, C, 1e-5f);
+        EXPECT_LT(rel_err(host(dout, out.size()), out), kTol) << "C=" << C;
+        EXPECT_LT(rel_err(host(drstd, N), rstd), kTol) << "C=" << C;
+        float *ddx = dev(dx0), *ddw = dev(dw0);
+        gpu_->rmsnorm_backward(ddx, ddw, ddy, dxin, dwv, drstd, N, C);
+        EXPECT_LT(rel_err(host(ddx, dx.size()), dx), kTol) << "C=" << C;
+        auto gdw = host(ddw, C);
+        EXPECT_LT(rel_err(gdw, dw), kTol) << "C=" << C;
+        float *ddx2 = dev(dx0), *ddw2 = dev(dw0);
+        gpu_->rmsnorm_backward(ddx2, ddw2, ddy, dxin, dwv, drstd, N, C);
+        EXPECT_TRUE(same_bits(host(ddw2, C), gdw)) << "dw is not deterministic";
+    }
+}
+
+TEST_F(CudaVsCpu, RopeForwardBackward) {
+    const int T = 9, NHR = 3, HD = 8, stride = 4 * HD + 4, N = 2 * T;
+    RopeConfig rc;
+    std::vector<float> cs, sn;
+    rope_tables(cs, sn, T, rope_inv_freq(rc, HD, T), 1.0);
+    auto x = randn(size_t(N) * stride, 15);
+    float *dx = dev(x), *dcs = dev(cs), *dsn = dev(sn);
+    std::vector<float> y = x;
+    cpu_->rope_forward(y.data(), cs.data(), sn.data(), N, T, NHR, HD, stride);
+    gpu_->rope_forward(dx, dcs, dsn, N, T, NHR, HD, stride);
+    EXPECT_LT(rel_err(host(dx, x.size()), y), kTol);
+    cpu_->rope_backward(y.data(), cs.data(), sn.data(), N, T, NHR, HD, stride);
+    gpu_->rope_backward(dx, dcs, dsn, N, T, NHR, HD, stride);
+    EXPECT_LT(rel_err(host(dx, x.size()), y), kTol);
+    EXPECT_LT(rel_err(y, x), 1e-5);  // the transpose undoes the rotation
+}
+
+struct AttnCase {
+    int B, T, NH, NKV, HD;
+};
+
+TEST_F(CudaVsCpu, AttentionForwardBackwardAcrossTilesAndGqa) {
+    // Tiles are 32 rows on the GPU and 64 on the CPU: T crosses both; GQA, MHA and MQA; the
+    // head dims the kernels size their shared memory for, up to the 256 limit.
+    const AttnCase cases[] = {
+        {2, 100, 4, 2, 16}, {1, 70, 2, 2, 64}, {2, 33, 8, 1, 128}, {1, 40, 2, 1, 256}, {3, 5, 2, 1, 4}};
+    for (const auto& c : cases) {
+        const int N = c.B * c.T, QKV = (c.NH + 2 * c.NKV) * c.HD, A = c.NH * c.HD;
+        const float scale = 1.0f / std::sqrt(float(c.HD));
+        auto qkv = randn(size_t(N) * QKV, 20), dout = randn(size_t(N) * A, 21);
+        std::vector<float> out(size_t(N) * A), lse(size_t(c.B) * c.NH * c.T);
+        std::vector<float> dqkv(size_t(N) * QKV, 7.0f);  // overwritten by the callee
+        const float* q = qkv.data();
+        cpu_->attention_forward(out.data(), lse.data(), q, q + A, q + (c.NH + c.NKV) * c.HD, c.B,
+                                c.T, c.NH, c.NKV, c.HD, QKV, QKV, scale);
+        cpu_->attention_backward(dqkv.data(), dqkv.data() + A, dqkv.data() + (c.NH + c.NKV) * c.HD,
+                                 dout.data(), out.data(), lse.data(), q, q + A,
+                                 q + (c.NH + c.NKV) * c.HD, c.B, c.T, c.NH, c.NKV, c.HD, QKV, QKV,
+                                 scale);
+        float *dq = dev(qkv), *ddout = dev(dout);
+        float *dout_att = dev(std::vector<float>(out.size())), *dlse = dev(std::vector<float>(lse.size()));
+        gpu_->attention_forward(dout_att, dlse, dq, dq + A, dq + (c.NH + c.NKV) * c.HD, c.B, c.T,
+                                c.NH, c.NKV, c.HD, QKV, QKV, scale);
+        const std::string what = "B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
+                                 " NH=" + std::to_string(c.NH) + " NKV=" + std::to_string(c.NKV) +
+                                 " HD=" + std::to_string(c.HD);
+        EXPECT_LT(rel_err(host(dout_att, out.size()), out), kTol) << what;
+        EXPECT_LT(rel_err(host(dlse, lse.size()), lse), kTol) << what;
+        std::vector<float> g_first;
+        for (int rep = 0; rep < 2; ++rep) {
+            float* ddqkv = dev(std::vector<float>(dqkv.size(), 7.0f));
+            gpu_->attention_backward(ddqkv, ddqkv + A, ddqkv + (c.NH + c.NKV) * c.HD, ddout, dout_att,
+                                     dlse, dq, dq + A, dq + (c.NH + c.NKV) * c.HD, c.B, c.T, c.NH,
+                                     c.NKV, c.HD, QKV, QKV, scale);
+            auto g = host(ddqkv, dqkv.size());
+            if (rep == 0) {
+                EXPECT_LT(rel_err(g, dqkv), kTol) << what;
+                g_first = g;
+            } else {
+                EXPECT_TRUE(same_bits(g, g_first)) << what << ": backward is not deterministic";
+            }
+        }
+    }
+}
+
+TEST_F(CudaVsCpu, SwigluAddScale) {
+    const int N = 19, F = 37;
+    auto gu = randn(size_t(N) * 2 * F, 30, 2.0f), dy = randn(size_t(N) * F, 31);
+    std::vector<float> out(size_t(N) * F), dgu(gu.size(), 5.0f);
+    cpu_->swiglu_forward(out.data(), gu.data(), N, F);
+    cpu_->swiglu_backward(dgu.data(), dy.data(), gu.data(), N, F);
+    float *dgu_in = dev(gu), *ddy = dev(dy), *dout = dev(std::vector<float>(out.size()));
+    float* ddgu = dev(std::vector<float>(gu.size(), 5.0f));
+    gpu_->swiglu_forward(dout, dgu_in, N, F);
+    gpu_->swiglu_backward(ddgu, ddy, dgu_in, N, F);
+    EXPECT_LT(rel_err(host(dout, out.size()), out), kTol);
+    EXPECT_LT(rel_err(host(ddgu, dgu.size()), dgu), kTol);
+
+    auto a = randn(1001, 32), b = randn(1001, 33);
+    float *da = dev(a), *db = dev(b);
+    cpu_->add_inplace(a.data(), b.data(), a.size());
+    cpu_->scale(a.data(), a.size(), -0.37f);
+    gpu_->add_inplace(da, db, a.size());
+    gpu_->scale(da, a.size(), -0.37f);
+    EXPECT_LT(rel_err(host(da, a.size()), a), kTol);
+}
+
+TEST_F(CudaVsCpu, CrossEntropyFusedAndVocabParallelSteps) {
+    for (int V : {50, 1000, 3001}) {
+        const int N = 37;
+        auto logits = randn(size_t(N) * V, 40, 3.0f);
+        std::mt19937 g(41);
+        std::vector<int32_t> tgt(N);
+        for (int n = 0; n < N; ++n) tgt[n] = (n % 7 == 3) ? -1 : int32_t(g() % uint32_t(V));
+        int32_t* dt = dev_i32(tgt);
+        const float gs = 1.0f / N;
+        // loss only
+        std::vector<float> l_cpu(N), l_gpu(N);
+        float* dl = dev(logits);
+        cpu_->xent_forward(l_cpu.data(), logits.data(), tgt.data(), N, V);
+        gpu_->xent_forward(l_gpu.data(), dl, dt, N, V);
+        EXPECT_LT(rel_err(l_gpu, l_cpu), kTol) << "V=" << V;
+        EXPECT_LT(rel_err(host(dl, logits.size()), logits), 0.0 + 1e-30) << "xent_forward wrote logits";
+        // fused loss + gradient
+        std::vector<float> z = logits;
+        cpu_->xent_forward_backward(z.data(), l_cpu.data(), tgt.data(), N, V, gs);
+        gpu_->xent_forward_backward(dl, l_gpu.data(), dt, N, V, gs);
+        EXPECT_LT(rel_err(l_gpu, l_cpu), kTol) << "V=" << V;
+        EXPECT_LT(rel_err(host(dl, z.size()), z), kTol) << "V=" << V;
+        // vocab-parallel steps on one shard (the statistics are then the global ones)
+        std::vector<float> mx_c(N), sum_c(N), tl_c(N), mx_g(N), sum_g(N), tl_g(N);
+        float* dl2 = dev(logits);
+        cpu_->xent_local_stats(mx_c.data(), sum_c.data(), tl_c.data(), logits.data(), tgt.data(), N, V);
+        gpu_->xent_local_stats(mx_g.data(), sum_g.data(), tl_g.data(), dl2, dt, N, V);
+        EXPECT_LT(rel_err(mx_g, mx_c), kTol) << "V=" << V;
+        EXPECT_LT(rel_err(sum_g, sum_c), kTol) << "V=" << V;
+        EXPECT_LT(rel_err(tl_g, tl_c), kTol) << "V=" << V;
+        std::vector<float> z2 = logits;
+        cpu_->xent_grad_from_stats(z2.data(), mx_c.data(), sum_c.data(), tgt.data(), N, V, gs);
+        gpu_->xent_grad_from_stats(dl2, mx_c.data(), sum_c.data(), dt, N, V, gs);
+        EXPECT_LT(rel_err(host(dl2, z2.size()), z2), kTol) << "V=" << V;
+    }
+}
+
+TEST_F(CudaVsCpu, SumsqDeterministicAndAdamwAsCpu) {
+    const size_t n = 1000003;
+    auto x = randn(n, 50);
+    float* dx = dev(x);
+    const double s_cpu = cpu_->sumsq(x.data(), n);
+    const double s1 = gpu_->sumsq(dx, n), s2 = gpu_->sumsq(dx, n);
+    EXPECT_NEAR(s1, s_cpu, 1e-10 * s_cpu);
+    EXPECT_EQ(std::memcmp(&s1, &s2, sizeof(double)), 0) << "sumsq is not deterministic";
+
+    const size_t m = 10007;
+    auto p = randn(m, 51), g0 = randn(m, 52);
+    std::vector<float> mo(m, 0.0f), ve(m, 0.0f);
+    float *dp = dev(p), *dm = dev(mo), *dv = dev(ve);
+    for (int step = 1; step <= 3; ++step) {
+        auto g = randn(m, 52 + step, 0.1f * step);
+        float* dg = dev(g);
+        const float b1 = 0.9f, b2 = 0.95f;
+        const float bc1 = 1.0f - std::pow(b1, float(step)), bc2 = 1.0f - std::pow(b2, float(step));
+        cpu_->adamw(p.data(), g.data(), mo.data(), ve.data(), m, 1e-2f, b1, b2, 1e-8f, 0.1f, bc1, bc2);
+        gpu_->adamw(dp, dg, dm, dv, m, 1e-2f, b1, b2, 1e-8f, 0.1f, bc1, bc2);
+    }
+    EXPECT_LT(rel_err(host(dp, m), p), kTol);
+    EXPECT_LT(rel_err(host(dm, m), mo), kTol);
+    EXPECT_LT(rel_err(host(dv, m), ve), kTol);
+}
+
+// Round-to-nearest-even fp32 -> bf16 bits, the reference for the conversion kernel.
+uint16_t bf16_rne(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);  // quiet NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return uint16_t(u >> 16);
+}
+float bf16_value(uint16_t h) {
+    uint32_t u = uint32_t(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+TEST_F(CudaVsCpu, Bf16ConversionsAndGemm) {
+    // Conversions: exact against the RNE reference, including halfway cases and specials.
+    auto x = randn(4099, 60, 10.0f);
+    x.push_back(1.0f + 1.0f / 256.0f);          // halfway, rounds to even (down)
+    x.push_back(1.0f + 3.0f / 256.0f);          // halfway, rounds to even (up)
+    x.push_back(INFINITY);
+    x.push_back(-0.0f);
+    float* dx = dev(x);
+    bf16_bits* h = gpu_->alloc_bf16(x.size());
+    gpu_->to_bf16(h, dx, x.size());
+    std::vector<bf16_bits> got(x.size());
+    gpu_->to_host_bf16(got.data(), h, x.size());
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got[i], bf16_rne(x[i])) << "x=" << x[i];
+    float* back = dev(std::vector<float>(x.size()));
+    gpu_->from_bf16(back, h, x.size());
+    auto widened = host(back, x.size());
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(widened[i], bf16_value(got[i]));
+    gpu_->release_bf16(h);
+
+    // GEMM: bf16 inputs, fp32 accumulation. Against the CPU fp32 GEMM of the same rounded
+    // inputs the only difference is the fp32 summation order (products of bf16 values are exact
+    // in fp32): 1e-5. With a bf16 output, one more rounding: |err| <= 2^-9 |c| <= 2^-9 max|c|.
+    const int M = 64, N = 96, K = 160;
+    for (int ta = 0; ta < 2; ++ta) {
+        for (int tb = 0; tb < 2; ++tb) {
+            const int lda = ta ? M : K, ldb = tb ? K : N;
+            auto A = randn(size_t(ta ? K : M) * lda, 61), B = randn(size_t(tb ? N : K) * ldb, 62);
+            std::vector<bf16_bits> Ah(A.size()), Bh(B.size());
+            for (size_t i = 0; i < A.size(); ++i) { Ah[i] = bf16_rne(A[i]); A[i] = bf16_value(Ah[i]); }
+            for (size_t i = 0; i < B.size(); ++i) { Bh[i] = bf16_rne(B[i]); B[i] = bf16_value(Bh[i]); }
+            std::vector<float> C(size_t(M) * N);
+            cpu_->gemm(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C.data(), N);
+            bf16_bits* dA = gpu_->alloc_bf16(Ah.size());
+            bf16_bits* dB = gpu_->alloc_bf16(Bh.size());
+            gpu_->from_host_bf16(dA, Ah.data(), Ah.size());
+            gpu_->from_host_bf16(dB, Bh.data(), Bh.size());
+            float* dC = dev(std::vector<float>(C.size()));
+            gpu_->gemm_bf16(ta, tb, M, N, K, 1.0f, dA, lda, dB, ldb, 0.0f, dC, N);
+            EXPECT_LT(rel_err(host(dC, C.size()), C), kTol) << "ta=" << ta << " tb=" << tb;
+            bf16_bits* dCh = gpu_->alloc_bf16(C.size());
+            gpu_->gemm_bf16(ta, tb, M, N, K, 1.0f, dA, lda, dB, ldb, 0.0f, dCh, N);
+            std::vector<bf16_bits> ch(C.size());
+            gpu_->to_host_bf16(ch.data(), dCh, ch.size());
+            std::vector<float> cf(C.size());
+            for (size_t i = 0; i < C.size(); ++i) cf[i] = bf16_value(ch[i]);
+            EXPECT_LT(rel_err(cf, C), 1.0 / 512 + kTol) << "ta=" << ta << " tb=" << tb;
+            gpu_->release_bf16(dA);
+            gpu_->release_bf16(dB);
+            gpu_->release_bf16(dCh);
+        }
+    }
+}
+
+// The whole model (one ModelChunk, tp = 1) trained for 20 AdamW steps on each backend from the
+// same initial parameters: the loss curves agree to 1e-4 relative (issue 5's fp32 criterion),
+// and the first step's gradients to 1e-4 per tensor.
+TEST_F(CudaVsCpu, TransformerTwentyStepsMatchCpu) {
+    ModelConfig m;
+    m.vocab_size = 61;
+    m.d_model = 32;
+    m.n_layers = 2;
+    m.n_heads = 4;
+    m.n_kv_heads = 2;
+    m.ffn_dim = 48;
+    RopeConfig rope;
+    InitConfig init;
+    init.std = 0.1;
+    const int B = 2, T = 40, N = B * T;  // T crosses the GPU's 32-row attention tiles
+    ParamTable table = make_param_table(m);
+    MpiCommunicator self(MPI_COMM_SELF);
+    TensorParallel tp(self, false);
+    const ChunkPlan plan = stage_chunks(m.n_layers, 1, 1, 0, "")[0];
+    ModelChunk model_c(*cpu_, m, rope, table, plan, tp, B, T);
+    ModelChunk model_g(*gpu_, m, rope, table, plan, tp, B, T);
+
+    std::vector<float> p(table.total), gr(table.total), mo(table.total, 0.0f), ve(table.total, 0.0f);
+    init_params(p.data(), table, m, init, 42, 0, table.total);
+    float *dp = dev(p), *dg = dev(std::vector<float>(table.total)), *dm = dev(mo), *dv = dev(ve);
+    std::mt19937 g(3);
+    for (int step = 1; step <= 20; ++step) {
+        std::vector<int32_t> ids(N), tgt(N);
+        for (int i = 0; i < N; ++i) {
+            ids[i] = int32_t(g() % 61);
+            tgt[i] = int32_t((ids[i] * 7 + 3) % 61);  // learnable
+        }
+        std::fill(gr.begin(), gr.end(), 0.0f);
+        gpu_->zero(dg, table.total);
+        const double lc = model_c.forward_backward(p.data(), gr.data(), ids.data(), tgt.data(), 1.0f / N);
+        const double lg = model_g.forward_backward(dp, dg, ids.data(), tgt.data(), 1.0f / N);
+        ASSERT_NEAR(lg, lc, 1e-4 * std::abs(lc)) << "step " << step;
+        if (step == 1) {
+            auto gg = host(dg, table.total);
+            for (const auto& s : table.specs) {
+                std::vector<float> a(gg.begin() + s.offset, gg.begin() + s.offset + s.numel());
+                std::vector<float> b(gr.begin() + s.offset, gr.begin() + s.offset + s.numel());
+                EXPECT_LT(rel_err(a, b), 1e-4) << s.name;
+            }
+        }
+        const float b1 = 0.9f, b2 = 0.95f;
+        const float bc1 = 1.0f - std::pow(b1, float(step)), bc2 = 1.0f - std::pow(b2, float(step));
+        cpu_->adamw(p.data(), gr.data(), mo.data(), ve.data(), table.total, 1e-3f, b1, b2, 1e-8f,
+                    0.0f, bc1, bc2);
+        gpu_->adamw(dp, dg, dm, dv, table.total, 1e-3f, b1, b2, 1e-8f, 0.0f, bc1, bc2);
+    }
+}
+
+#ifdef QUINTET_WITH_NCCL
+TEST_F(CudaVsCpu, NcclCommunicatorOnOneRank) {
+    NcclCommunicator comm(MPI_COMM_SELF, *gpu_);
+    EXPECT_EQ(comm.size(), 1);
+    EXPECT_EQ(comm.rank(), 0);
+    const size_t n = 1000;
+    auto x = randn(n, 70);
+    float* d = dev(x);
+    comm.all_reduce_sum(d, n);  // one rank: the identity, exactly
+    EXPECT_TRUE(same_bits(host(d, n), x));
+    comm.all_reduce_sum_async(d, n);
+    comm.wait_pending();
+    EXPECT_TRUE(same_bits(host(d, n), x));
+    // host buffers take the staged path
+    std::vector<double> hd{1.5, -2.0, 3.25};
+    comm.all_reduce_sum(hd.data(), hd.size());
+    EXPECT_EQ(hd, (std::vector<double>{1.5, -2.0, 3.25}));
+    comm.all_reduce_max(hd.data(), hd.size());
+    EXPECT_EQ(hd[2], 3.25);
+    std::vector<float> hf{4.0f, -1.0f};
+    comm.all_reduce_max(hf.data(), hf.size());
+    comm.all_reduce_sum(hf.data(), hf.size());
+    EXPECT_EQ(hf, (std::vector<float>{4.0f, -1.0f}));
+    int value = 42;
+    comm.broadcast(&value, sizeof(value), 0);
+    EXPECT_EQ(value, 42);
+    // device collectives
+    float* r = dev(std::vector<float>(n));
+    comm.reduce_scatter_sum(d, r, n);
+    EXPECT_TRUE(same_bits(host(r, n), x));
+    float* ag = dev(std::vector<float>(n));
+    comm.all_gather(d, ag, n);
+    EXPECT_TRUE(same_bits(host(ag, n), x));
+    const int sc[1] = {int(n)}, sd[1] = {0};
+    float* a2a = dev(std::vector<float>(n));
+    comm.all_to_allv(d, sc, sd, a2a, sc, sd);
+    EXPECT_TRUE(same_bits(host(a2a, n), x));
+    comm.broadcast(d, n * sizeof(float), 0);
+    EXPECT_TRUE(same_bits(host(d, n), x));
+    // point-to-point with itself: the deferred isend joins the recv in one group
+    float* rv = dev(std::vector<float>(n));
+    const int h = comm.isend(d, n, 0, 7);
+    comm.recv(rv, n, 0, 7, 30.0, "self recv");
+    comm.wait(h);
+    EXPECT_TRUE(same_bits(host(rv, n), x));
+    const int h2 = comm.isend(d, n, 0, 8);
+    comm.recv(rv, n, 0, 8);
+    gpu_->synchronize();
+    EXPECT_TRUE(comm.test(h2));  // complete once the device is idle
+    comm.barrier();
+}
+#endif
+
+}  // namespace

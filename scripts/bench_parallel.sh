@@ -24,7 +24,8 @@ run() {  # name ranks threads overrides...
     shift 3
     rm -rf "runs/par_$name"
     echo "== $name: $ranks rank(s) x $threads thread(s): $*" >&2
-    mpirun --oversubscribe -n "$ranks" -x OMP_NUM_THREADS="$threads" "$QUINTET" train inputs/bench_medium.deck \
+    # --bind-to none: Open MPI pins a lone rank to one core, which would serialise its threads.
+    mpirun --oversubscribe --bind-to none -n "$ranks" -x OMP_NUM_THREADS="$threads" "$QUINTET" train inputs/bench_medium.deck \
         --output.run_dir="runs/par_$name" --checkpoint.resume=none --checkpoint.every=0 \
         --train.steps="$STEPS" --train.warmup=1 --train.threads="$threads" "$@" > "$OUT/par_$name.log" 2>&1 ||
         { tail -n 20 "$OUT/par_$name.log" >&2; exit 1; }

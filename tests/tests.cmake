@@ -32,3 +32,4 @@ if(QUINTET_WITH_CUDA)
   quintet_add_test(test_cuda_kernels_emulated
     SOURCES ${PROJECT_SOURCE_DIR}/src/kernels/cuda/emulate/test_kernels_emulated.cpp LABELS unit)
 endif()
+quintet_add_test(test_decoder SOURCES model/test_decoder.cpp LABELS unit)

@@ -19,6 +19,7 @@
 #include "quintet/io/token_data.hpp"
 #include "quintet/kernels/backend.hpp"
 #include "quintet/model/params.hpp"
+#include "quintet/model/decoder.hpp"
 #include "quintet/model/rope.hpp"
 #include "quintet/tools/commands.hpp"
 
@@ -47,80 +48,6 @@ Deck deck_from_text(const std::string& text, const std::string& path) {
     return deck;
 }
 
-class Decoder {
-public:
-    Decoder(Backend& be, const Deck& deck, const ParamTable& table, const std::vector<float>& params,
-            int max_len)
-        : be_(be), d_(model_dims(deck.model)),
-          w_(chunk_view(table, stage_chunks(deck.model.n_layers, 1, 1, 0, "")[0],
-                        const_cast<float*>(params.data()))),
-          max_len_(max_len), eps_(float(deck.model.norm_eps)) {
-        rope_tables(cos_, sin_, max_len, rope_inv_freq(deck.rope, d_.HD, deck.data.seq_len),
-                    rope_mscale(deck.rope));
-        kcache_.assign(size_t(d_.L) * max_len * d_.NKV * d_.HD, 0.0f);
-        vcache_.assign(kcache_.size(), 0.0f);
-        x_.resize(d_.C); xn_.resize(d_.C); qkv_.resize(d_.qkv_local()); att_.resize(d_.NH * d_.HD);
-        gu_.resize(2 * d_.F); act_.resize(d_.F); logits_.resize(d_.V); scores_.resize(max_len);
-    }
-
-    // Feeds token `id` at position `pos`; returns the logits of the next token.
-    const std::vector<float>& step(int id, int pos) {
-        const int C = d_.C, NH = d_.NH, NKV = d_.NKV, HD = d_.HD, F = d_.F, QKV = d_.qkv_local();
-        const int group = NH / NKV;
-        const float scale = 1.0f / std::sqrt(float(HD));
-        float rstd;
-        std::copy(w_.wte + size_t(id) * C, w_.wte + size_t(id + 1) * C, x_.begin());
-        for (int l = 0; l < d_.L; ++l) {
-            const LayerView& p = w_.layers[l];
-            be_.rmsnorm_forward(xn_.data(), &rstd, x_.data(), p.ln1, 1, C, eps_);
-            be_.gemm(false, true, 1, QKV, C, 1.0f, xn_.data(), C, p.wqkv, C, 0.0f, qkv_.data(), QKV);
-            // rotate q and k of this one position (tables row `pos`)
-            be_.rope_forward(qkv_.data(), cos_.data() + size_t(pos) * (HD / 2),
-                             sin_.data() + size_t(pos) * (HD / 2), 1, 1, NH + NKV, HD, QKV);
-            float* kc = kcache_.data() + size_t(l) * max_len_ * NKV * HD;
-            float* vc = vcache_.data() + size_t(l) * max_len_ * NKV * HD;
-            std::copy(qkv_.begin() + NH * HD, qkv_.begin() + (NH + NKV) * HD, kc + size_t(pos) * NKV * HD);
-            std::copy(qkv_.begin() + (NH + NKV) * HD, qkv_.end(), vc + size_t(pos) * NKV * HD);
-            for (int h = 0; h < NH; ++h) {
-                int g = h / group;
-                const float* q = qkv_.data() + h * HD;
-                float mx = -INFINITY;
-                for (int t = 0; t <= pos; ++t) {
-                    const float* k = kc + (size_t(t) * NKV + g) * HD;
-                    float s = 0.0f;
-                    for (int i = 0; i < HD; ++i) s += q[i] * k[i];
-                    scores_[t] = s * scale;
-                    mx = std::max(mx, scores_[t]);
-                }
-                float sum = 0.0f;
-                for (int t = 0; t <= pos; ++t) sum += (scores_[t] = std::exp(scores_[t] - mx));
-                float* o = att_.data() + h * HD;
-                std::fill(o, o + HD, 0.0f);
-                for (int t = 0; t <= pos; ++t) {
-                    const float* v = vc + (size_t(t) * NKV + g) * HD;
-                    float pr = scores_[t] / sum;
-                    for (int i = 0; i < HD; ++i) o[i] += pr * v[i];
-                }
-            }
-            be_.gemm(false, true, 1, C, NH * HD, 1.0f, att_.data(), NH * HD, p.wo, NH * HD, 1.0f, x_.data(), C);
-            be_.rmsnorm_forward(xn_.data(), &rstd, x_.data(), p.ln2, 1, C, eps_);
-            be_.gemm(false, true, 1, 2 * F, C, 1.0f, xn_.data(), C, p.wgu, C, 0.0f, gu_.data(), 2 * F);
-            be_.swiglu_forward(act_.data(), gu_.data(), 1, F);
-            be_.gemm(false, true, 1, C, F, 1.0f, act_.data(), F, p.wdown, F, 1.0f, x_.data(), C);
-        }
-        be_.rmsnorm_forward(xn_.data(), &rstd, x_.data(), w_.norm, 1, C, eps_);
-        be_.gemm(false, true, 1, d_.V, C, 1.0f, xn_.data(), C, w_.head, C, 0.0f, logits_.data(), d_.V);
-        return logits_;
-    }
-
-private:
-    Backend& be_;
-    ModelDims d_;
-    ChunkView w_;
-    int max_len_;
-    float eps_;
-    std::vector<float> cos_, sin_, kcache_, vcache_, x_, xn_, qkv_, att_, gu_, act_, logits_, scores_;
-};
 
 }  // namespace
 
@@ -172,7 +99,7 @@ int generate_main(int argc, char** argv) {
     std::vector<uint32_t> ids = tok.encode(prompt);
     if (ids.empty()) ids.push_back(uint32_t('\n') < uint32_t(tok.vocab_size()) ? '\n' : 0);
     auto be = make_cpu_backend(0);
-    Decoder dec(*be, deck, table, params, int(ids.size()) + tokens);
+    Decoder dec(*be, deck.model, deck.rope, deck.data.seq_len, table, params, int(ids.size()) + tokens);
     std::mt19937_64 rng(seed);
     std::cout << prompt << std::flush;
     const std::vector<float>* logits = nullptr;

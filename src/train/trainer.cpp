@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include "quintet/core/error.hpp"
 #include "quintet/io/checkpoint.hpp"
@@ -245,7 +246,24 @@ double Trainer::grad_norm() {
     return std::sqrt(parts[0]);
 }
 
+// Fault injection for the failure tests (docs/parallelism.md): QUINTET_INJECT_FAULT =
+// "rank=R,step=S[,mode=fail|hang]" makes world rank R throw (fail) or stop responding (hang)
+// at the start of step S, to prove that the job then ends with a message instead of hanging.
+static void maybe_inject_fault(int rank, int64_t step) {
+    const char* spec = std::getenv("QUINTET_INJECT_FAULT");
+    if (!spec) return;
+    int r = -1;
+    long long s = -1;
+    char mode[16] = "fail";
+    if (std::sscanf(spec, "rank=%d,step=%lld,mode=%15s", &r, &s, mode) < 2) return;
+    if (r != rank || s != step) return;
+    if (std::string(mode) == "hang")
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    rank_fail("injected fault (QUINTET_INJECT_FAULT) at step " + std::to_string(step));
+}
+
 StepStats Trainer::step(int64_t s) {
+    maybe_inject_fault(grid_.rank(), s);
     StepStats st;
     const auto& p = deck_.parallel;
     const int mbs = deck_.data.micro_batch_size, T = deck_.data.seq_len;

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 #include "support/run_support.hpp"
@@ -167,6 +169,26 @@ TEST_F(Layouts, CheckpointsReshardOnResume) {
         for (size_t i = 5; i < 10; ++i)
             EXPECT_LE(std::abs(l[i] - lref[i]), 1e-5 * lref[i]) << mv.from << " -> " << mv.to << " step " << i + 1;
     }
+}
+
+TEST_F(Layouts, FailedOrStuckStageEndsTheJobWithAMessage) {
+    // A stage that throws: its message names the rank; MPI_Abort ends the others.
+    setenv("QUINTET_INJECT_FAULT", "rank=1,step=2,mode=fail", 1);
+    auto a = train(2, "fail", "--parallel.pp=2 --parallel.microbatches=4");
+    EXPECT_NE(a.status, 0);
+    EXPECT_NE(a.output.find("rank 1: error: injected fault"), std::string::npos) << a.output;
+    // A stage that stops answering: its peer's receive gives up, naming stage and action.
+    setenv("QUINTET_INJECT_FAULT", "rank=0,step=2,mode=hang", 1);
+    setenv("QUINTET_P2P_TIMEOUT_S", "5", 1);
+    auto t0 = std::chrono::steady_clock::now();
+    auto b = train(2, "hang", "--parallel.pp=2 --parallel.microbatches=4");
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    unsetenv("QUINTET_INJECT_FAULT");
+    unsetenv("QUINTET_P2P_TIMEOUT_S");
+    EXPECT_NE(b.status, 0);
+    EXPECT_NE(b.output.find("stage 1: recv_fwd mb 0"), std::string::npos) << b.output;
+    EXPECT_NE(b.output.find("nothing arrived from rank 0"), std::string::npos) << b.output;
+    EXPECT_LT(secs, 120.0);
 }
 
 }  // namespace

@@ -22,8 +22,9 @@ MetricsFile::MetricsFile(const std::string& run_dir, const std::string& deck_tex
     h5::write_attr_string(file_, "deck", deck_text);
     if (!keep) return;
     // Drop rows of steps >= first_step in every group that has a "step" column.
-    for (const char* group : {"/train", "/eval", "/timing"}) {
-        std::string steps = std::string(group == std::string("/timing") ? "/train" : group) + "/step";
+    // /eval has its own step column; /timing and /pipeline rows align with /train's.
+    for (const char* group : {"/train", "/eval", "/timing", "/pipeline"}) {
+        std::string steps = std::string(group == std::string("/eval") ? "/eval" : "/train") + "/step";
         if (!h5::exists(file_, steps) || !h5::exists(file_, group)) continue;
         h5::Handle ds = h5::dataset(H5Dopen2(file_, steps.c_str(), H5P_DEFAULT));
         auto shape = h5::dataset_shape(ds);

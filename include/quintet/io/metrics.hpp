@@ -2,6 +2,7 @@
 // keeps its history. Written by one rank (the grid's rank 0) with serial HDF5.
 // /train/{step, loss, ce_loss, aux_loss, lr, grad_norm, tokens_per_s, mfu, step_time_s}
 // /eval/{step, loss}    /timing/<phase> (seconds per step, aligned with /train/step)
+// /pipeline/stage<s>_{idle_fraction, activation_mib} (aligned with /train/step)
 #pragma once
 #include <map>
 #include <string>

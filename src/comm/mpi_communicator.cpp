@@ -71,8 +71,27 @@ void MpiCommunicator::recv(float* buf, size_t n, int peer, int tag, double timeo
         QUINTET_MPI(MPI_Recv(buf, int(n), MPI_FLOAT, peer, tag, comm_, MPI_STATUS_IGNORE));
         return;
     }
-    MPI_Request req;
-    QUINTET_MPI(MPI_Irecv(buf, int(n), MPI_FLOAT, peer, tag, comm_, &req));
+    wait_recv(irecv(buf, n, peer, tag), timeout_s, what);
+}
+int MpiCommunicator::new_handle() const {
+    size_t h = 0;
+    while (h < requests_.size() && requests_[h] != MPI_REQUEST_NULL) ++h;
+    if (h == requests_.size()) requests_.push_back(MPI_REQUEST_NULL);
+    return int(h);
+}
+int MpiCommunicator::irecv(float* buf, size_t n, int peer, int tag) const {
+    int h = new_handle();
+    QUINTET_MPI(MPI_Irecv(buf, int(n), MPI_FLOAT, peer, tag, comm_, &requests_[size_t(h)]));
+    if (peer_of_.size() < requests_.size()) peer_of_.resize(requests_.size());
+    peer_of_[size_t(h)] = peer;
+    return h;
+}
+void MpiCommunicator::wait_recv(int h, double timeout_s, const char* what) const {
+    MPI_Request& req = requests_[size_t(h)];
+    if (timeout_s <= 0) {
+        QUINTET_MPI(MPI_Wait(&req, MPI_STATUS_IGNORE));
+        return;
+    }
     const double start = MPI_Wtime();
     int done = 0;
     for (long spins = 0;; ++spins) {
@@ -81,7 +100,7 @@ void MpiCommunicator::recv(float* buf, size_t n, int peer, int tag, double timeo
         double waited = MPI_Wtime() - start;
         if (waited > timeout_s) {
             MPI_Cancel(&req);
-            rank_fail(std::string(what) + ": nothing arrived from rank " + std::to_string(peer) +
+            rank_fail(std::string(what) + ": nothing arrived from rank " + std::to_string(peer_of_[size_t(h)]) +
                       " in " + std::to_string(int(waited)) +
                       " s (QUINTET_P2P_TIMEOUT_S); the peer failed or the schedules disagree");
         }
@@ -90,11 +109,9 @@ void MpiCommunicator::recv(float* buf, size_t n, int peer, int tag, double timeo
     }
 }
 int MpiCommunicator::isend(const float* buf, size_t n, int peer, int tag) const {
-    size_t h = 0;
-    while (h < requests_.size() && requests_[h] != MPI_REQUEST_NULL) ++h;
-    if (h == requests_.size()) requests_.push_back(MPI_REQUEST_NULL);
-    QUINTET_MPI(MPI_Isend(buf, int(n), MPI_FLOAT, peer, tag, comm_, &requests_[h]));
-    return int(h);
+    int h = new_handle();
+    QUINTET_MPI(MPI_Isend(buf, int(n), MPI_FLOAT, peer, tag, comm_, &requests_[size_t(h)]));
+    return h;
 }
 bool MpiCommunicator::test(int h) const {
     int done = 0;

@@ -91,6 +91,7 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
                                                        dc.micro_batch_size, dc.seq_len));
     actions_ = make_schedule(deck.parallel.schedule, pp, stage, deck.parallel.microbatches,
                              deck.parallel.virtual_stages);
+    recv_stage_ = be_.alloc(chunks_[0]->boundary_floats());
     const int nc = int(chunks_.size()), m = deck.parallel.microbatches;
     free_slots_.assign(nc, {});
     slot_of_mb_.assign(nc, std::vector<int>(m, -1));
@@ -116,7 +117,7 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
 }
 
 Trainer::~Trainer() {
-    for (float* p : {params_, grads_, m_, v_, gshard_})
+    for (float* p : {params_, grads_, m_, v_, gshard_, recv_stage_})
         if (p) be_.release(p);
 }
 
@@ -160,18 +161,39 @@ void Trainer::run_schedule(int64_t s, StepStats& st, double& loss_sum) {
     const auto& comm = grid_.pp();
     for (auto& slots : slot_of_mb_) std::fill(slots.begin(), slots.end(), -1);
     char what[96];
-    for (const Action& a : actions_) {
+    // Receives are posted one ahead into a staging buffer: the next message can land while this
+    // stage computes, and no activation slot is taken before the schedule needs it.
+    auto is_recv = [](Op op) { return op == Op::recv_fwd || op == Op::recv_bwd; };
+    int posted = -1;
+    auto post_next = [&](size_t from) {
+        for (size_t k = from; k < actions_.size(); ++k) {
+            const Action& a = actions_[k];
+            if (!is_recv(a.op)) continue;
+            posted = comm.irecv(recv_stage_, chunks_[a.chunk]->boundary_floats(),
+                                schedule_peer(pp, v, stage, a).stage,
+                                a.op == Op::recv_fwd ? kTagFwd : kTagBwd);
+            return;
+        }
+    };
+    post_next(0);
+    for (size_t k = 0; k < actions_.size(); ++k) {
+        const Action& a = actions_[k];
         ModelChunk& chunk = *chunks_[a.chunk];
         int& slot = slot_of_mb_[a.chunk][a.microbatch];
         const size_t n = chunk.boundary_floats();
         const int vs = virtual_stage(pp, stage, a.chunk);
         switch (a.op) {
-        case Op::recv_fwd: {
-            slot = acquire_slot(a.chunk);
-            std::snprintf(what, sizeof what, "stage %d: recv_fwd mb %d (virtual stage %d)", stage, a.microbatch, vs);
+        case Op::recv_fwd:
+        case Op::recv_bwd: {
+            const bool fwd = a.op == Op::recv_fwd;
+            if (fwd) slot = acquire_slot(a.chunk);
+            std::snprintf(what, sizeof what, "stage %d: %s mb %d (virtual stage %d)", stage,
+                          fwd ? "recv_fwd" : "recv_bwd", a.microbatch, vs);
             double t0 = now_s();
-            comm.recv(chunk.input(slot), n, schedule_peer(pp, v, stage, a).stage, kTagFwd, p2p_timeout_s_, what);
+            comm.wait_recv(posted, p2p_timeout_s_, what);
             st.t_wait += now_s() - t0;
+            be_.copy(fwd ? chunk.input(slot) : chunk.grad_output(slot), recv_stage_, n);
+            post_next(k + 1);
             break;
         }
         case Op::forward: {
@@ -189,13 +211,6 @@ void Trainer::run_schedule(int64_t s, StepStats& st, double& loss_sum) {
             pending_[a.chunk][slot].push_back(
                 comm.isend(chunk.output(slot), n, schedule_peer(pp, v, stage, a).stage, kTagFwd));
             break;
-        case Op::recv_bwd: {
-            std::snprintf(what, sizeof what, "stage %d: recv_bwd mb %d (virtual stage %d)", stage, a.microbatch, vs);
-            double t0 = now_s();
-            comm.recv(chunk.grad_output(slot), n, schedule_peer(pp, v, stage, a).stage, kTagBwd, p2p_timeout_s_, what);
-            st.t_wait += now_s() - t0;
-            break;
-        }
         case Op::backward:
             chunk.backward(slot, params_, grads_);
             free_slots_[a.chunk].push_back(slot);  // reused only after its sends complete

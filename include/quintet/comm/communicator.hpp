@@ -5,6 +5,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace quintet {
 
@@ -34,8 +35,31 @@ public:
     virtual int isend(const float* buf, size_t n, int peer, int tag) const = 0;
     virtual void wait(int handle) const = 0;
     virtual bool test(int handle) const = 0;  // true once the send completed (then handle is free)
+    // Non-blocking receive, completed by wait_recv (which gives up like recv after timeout_s).
+    // The default defers the whole receive to wait_recv (correct, without overlap); the MPI
+    // implementation posts it at once so the message can land while this rank computes.
+    virtual int irecv(float* buf, size_t n, int peer, int tag) const;
+    virtual void wait_recv(int handle, double timeout_s = 0, const char* what = "recv") const;
+
+private:
+    struct DeferredRecv {
+        float* buf;
+        size_t n;
+        int peer, tag;
+    };
+    mutable std::vector<DeferredRecv> deferred_;
     virtual void broadcast(void* buf, size_t bytes, int root) const = 0;
     virtual void barrier() const = 0;
 };
+
+inline int Communicator::irecv(float* buf, size_t n, int peer, int tag) const {
+    deferred_.push_back({buf, n, peer, tag});
+    return int(deferred_.size()) - 1;
+}
+inline void Communicator::wait_recv(int h, double timeout_s, const char* what) const {
+    DeferredRecv d = deferred_[size_t(h)];
+    recv(d.buf, d.n, d.peer, d.tag, timeout_s, what);
+    if (size_t(h) + 1 == deferred_.size()) deferred_.pop_back();
+}
 
 }  // namespace quintet

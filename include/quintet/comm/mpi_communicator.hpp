@@ -38,13 +38,17 @@ public:
     int isend(const float* buf, size_t n, int peer, int tag) const override;
     void wait(int handle) const override;
     bool test(int handle) const override;
+    int irecv(float* buf, size_t n, int peer, int tag) const override;
+    void wait_recv(int handle, double timeout_s = 0, const char* what = "recv") const override;
     void broadcast(void* buf, size_t bytes, int root) const override;
     void barrier() const override;
 
 private:
     MPI_Comm comm_;
     int rank_ = 0, size_ = 1;
-    mutable std::vector<MPI_Request> requests_;  // isend handles index this
+    int new_handle() const;
+    mutable std::vector<MPI_Request> requests_;  // isend/irecv handles index this
+    mutable std::vector<int> peer_of_;           // source rank of each irecv handle
 };
 
 }  // namespace quintet

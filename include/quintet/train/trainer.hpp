@@ -59,6 +59,7 @@ private:
     std::unique_ptr<MpiCommunicator> kv_group_, tied_;  // sub-groups for replicated tensors
     Sampler sampler_;
     float *params_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr, *gshard_ = nullptr;
+    float* recv_stage_ = nullptr;  // [Nr, C] the pre-posted pipeline receive lands here
     size_t opt_size_ = 0, opt_base_ = 0;
     std::vector<int32_t> ids_, tgt_;
     // executor state: per chunk, free slots, the slot of each microbatch, sends in flight per slot

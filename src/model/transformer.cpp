@@ -49,6 +49,14 @@ float* ModelChunk::buf(size_t n, bool per_slot) {
     return p;
 }
 
+const ChunkView& ModelChunk::view(ChunkView& cache, const float*& cached_base, const float* base) {
+    if (base != cached_base) {
+        cache = chunk_view(table_, plan_, const_cast<float*>(base));
+        cached_base = base;
+    }
+    return cache;
+}
+
 int ModelChunk::add_slot() {
     slot_floats_ = 0;
     const size_t N = N_, Nr = Nr_, C = d_.C, A = size_t(d_.NHl) * d_.HD;
@@ -102,7 +110,7 @@ double ModelChunk::forward(int si, const float* params, const int32_t* ids, cons
     const int A = NH * HD;
     const bool tp1 = tp_.size() == 1;
     Slot& s = slots_[si];
-    ChunkView w = chunk_view(table_, plan_, const_cast<float*>(params));
+    const ChunkView& w = view(wview_, wbase_, params);
     set_tokens(s, plan_.first ? ids : nullptr, plan_.last ? targets : nullptr);
     // out[Nr,C] = res[Nr,C] + (X[N,K] W[C,K]^T summed over tp): a row-parallel block + residual.
     auto row_parallel_residual = [&](float* out, const float* res, const float* X, int K,
@@ -162,8 +170,8 @@ void ModelChunk::backward(int si, const float* params, float* grads) {
               NKV = d_.NKVl, HD = d_.HD;
     const int A = NH * HD;
     Slot& s = slots_[si];
-    ChunkView w = chunk_view(table_, plan_, const_cast<float*>(params));
-    ChunkView g = chunk_view(table_, plan_, grads);
+    const ChunkView& w = view(wview_, wbase_, params);
+    const ChunkView& g = view(gview_, gbase_, grads);
     float* dres = s.dres;  // dL/d(residual stream), this rank's rows
     if (plan_.last) {
         const int Vl = d_.Vl();

@@ -67,6 +67,9 @@ private:
         int32_t* ids = nullptr;   // [N] the microbatch's local ids (first chunk: the embedding backward)
     };
     float* buf(size_t n, bool per_slot);
+    // Views of the arenas, rebuilt only when the caller passes another arena (never in the
+    // steady state: building one allocates and looks tensors up by name).
+    const ChunkView& view(ChunkView& cache, const float*& cached_base, const float* base);
     void set_tokens(Slot& s, const int32_t* ids, const int32_t* targets);
 
     Backend& be_;
@@ -87,6 +90,8 @@ private:
     float *datt_, *dqkv_, *dgu_, *dact_, *dshard_;
     std::vector<float*> owned_;
     size_t slot_floats_ = 0;
+    ChunkView wview_, gview_;
+    const float *wbase_ = nullptr, *gbase_ = nullptr;
 };
 
 }  // namespace quintet

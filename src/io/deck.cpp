@@ -305,12 +305,20 @@ void deck_validate(const Deck& d, int world) {
         config_fail("moe.experts", S(d.moe.experts), "MoE is not yet supported in this build (valid: 0)");
     if (p.cp != 1) config_fail("parallel.cp", S(p.cp), "context parallelism is not yet supported (valid: 1)");
     if (p.ep != 1) config_fail("parallel.ep", S(p.ep), "expert parallelism is not yet supported (valid: 1)");
-    if (d.train.device == "cuda")
+    if (d.train.device == "cuda") {
+#ifndef QUINTET_WITH_CUDA
         config_fail("train.device", "cuda",
-                    "the trainer runs on the CPU backend in this version; the CUDA backend is "
-                    "built and tested per kernel (docs/cuda.md) but not yet wired into training (valid: cpu)");
+                    "this quintet was built without CUDA (configure with -DQUINTET_CUDA=ON on a "
+                    "machine with the CUDA toolkit); valid here: cpu");
+#endif
+        if (d.train.peak_tflops <= 0)
+            config_fail("train.peak_tflops", "0",
+                        "with train.device = cuda give the GPU's peak in TFLOP/s for MFU, e.g. 67 "
+                        "(H100/H200 fp32) or 989 (dense bf16)");
+    }
     if (d.train.precision != "fp32")
-        config_fail("train.precision", d.train.precision, "the CPU backend computes in fp32 (valid: fp32)");
+        config_fail("train.precision", d.train.precision,
+                    "bf16 training is not wired yet (docs/cuda.md); valid: fp32");
     // Model shape.
     if (m.d_model % m.n_heads != 0)
         config_fail("model.n_heads", S(m.n_heads), "must divide model.d_model = " + S(m.d_model));

@@ -13,6 +13,9 @@
 #include "quintet/parallel/process_grid.hpp"
 #include "quintet/tools/commands.hpp"
 #include "quintet/train/trainer.hpp"
+#ifdef QUINTET_WITH_CUDA
+#include "quintet/comm/nccl_communicator.hpp"
+#endif
 
 namespace quintet {
 
@@ -67,7 +70,26 @@ int train_main(int argc, char** argv, MPI_Comm world) {
     TokenFile data = token_file_read(deck.data.path);
     deck.model.vocab_size = data.vocab_size;
     deck_validate(deck, size);
-    if (deck.train.device == "cuda") make_cuda_backend(0);  // clear error when unavailable
+    // The backend, before any output: a missing GPU must stop every rank alike (a ConfigError
+    // on some ranks only would leave the others waiting in a collective).
+    std::unique_ptr<Backend> backend;
+    if (deck.train.device == "cuda") {
+        std::string err;
+        try {
+#ifdef QUINTET_WITH_CUDA
+            backend = make_cuda_backend(cuda_local_device(world));
+#else
+            backend = make_cuda_backend(0);
+#endif
+        } catch (const std::exception& e) {
+            err = e.what();
+        }
+        int bad = err.empty() ? 0 : 1, any = 0;
+        MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, world);
+        if (any) throw ConfigError(err.empty() ? "train.device = cuda failed on another rank" : err);
+    } else {
+        backend = make_cpu_backend(threads_per_rank(deck, world));
+    }
     // Store the resolved layout, not "auto", so a checkpoint says what it was written with.
     deck.parallel.dp = size / (deck.parallel.tp * deck.parallel.cp * deck.parallel.pp);
     std::string text = deck_to_text(deck);
@@ -82,7 +104,6 @@ int train_main(int argc, char** argv, MPI_Comm world) {
     layout.size[kPP] = deck.parallel.pp;
     layout.size[kDP] = size / (deck.parallel.tp * deck.parallel.cp * deck.parallel.pp);
     ProcessGrid grid(world, layout);
-    auto backend = make_cpu_backend(threads_per_rank(deck, world));
     install_stop_signals();
     Trainer trainer(deck, text, grid, *backend, data.tokens);
     return trainer.run();

@@ -12,6 +12,9 @@
 #include "quintet/io/checkpoint.hpp"
 #include "quintet/io/metrics.hpp"
 #include "quintet/train/schedule_math.hpp"
+#ifdef QUINTET_WITH_CUDA
+#include "quintet/comm/nccl_communicator.hpp"
+#endif
 
 namespace quintet {
 
@@ -44,6 +47,41 @@ constexpr int kTagFwd = 0, kTagBwd = 1;
 
 }  // namespace
 
+namespace {
+
+// collective over the grid. Sub-groups of replicated tensors are split from the MPI grid; on
+// the CUDA backend every device communicator is an NCCL one over the same ranks.
+DeviceComms make_device_comms(const ProcessGrid& grid, Backend& be, const ModelDims& d) {
+    DeviceComms c;
+    const int pp = grid.pp().size(), stage = grid.coord(kPP);
+    std::unique_ptr<MpiCommunicator> kv, tied;
+    if (d.tp > d.NKV) kv = grid.split(kTP, grid.coord(kTP) / d.kv_group());
+    if (d.tied && pp > 1) tied = grid.split(kPP, stage == 0 || stage == pp - 1 ? 0 : -1);
+    if (be.device() == Device::cpu) {
+        c.tp = &grid.tp();
+        c.pp = &grid.pp();
+        c.dp = &grid.dp();
+        c.kv_group = std::move(kv);
+        c.tied = std::move(tied);
+        return c;
+    }
+#ifdef QUINTET_WITH_CUDA
+    auto& cuda = static_cast<CudaBackend&>(be);
+    for (Axis a : {kTP, kPP, kDP}) c.owned.push_back(std::make_unique<NcclCommunicator>(grid.comm(a).handle(), cuda));
+    c.tp = c.owned[0].get();
+    c.pp = c.owned[1].get();
+    c.dp = c.owned[2].get();
+    if (kv) c.kv_group = std::make_unique<NcclCommunicator>(kv->handle(), cuda);
+    if (tied) c.tied = std::make_unique<NcclCommunicator>(tied->handle(), cuda);
+    // The MPI sub-communicators are needed only for NCCL's bootstrap.
+    return c;
+#else
+    rank_fail("a device backend without a CUDA build");
+#endif
+}
+
+}  // namespace
+
 void install_stop_signals() {
     std::signal(SIGTERM, on_stop_signal);
     std::signal(SIGUSR1, on_stop_signal);
@@ -52,7 +90,8 @@ void install_stop_signals() {
 Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGrid& grid,
                  Backend& be, const std::vector<uint32_t>& tokens)
     : deck_(deck), deck_text_(deck_text), grid_(grid), be_(be),
-      tp_(grid.tp(), deck.parallel.sequence_parallel),
+      comms_(make_device_comms(grid, be, model_dims(deck.model, grid.tp().size(), grid.coord(kTP)))),
+      tp_(*comms_.tp, deck.parallel.sequence_parallel),
       plans_(stage_chunks(deck.model.n_layers, grid.pp().size(), deck.parallel.virtual_stages,
                           grid.coord(kPP), deck.parallel.pp_layers)),
       table_(make_param_table(deck.model, grid.tp().size(), grid.coord(kTP), plans_,
@@ -70,12 +109,9 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
                     "eval.every > 0 but the validation split has only " +
                         std::to_string(sampler_.val_len()) + " tokens; need at least seq_len + 1");
     if (const char* e = std::getenv("QUINTET_P2P_TIMEOUT_S")) p2p_timeout_s_ = std::atof(e);
-    // Sub-groups for tensors replicated beyond dp (each split is collective over its axis).
     const int pp = grid.pp().size(), stage = grid.coord(kPP);
-    if (dims_.tp > dims_.NKV) kv_group_ = grid.split(kTP, grid.coord(kTP) / dims_.kv_group());
-    if (dims_.tied && pp > 1) tied_ = grid.split(kPP, stage == 0 || stage == pp - 1 ? 0 : -1);
-
-    dp_ = std::make_unique<DataParallel>(grid.dp(), table_.total, deck.parallel.bucket_mb,
+    host_arena_ = be.device() == Device::cpu;
+    dp_ = std::make_unique<DataParallel>(*comms_.dp, table_.total, deck.parallel.bucket_mb,
                                          deck.parallel.zero == 1);
     const size_t padded = dp_->padded();
     params_ = be_.alloc(padded);
@@ -105,7 +141,7 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
     init_params(host.data(), table_, deck.model, deck.init, uint64_t(deck.train.seed), 0, table_.total);
     be_.from_host(params_, host.data(), table_.total);
     flops_per_token_ = model_flops_per_token(table_, dims_, dc.seq_len);
-    if (deck.train.peak_tflops > 0) {
+    if (deck.train.peak_tflops > 0 || !host_arena_) {  // deck_validate requires it on a GPU
         peak_flops_ = deck.train.peak_tflops * 1e12 * grid.world().size();
     } else {
         // Measured sgemm rate of every rank at once (so shared cores are not counted twice);
@@ -133,7 +169,7 @@ int Trainer::acquire_slot(int c) {
     // receiver may post the matching recv only later in its schedule), so then take a new slot.
     auto sends_done = [&](int slot) {
         auto& hs = pending_[c][slot];
-        hs.erase(std::remove_if(hs.begin(), hs.end(), [&](int h) { return grid_.pp().test(h); }), hs.end());
+        hs.erase(std::remove_if(hs.begin(), hs.end(), [&](int h) { return comms_.pp->test(h); }), hs.end());
         return hs.empty();
     };
     int slot = -1;
@@ -158,7 +194,7 @@ void Trainer::run_schedule(int64_t s, StepStats& st, double& loss_sum) {
     const int pp = grid_.pp().size(), stage = grid_.coord(kPP), v = p.virtual_stages;
     const int64_t gb = int64_t(grid_.dp().size()) * p.microbatches * mbs;
     const float grad_scale = float(1.0 / (double(gb) * T));
-    const auto& comm = grid_.pp();
+    const Communicator& comm = *comms_.pp;
     for (auto& slots : slot_of_mb_) std::fill(slots.begin(), slots.end(), -1);
     char what[96];
     // Receives are posted one ahead into a staging buffer: the next message can land while this
@@ -236,8 +272,8 @@ void Trainer::sync_replicated_grads() {
         switch (s.sync) {
         case GradSync::none: break;
         case GradSync::tp: tp_.all_reduce_sum(g, s.numel()); break;
-        case GradSync::kv_group: kv_group_->all_reduce_sum(g, s.numel()); break;
-        case GradSync::tied: tied_->all_reduce_sum(g, s.numel()); break;
+        case GradSync::kv_group: comms_.kv_group->all_reduce_sum(g, s.numel()); break;
+        case GradSync::tied: comms_.tied->all_reduce_sum(g, s.numel()); break;
         }
     }
 }
@@ -340,11 +376,11 @@ double Trainer::evaluate() {
             ModelChunk& chunk = *chunks_[c];
             if (chunk.slots() == 0) chunk.add_slot();
             if (vs > 0)
-                grid_.pp().recv(chunk.input(0), chunk.boundary_floats(), (stage - 1 + pp) % pp, kTagFwd,
+                comms_.pp->recv(chunk.input(0), chunk.boundary_floats(), (stage - 1 + pp) % pp, kTagFwd,
                                 p2p_timeout_s_, "evaluation: recv_fwd");
             sum += chunk.forward(0, params_, ids_.data(), tgt_.data(), 1.0f, false);
             if (vs < pp * v - 1)
-                grid_.pp().send(chunk.output(0), chunk.boundary_floats(), (stage + 1) % pp, kTagFwd);
+                comms_.pp->send(chunk.output(0), chunk.boundary_floats(), (stage + 1) % pp, kTagFwd);
         }
     }
     grid_.pp().all_reduce_sum(&sum, 1);
@@ -358,9 +394,20 @@ void Trainer::save_checkpoint(int64_t step) {
     meta.tokens_seen = tokens_seen_;
     meta.deck = deck_text_;
     meta.layout = grid_.layout().describe() + " zero=" + std::to_string(deck_.parallel.zero);
-    // Host copies are the arenas themselves on the CPU backend.
+    // On the CPU backend the arenas are host memory; a device backend stages them through host.
+    const float *p = params_, *m = m_, *v = v_;
+    std::vector<float> hp, hm, hv;
+    if (!host_arena_) {
+        hp.resize(table_.total);
+        hm.resize(opt_size_);
+        hv.resize(opt_size_);
+        be_.to_host(hp.data(), params_, table_.total);
+        be_.to_host(hm.data(), m_, opt_size_);
+        be_.to_host(hv.data(), v_, opt_size_);
+        p = hp.data(), m = hm.data(), v = hv.data();
+    }
     std::string path = checkpoint_save(grid_.world().handle(), deck_.output.run_dir, meta, table_,
-                                       params_, m_, v_, opt_base_, dp_->owned(), deck_.checkpoint.keep);
+                                       p, m, v, opt_base_, dp_->owned(), deck_.checkpoint.keep);
     log("checkpoint " + path);
 }
 
@@ -379,7 +426,15 @@ void Trainer::resume_if_asked() {
     if (path.empty()) return;
     CheckpointMeta meta = checkpoint_inspect(path, table_);
     Range own = dp_->zero() ? dp_->owned() : Range{0, table_.total};
-    checkpoint_load(path, table_, params_, m_, v_, own);
+    if (host_arena_) {
+        checkpoint_load(path, table_, params_, m_, v_, own);
+    } else {
+        std::vector<float> hp(table_.total), hm(opt_size_), hv(opt_size_);
+        checkpoint_load(path, table_, hp.data(), hm.data(), hv.data(), own);
+        be_.from_host(params_, hp.data(), table_.total);
+        be_.from_host(m_, hm.data(), own.size());
+        be_.from_host(v_, hv.data(), own.size());
+    }
     start_step_ = meta.step;
     tokens_seen_ = meta.tokens_seen;
     log("resumed from " + path + " at step " + std::to_string(meta.step) + " (written with " +

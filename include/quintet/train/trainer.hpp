@@ -18,6 +18,15 @@
 
 namespace quintet {
 
+// The communicators that carry the backend's own buffers (activations, gradients, pipeline
+// messages): the grid's MPI communicators on the CPU backend, NCCL ones built from them on the
+// CUDA backend. Host scalars (loss sums, norms) always go over the grid's MPI communicators.
+struct DeviceComms {
+    const Communicator *tp = nullptr, *pp = nullptr, *dp = nullptr;
+    std::unique_ptr<Communicator> kv_group, tied;  // sub-groups for replicated tensors (or null)
+    std::vector<std::unique_ptr<Communicator>> owned;
+};
+
 struct StepStats {
     double loss = 0, lr = 0, grad_norm = 0, step_time = 0;
     double t_pipeline = 0, t_wait = 0, t_sync = 0, t_dp = 0, t_optim = 0;
@@ -49,6 +58,7 @@ private:
     std::string deck_text_;
     const ProcessGrid& grid_;
     Backend& be_;
+    DeviceComms comms_;
     TensorParallel tp_;
     std::vector<ChunkPlan> plans_;
     ParamTable table_;
@@ -56,10 +66,10 @@ private:
     std::unique_ptr<DataParallel> dp_;
     std::vector<std::unique_ptr<ModelChunk>> chunks_;
     std::vector<Action> actions_;
-    std::unique_ptr<MpiCommunicator> kv_group_, tied_;  // sub-groups for replicated tensors
     Sampler sampler_;
     float *params_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr, *gshard_ = nullptr;
     float* recv_stage_ = nullptr;  // [Nr, C] the pre-posted pipeline receive lands here
+    bool host_arena_ = true;       // arenas are host memory (CPU backend): no staging for I/O
     size_t opt_size_ = 0, opt_base_ = 0;
     std::vector<int32_t> ids_, tgt_;
     // executor state: per chunk, free slots, the slot of each microbatch, sends in flight per slot

@@ -3,7 +3,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <iostream>
+#include <sched.h>
 #include <unistd.h>
 
 #include "quintet/core/error.hpp"
@@ -32,6 +34,8 @@ const char* kTrainUsage =
     "a run continues from run_dir/checkpoints/latest. `quintet deck --reference` prints every key.\n"
     "\n";
 
+// Threads per rank: train.threads, else OMP_NUM_THREADS, else the cores this rank may run on
+// (its affinity mask, which mpirun narrows when it binds ranks) shared by the node's ranks.
 int threads_per_rank(const Deck& deck, MPI_Comm world) {
     if (deck.train.threads > 0) return deck.train.threads;
     if (const char* e = std::getenv("OMP_NUM_THREADS"); e && std::atoi(e) > 0) return std::atoi(e);
@@ -40,10 +44,12 @@ int threads_per_rank(const Deck& deck, MPI_Comm world) {
     int n = 1;
     MPI_Comm_size(local, &n);
     MPI_Comm_free(&local);
-    int cores = 1;
+    int cores = int(sysconf(_SC_NPROCESSORS_ONLN));
     if (const char* e = std::getenv("QUINTET_CORES"); e && std::atoi(e) > 0) cores = std::atoi(e);
-    else cores = int(sysconf(_SC_NPROCESSORS_ONLN));
-    return std::max(1, cores / n);
+    int threads = std::max(1, cores / n);
+    cpu_set_t mask;
+    if (sched_getaffinity(0, sizeof mask, &mask) == 0) threads = std::min(threads, std::max(1, CPU_COUNT(&mask)));
+    return threads;
 }
 
 }  // namespace

@@ -105,7 +105,8 @@ ParamTable make_param_table(const ModelConfig& m, int tp, int tp_rank,
     const bool tp0 = tp_rank == 0;
     const GradSync norm_sync = sp && tp > 1 ? GradSync::tp : GradSync::none;
     const int h0 = tp_rank * d.NHl;
-    int kv_row0, kv_writer = true;
+    int kv_row0;
+    bool kv_writer = true;
     GradSync kv_sync = GradSync::none;
     if (tp <= d.NKV) {
         kv_row0 = tp_rank * d.NKVl * d.HD;

@@ -106,7 +106,7 @@ void ModelChunk::set_tokens(Slot& s, const int32_t* ids, const int32_t* targets)
 double ModelChunk::forward(int si, const float* params, const int32_t* ids, const int32_t* targets,
                            float grad_scale, bool need_grad) {
     const int N = N_, Nr = Nr_, C = d_.C, F = d_.Fl, QKV = d_.qkv_local(), NH = d_.NHl,
-              NKV = d_.NKV > 0 ? d_.NKVl : 0, HD = d_.HD;
+              NKV = d_.NKVl, HD = d_.HD;
     const int A = NH * HD;
     const bool tp1 = tp_.size() == 1;
     Slot& s = slots_[si];

@@ -30,8 +30,7 @@ namespace quintet {
 namespace {
 
 // Parses the resolved deck stored in a checkpoint back into a Deck.
-Deck deck_from_text(const std::string& text, const std::string& path) {
-    std::string tmp = path + ".deck.tmp";
+Deck deck_from_text(const std::string& text) {
     Deck deck;
     auto opts = deck_options(deck);
     std::istringstream in(text);
@@ -89,7 +88,7 @@ int generate_main(int argc, char** argv) {
         if (!h5::has_attr(file, "deck")) throw ConfigError("checkpoint '" + ckpt + "': no 'deck' attribute; not a quintet checkpoint");
         deck_text = h5::read_attr_string(file, "deck");
     }
-    Deck deck = deck_from_text(deck_text, ckpt);
+    Deck deck = deck_from_text(deck_text);
     Tokenizer tok = token_file_read_tokenizer(data.empty() ? deck.data.path : data);
     deck.model.vocab_size = tok.vocab_size();
     ParamTable table = make_param_table(deck.model);

@@ -90,4 +90,17 @@ void make_token_file(const fs::path& p, size_t n, int V, uint32_t seed) {
     token_file_write(p.string(), t, tok);
 }
 
+void TrainFixture::prepare(const std::string& prefix, const char* deck_text, uint32_t seed) {
+    dir = scratch_dir(prefix + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    deck = dir / "tiny.deck";
+    data = dir / "tokens.h5";
+    write_file(deck, deck_text);
+    make_token_file(data, 20000, 256, seed);
+}
+
+RunResult TrainFixture::train(int ranks, const std::string& name, const std::string& extra) {
+    return run_quintet(ranks, "train " + deck.string() + " --data.path=" + data.string() +
+                                  " --output.run_dir=" + (dir / name).string() + " " + extra);
+}
+
 }  // namespace quintet::testing

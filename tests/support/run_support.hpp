@@ -1,6 +1,7 @@
 // Helpers for end-to-end tests that run the real `quintet` binary under mpirun (as a user
 // would) and read back what it wrote: metrics.h5 columns and checkpoint tensors.
 #pragma once
+#include <gtest/gtest.h>
 #include <hdf5.h>
 
 #include <cstdint>
@@ -27,5 +28,14 @@ std::vector<double> metrics_column(const std::filesystem::path& run_dir, const s
 std::vector<std::pair<std::string, std::vector<float>>> checkpoint_tensors(const std::string& file);
 // A token file with learnable structure (a noisy cyclic pattern) of n tokens over vocab V.
 void make_token_file(const std::filesystem::path& p, size_t n, int V, uint32_t seed);
+
+// A scratch directory per test with a deck and a token file, and `quintet train` on it.
+struct TrainFixture : ::testing::Test {
+    std::filesystem::path dir, deck, data;
+    // Call from SetUp: dir = scratch/<prefix><test name>, the deck text, a token file (seed).
+    void prepare(const std::string& prefix, const char* deck_text, uint32_t seed);
+    // quintet train on `ranks` ranks with run_dir dir/name and extra overrides.
+    RunResult train(int ranks, const std::string& name, const std::string& extra);
+};
 
 }  // namespace quintet::testing

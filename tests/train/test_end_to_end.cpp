@@ -50,20 +50,8 @@ every = 0
 log_every = 5
 )";
 
-struct Fixture : ::testing::Test {
-    fs::path dir, deck, data;
-    void SetUp() override {
-        dir = scratch_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
-        deck = dir / "tiny.deck";
-        data = dir / "tokens.h5";
-        write_file(deck, kDeck);
-        make_token_file(data, 20000, 256, 1);
-    }
-    // quintet train on `ranks` ranks with run_dir `name` and extra overrides.
-    RunResult train(int ranks, const std::string& name, const std::string& extra) {
-        return run_quintet(ranks, "train " + deck.string() + " --data.path=" + data.string() +
-                                      " --output.run_dir=" + (dir / name).string() + " " + extra);
-    }
+struct Fixture : TrainFixture {
+    void SetUp() override { prepare("", kDeck, 1); }
 };
 
 void expect_close(const std::vector<double>& a, const std::vector<double>& b, double rel,

@@ -43,19 +43,8 @@ batches = 4
 log_every = 5
 )";
 
-struct Layouts : ::testing::Test {
-    fs::path dir, deck, data;
-    void SetUp() override {
-        dir = scratch_dir(std::string("layouts_") + ::testing::UnitTest::GetInstance()->current_test_info()->name());
-        deck = dir / "tiny.deck";
-        data = dir / "tokens.h5";
-        write_file(deck, kDeck);
-        make_token_file(data, 20000, 256, 3);
-    }
-    RunResult train(int ranks, const std::string& name, const std::string& extra) {
-        return run_quintet(ranks, "train " + deck.string() + " --data.path=" + data.string() +
-                                      " --output.run_dir=" + (dir / name).string() + " " + extra);
-    }
+struct Layouts : TrainFixture {
+    void SetUp() override { prepare("layouts_", kDeck, 3); }
     std::vector<double> losses(const std::string& name, const char* what = "/train/loss") {
         return metrics_column(dir / name, what);
     }

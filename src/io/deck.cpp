@@ -158,7 +158,7 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_double("train.grad_clip", &t.grad_clip, 0, 1e12, "global gradient-norm clip; 0 = off"),
         opt_i64("train.seed", &t.seed, "seed of initialisation and data order"),
         opt_enum("train.device", &t.device, {"cpu", "cuda"}, "compute device"),
-        opt_enum("train.precision", &t.precision, {"fp32", "bf16"}, "compute precision (bf16: cuda only)"),
+        opt_enum("train.precision", &t.precision, {"fp32", "bf16"}, "fp32, or bf16 GEMMs with fp32 master weights and gradients (docs/cuda.md)"),
         opt_double("train.peak_tflops", &t.peak_tflops, 0, 1e9, "device peak for MFU; 0 = backend default"),
         opt_int("train.exit_after", &t.exit_after, 0, big,
                 "stop after this many steps of this run, with a checkpoint (time-limited jobs); 0 = never"),
@@ -316,9 +316,6 @@ void deck_validate(const Deck& d, int world) {
                         "with train.device = cuda give the GPU's peak in TFLOP/s for MFU, e.g. 67 "
                         "(H100/H200 fp32) or 989 (dense bf16)");
     }
-    if (d.train.precision != "fp32")
-        config_fail("train.precision", d.train.precision,
-                    "bf16 training is not wired yet (docs/cuda.md); valid: fp32");
     // Model shape.
     if (m.d_model % m.n_heads != 0)
         config_fail("model.n_heads", S(m.n_heads), "must divide model.d_model = " + S(m.d_model));

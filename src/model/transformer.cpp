@@ -1,5 +1,6 @@
 #include "quintet/model/transformer.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "quintet/core/error.hpp"
@@ -9,7 +10,7 @@ namespace quintet {
 
 ModelChunk::ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope,
                        const ParamTable& table, const ChunkPlan& plan, TensorParallel& tp, int B,
-                       int T)
+                       int T, Precision precision)
     : be_(be), d_(model_dims(m, tp.size(), tp.rank())), table_(table), plan_(plan), tp_(tp), B_(B),
       T_(T), N_(B * T), Nr_(tp.sp() ? B * T / tp.size() : B * T) {
     eps_ = float(m.norm_eps);
@@ -33,10 +34,18 @@ ModelChunk::ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope
     dqkv_ = buf(N * d_.qkv_local(), false);
     dgu_ = buf(N * 2 * d_.Fl, false);
     dact_ = buf(N * d_.Fl, false);
+    bf16_ = precision == Precision::bf16;
+    if (bf16_) {
+        size_t widest = std::max({N * C, N * 2 * d_.Fl, N * d_.qkv_local()});
+        if (plan_.last) widest = std::max(widest, N * d_.Vl());
+        lowp_ = buf_bf16(widest, false);
+        if (tp_.sp()) gather_bf16_ = buf_bf16(N * C, false);
+    }
 }
 
 ModelChunk::~ModelChunk() {
     for (float* p : owned_) be_.release(p);
+    for (bf16_bits* p : owned_bf16_) be_.release_bf16(p);
     be_.release_i32(tgt_);
     for (auto& s : slots_)
         if (s.ids) be_.release_i32(s.ids);
@@ -47,6 +56,47 @@ float* ModelChunk::buf(size_t n, bool per_slot) {
     owned_.push_back(p);
     if (per_slot) slot_floats_ += n;
     return p;
+}
+
+bf16_bits* ModelChunk::buf_bf16(size_t n, bool per_slot) {
+    bf16_bits* p = be_.alloc_bf16(n);
+    owned_bf16_.push_back(p);
+    if (per_slot) slot_floats_ += (n + 1) / 2;
+    return p;
+}
+
+ModelChunk::Act ModelChunk::act_buf(size_t n) {
+    Act a;
+    if (bf16_) a.b = buf_bf16(n, true);
+    else a.f = buf(n, true);
+    return a;
+}
+
+void ModelChunk::keep(const Act& a, const float* scratch, size_t n) {
+    if (bf16_) be_.to_bf16(a.b, scratch, n);
+}
+
+ModelChunk::Mat ModelChunk::gathered(const Act& a, size_t rows, size_t C) {
+    if (bf16_) return {nullptr, tp_.gather(a.b, gather_bf16_, rows, C)};
+    return {tp_.gather(a.f, full_a_, rows, C), nullptr};
+}
+
+ModelChunk::Mat ModelChunk::lowp(const float* x, size_t n) {
+    if (!bf16_) return {x, nullptr};
+    be_.to_bf16(lowp_, x, n);
+    return {nullptr, lowp_};
+}
+
+void ModelChunk::mm(bool ta, bool tb, int M, int N, int K, Mat A, int lda, Mat B, int ldb,
+                    float beta, float* C, int ldc) {
+    if (bf16_) be_.gemm_bf16(ta, tb, M, N, K, 1.0f, A.b, lda, B.b, ldb, beta, C, ldc);
+    else be_.gemm(ta, tb, M, N, K, 1.0f, A.f, lda, B.f, ldb, beta, C, ldc);
+}
+
+void ModelChunk::set_bf16_weights(const float* master, const bf16_bits* shadow) {
+    QUINTET_CHECK(bf16_, "set_bf16_weights on an fp32 chunk");
+    master_ = master;
+    shadow_ = shadow;
 }
 
 const ChunkView& ModelChunk::view(ChunkView& cache, const float*& cached_base, const float* base) {
@@ -66,20 +116,20 @@ int ModelChunk::add_slot() {
     for (int i = 0; i < nl; ++i) {
         Layer l;
         l.rstd1 = buf(Nr, true);
-        l.xn1 = buf(Nr * C, true);
+        l.xn1 = act_buf(Nr * C);
         l.qkv = buf(N * d_.qkv_local(), true);
-        l.att = buf(N * A, true);
+        l.att = act_buf(N * A);
         l.lse = buf(size_t(B_) * d_.NHl * T_, true);
         l.h = buf(Nr * C, true);
         l.rstd2 = buf(Nr, true);
-        l.xn2 = buf(Nr * C, true);
+        l.xn2 = act_buf(Nr * C);
         l.gu = buf(N * 2 * d_.Fl, true);
-        l.act = buf(N * d_.Fl, true);
+        l.act = act_buf(N * d_.Fl);
         s.layers.push_back(l);
     }
     if (plan_.last) {
         s.rstd_f = buf(Nr, true);
-        s.xf = buf(Nr * C, true);
+        s.xf = act_buf(Nr * C);
         s.logits = buf(N * d_.Vl(), true);
     } else {
         s.dout = buf(Nr * C, true);
@@ -110,17 +160,17 @@ double ModelChunk::forward(int si, const float* params, const int32_t* ids, cons
     const int A = NH * HD;
     const bool tp1 = tp_.size() == 1;
     Slot& s = slots_[si];
+    QUINTET_CHECK(!bf16_ || params == master_, "bf16 chunk: params are not the arena set_bf16_weights named");
     const ChunkView& w = view(wview_, wbase_, params);
     set_tokens(s, plan_.first ? ids : nullptr, plan_.last ? targets : nullptr);
     // out[Nr,C] = res[Nr,C] + (X[N,K] W[C,K]^T summed over tp): a row-parallel block + residual.
-    auto row_parallel_residual = [&](float* out, const float* res, const float* X, int K,
-                                     const float* W) {
+    auto row_parallel_residual = [&](float* out, const float* res, Mat X, int K, const float* W) {
         be_.copy(out, res, size_t(Nr) * C);
         if (tp1) {
-            be_.gemm(false, true, N, C, K, 1.0f, X, K, W, K, 1.0f, out, C);
+            mm(false, true, N, C, K, X, K, weight(W), K, 1.0f, out, C);
             return;
         }
-        be_.gemm(false, true, N, C, K, 1.0f, X, K, W, K, 0.0f, full_b_, C);
+        mm(false, true, N, C, K, X, K, weight(W), K, 0.0f, full_b_, C);
         be_.add_inplace(out, tp_.reduce(full_b_, dshard_, N, C), size_t(Nr) * C);
     };
     if (plan_.first) {
@@ -134,26 +184,35 @@ double ModelChunk::forward(int si, const float* params, const int32_t* ids, cons
     for (size_t i = 0; i < s.layers.size(); ++i) {
         const LayerView& p = w.layers[i];
         Layer& l = s.layers[i];
-        // h = x + o_proj(attention(rope(q, k), v)) on RMSNorm(x)
-        be_.rmsnorm_forward(l.xn1, l.rstd1, s.res[i], p.ln1, Nr, C, eps_);
-        const float* X = tp_.gather(l.xn1, full_a_, N, C);
-        be_.gemm(false, true, N, QKV, C, 1.0f, X, C, p.wqkv, C, 0.0f, l.qkv, QKV);
+        // h = x + o_proj(attention(rope(q, k), v)) on RMSNorm(x). In bf16 mode the kernels
+        // write fp32 into scratch that is free during the forward (full_a_, datt_, dact_) and
+        // only the bf16 copy is kept.
+        float* xn1 = produce(l.xn1, full_a_);
+        be_.rmsnorm_forward(xn1, l.rstd1, s.res[i], p.ln1, Nr, C, eps_);
+        keep(l.xn1, xn1, size_t(Nr) * C);
+        mm(false, true, N, QKV, C, gathered(l.xn1, N, C), C, weight(p.wqkv), C, 0.0f, l.qkv, QKV);
         be_.rope_forward(l.qkv, cos_, sin_, N, T_, NH + NKV, HD, QKV);
-        be_.attention_forward(l.att, l.lse, l.qkv, l.qkv + NH * HD, l.qkv + (NH + NKV) * HD, B_, T_,
+        float* att = produce(l.att, datt_);
+        be_.attention_forward(att, l.lse, l.qkv, l.qkv + NH * HD, l.qkv + (NH + NKV) * HD, B_, T_,
                               NH, NKV, HD, QKV, QKV, attn_scale_);
-        row_parallel_residual(l.h, s.res[i], l.att, A, p.wo);
+        keep(l.att, att, size_t(N) * A);
+        row_parallel_residual(l.h, s.res[i], local(l.att), A, p.wo);
         // y = h + down(silu(gate(z)) * up(z)), z = RMSNorm(h)
-        be_.rmsnorm_forward(l.xn2, l.rstd2, l.h, p.ln2, Nr, C, eps_);
-        const float* X2 = tp_.gather(l.xn2, full_a_, N, C);
-        be_.gemm(false, true, N, 2 * F, C, 1.0f, X2, C, p.wgu, C, 0.0f, l.gu, 2 * F);
-        be_.swiglu_forward(l.act, l.gu, N, F);
-        row_parallel_residual(s.res[i + 1], l.h, l.act, F, p.wdown);
+        float* xn2 = produce(l.xn2, full_a_);
+        be_.rmsnorm_forward(xn2, l.rstd2, l.h, p.ln2, Nr, C, eps_);
+        keep(l.xn2, xn2, size_t(Nr) * C);
+        mm(false, true, N, 2 * F, C, gathered(l.xn2, N, C), C, weight(p.wgu), C, 0.0f, l.gu, 2 * F);
+        float* act = produce(l.act, dact_);
+        be_.swiglu_forward(act, l.gu, N, F);
+        keep(l.act, act, size_t(N) * F);
+        row_parallel_residual(s.res[i + 1], l.h, local(l.act), F, p.wdown);
     }
     if (!plan_.last) return 0.0;
     const int Vl = d_.Vl();
-    be_.rmsnorm_forward(s.xf, s.rstd_f, s.res.back(), w.norm, Nr, C, eps_);
-    const float* Xf = tp_.gather(s.xf, full_a_, N, C);
-    be_.gemm(false, true, N, Vl, C, 1.0f, Xf, C, w.head, C, 0.0f, s.logits, Vl);
+    float* xf = produce(s.xf, full_a_);
+    be_.rmsnorm_forward(xf, s.rstd_f, s.res.back(), w.norm, Nr, C, eps_);
+    keep(s.xf, xf, size_t(Nr) * C);
+    mm(false, true, N, Vl, C, gathered(s.xf, N, C), C, weight(w.head), C, 0.0f, s.logits, Vl);
     if (tp1) {
         if (need_grad) be_.xent_forward_backward(s.logits, losses_.data(), tgt_, N, Vl, grad_scale);
         else be_.xent_forward(losses_.data(), s.logits, tgt_, N, Vl);
@@ -170,15 +229,16 @@ void ModelChunk::backward(int si, const float* params, float* grads) {
               NKV = d_.NKVl, HD = d_.HD;
     const int A = NH * HD;
     Slot& s = slots_[si];
+    QUINTET_CHECK(!bf16_ || params == master_, "bf16 chunk: params are not the arena set_bf16_weights named");
     const ChunkView& w = view(wview_, wbase_, params);
     const ChunkView& g = view(gview_, gbase_, grads);
     float* dres = s.dres;  // dL/d(residual stream), this rank's rows
     if (plan_.last) {
         const int Vl = d_.Vl();
         // s.logits holds grad_scale * dL/dlogits (written by the loss).
-        const float* Xf = tp_.gather(s.xf, full_a_, N, C);
-        be_.gemm(true, false, Vl, C, N, 1.0f, s.logits, Vl, Xf, C, 1.0f, g.head, C);
-        be_.gemm(false, false, N, C, Vl, 1.0f, s.logits, Vl, w.head, C, 0.0f, full_b_, C);
+        Mat dlogits = lowp(s.logits, size_t(N) * Vl);
+        mm(true, false, Vl, C, N, dlogits, Vl, gathered(s.xf, N, C), C, 1.0f, g.head, C);
+        mm(false, false, N, C, Vl, dlogits, Vl, weight(w.head), C, 0.0f, full_b_, C);
         const float* dxf = tp_.reduce(full_b_, dshard_, N, C);
         be_.zero(dres, size_t(Nr) * C);
         be_.rmsnorm_backward(dres, g.norm, dxf, s.res.back(), w.norm, s.rstd_f, Nr, C);
@@ -189,26 +249,33 @@ void ModelChunk::backward(int si, const float* params, float* grads) {
         const LayerView& p = w.layers[i];
         const LayerView& gp = g.layers[i];
         Layer& l = s.layers[i];
-        // MLP branch; dres flows straight through the residual.
-        const float* D = tp_.gather(dres, full_a_, N, C);
-        be_.gemm(false, false, N, F, C, 1.0f, D, C, p.wdown, F, 0.0f, dact_, F);
-        be_.gemm(true, false, C, F, N, 1.0f, D, C, l.act, F, 1.0f, gp.wdown, F);
+        // MLP branch; dres flows straight through the residual. (bf16: an activation gradient
+        // is rounded once, into lowp_, for the two GEMMs that read it.)
+        Mat D = lowp(tp_.gather(dres, full_a_, N, C), size_t(N) * C);
+        mm(false, false, N, F, C, D, C, weight(p.wdown), F, 0.0f, dact_, F);
+        mm(true, false, C, F, N, D, C, local(l.act), F, 1.0f, gp.wdown, F);
         be_.swiglu_backward(dgu_, dact_, l.gu, N, F);
-        const float* X2 = tp_.gather(l.xn2, full_a_, N, C);  // re-gathered, not kept (SP saves memory)
-        be_.gemm(true, false, 2 * F, C, N, 1.0f, dgu_, 2 * F, X2, C, 1.0f, gp.wgu, C);
-        be_.gemm(false, false, N, C, 2 * F, 1.0f, dgu_, 2 * F, p.wgu, C, 0.0f, full_b_, C);
+        Mat dgu = lowp(dgu_, size_t(N) * 2 * F);
+        // xn2 re-gathered, not kept (SP saves memory)
+        mm(true, false, 2 * F, C, N, dgu, 2 * F, gathered(l.xn2, N, C), C, 1.0f, gp.wgu, C);
+        mm(false, false, N, C, 2 * F, dgu, 2 * F, weight(p.wgu), C, 0.0f, full_b_, C);
         be_.rmsnorm_backward(dres, gp.ln2, tp_.reduce(full_b_, dshard_, N, C), l.h, p.ln2, l.rstd2, Nr, C);
         // Attention branch.
-        const float* Dh = tp_.gather(dres, full_a_, N, C);
-        be_.gemm(false, false, N, A, C, 1.0f, Dh, C, p.wo, A, 0.0f, datt_, A);
-        be_.gemm(true, false, C, A, N, 1.0f, Dh, C, l.att, A, 1.0f, gp.wo, A);
-        be_.attention_backward(dqkv_, dqkv_ + NH * HD, dqkv_ + (NH + NKV) * HD, datt_, l.att, l.lse,
+        Mat Dh = lowp(tp_.gather(dres, full_a_, N, C), size_t(N) * C);
+        mm(false, false, N, A, C, Dh, C, weight(p.wo), A, 0.0f, datt_, A);
+        mm(true, false, C, A, N, Dh, C, local(l.att), A, 1.0f, gp.wo, A);
+        const float* att = l.att.f;
+        if (bf16_) {  // the backward's rowsum(dO * O) reads the stored (bf16) output, widened
+            be_.from_bf16(full_b_, l.att.b, size_t(N) * A);
+            att = full_b_;
+        }
+        be_.attention_backward(dqkv_, dqkv_ + NH * HD, dqkv_ + (NH + NKV) * HD, datt_, att, l.lse,
                                l.qkv, l.qkv + NH * HD, l.qkv + (NH + NKV) * HD, B_, T_, NH, NKV, HD,
                                QKV, QKV, attn_scale_);
         be_.rope_backward(dqkv_, cos_, sin_, N, T_, NH + NKV, HD, QKV);
-        const float* X1 = tp_.gather(l.xn1, full_a_, N, C);
-        be_.gemm(true, false, QKV, C, N, 1.0f, dqkv_, QKV, X1, C, 1.0f, gp.wqkv, C);
-        be_.gemm(false, false, N, C, QKV, 1.0f, dqkv_, QKV, p.wqkv, C, 0.0f, full_b_, C);
+        Mat dqkv = lowp(dqkv_, size_t(N) * QKV);
+        mm(true, false, QKV, C, N, dqkv, QKV, gathered(l.xn1, N, C), C, 1.0f, gp.wqkv, C);
+        mm(false, false, N, C, QKV, dqkv, QKV, weight(p.wqkv), C, 0.0f, full_b_, C);
         be_.rmsnorm_backward(dres, gp.ln1, tp_.reduce(full_b_, dshard_, N, C), s.res[i], p.ln1,
                              l.rstd1, Nr, C);
     }

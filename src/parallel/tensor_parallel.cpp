@@ -2,6 +2,8 @@
 
 #include <mpi.h>
 
+#include "quintet/core/error.hpp"
+
 namespace quintet {
 
 float* TensorParallel::reduce(float* partial, float* shard, size_t rows, size_t C) {
@@ -29,6 +31,20 @@ const float* TensorParallel::gather(const float* shard, float* full, size_t rows
     double t0 = MPI_Wtime();
     tp_.all_gather(shard, full, rows / p * C);
     bytes += double(rows) * C * sizeof(float) * (p - 1) / p;
+    seconds += MPI_Wtime() - t0;
+    return full;
+}
+
+const bf16_bits* TensorParallel::gather(const bf16_bits* shard, bf16_bits* full, size_t rows,
+                                        size_t C) {
+    if (!sp_) return shard;
+    const int p = tp_.size();
+    const size_t n = rows / p * C;
+    QUINTET_CHECK(n % 2 == 0, "bf16 gather of an odd element count");
+    double t0 = MPI_Wtime();
+    // A collective that only copies: the words are never interpreted as floats.
+    tp_.all_gather(reinterpret_cast<const float*>(shard), reinterpret_cast<float*>(full), n / 2);
+    bytes += double(rows) * C * sizeof(bf16_bits) * (p - 1) / p;
     seconds += MPI_Wtime() - t0;
     return full;
 }

@@ -122,9 +122,13 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
     m_ = be_.alloc(opt_size_);
     v_ = be_.alloc(opt_size_);
     if (dp_->zero()) gshard_ = be_.alloc(dp_->shard_size());
-    for (const auto& plan : plans_)
+    const Precision prec = deck.train.precision == "bf16" ? Precision::bf16 : Precision::fp32;
+    if (prec == Precision::bf16) params_bf16_ = be_.alloc_bf16(padded);
+    for (const auto& plan : plans_) {
         chunks_.push_back(std::make_unique<ModelChunk>(be_, deck.model, deck.rope, table_, plan, tp_,
-                                                       dc.micro_batch_size, dc.seq_len));
+                                                       dc.micro_batch_size, dc.seq_len, prec));
+        if (params_bf16_) chunks_.back()->set_bf16_weights(params_, params_bf16_);
+    }
     actions_ = make_schedule(deck.parallel.schedule, pp, stage, deck.parallel.microbatches,
                              deck.parallel.virtual_stages);
     recv_stage_ = be_.alloc(chunks_[0]->boundary_floats());
@@ -140,6 +144,7 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
     std::vector<float> host(table_.total);
     init_params(host.data(), table_, deck.model, deck.init, uint64_t(deck.train.seed), 0, table_.total);
     be_.from_host(params_, host.data(), table_.total);
+    refresh_bf16_weights();
     flops_per_token_ = model_flops_per_token(table_, dims_, dc.seq_len);
     if (deck.train.peak_tflops > 0 || !host_arena_) {  // deck_validate requires it on a GPU
         peak_flops_ = deck.train.peak_tflops * 1e12 * grid.world().size();
@@ -155,6 +160,11 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
 Trainer::~Trainer() {
     for (float* p : {params_, grads_, m_, v_, gshard_, recv_stage_})
         if (p) be_.release(p);
+    if (params_bf16_) be_.release_bf16(params_bf16_);
+}
+
+void Trainer::refresh_bf16_weights() {
+    if (params_bf16_) be_.to_bf16(params_bf16_, params_, dp_->padded());
 }
 
 void Trainer::log(const std::string& line) const {
@@ -347,6 +357,7 @@ StepStats Trainer::step(int64_t s) {
                   float(t.eps), spec.decay() ? float(t.weight_decay) : 0.0f, float(bc1), float(bc2));
     }
     if (dp_->zero()) dp_->gather_params(params_);
+    refresh_bf16_weights();
     double t4 = now_s();
     st.loss = loss_sum / (double(gb) * T);
     st.lr = lr;
@@ -435,6 +446,7 @@ void Trainer::resume_if_asked() {
         be_.from_host(m_, hm.data(), own.size());
         be_.from_host(v_, hv.data(), own.size());
     }
+    refresh_bf16_weights();
     start_step_ = meta.step;
     tokens_seen_ = meta.tokens_seen;
     log("resumed from " + path + " at step " + std::to_string(meta.step) + " (written with " +

@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 
+#include "quintet/core/bf16.hpp"
 #include "quintet/kernels/backend.hpp"
 #include "quintet/model/rope.hpp"
 #include "support/gradcheck.hpp"
@@ -185,6 +188,60 @@ TEST(CpuKernels, AdamwMatchesHandComputedPytorchStep) {
     EXPECT_NEAR(p, 0.95f - 0.1f, 1e-6);
     EXPECT_NEAR(m, 0.05f, 1e-7);
     EXPECT_NEAR(v, 0.0025f, 1e-8);
+}
+
+TEST(CpuKernels, Bf16RoundsToNearestEvenAndWidensExactly) {
+    auto bits = [](float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; };
+    auto from = [](uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; };
+    // 1 + 2^-8 lies exactly between bf16 neighbours 1 and 1 + 2^-7: ties go to the even one (1);
+    // 1 + 3*2^-8 lies between 1 + 2^-7 and 1 + 2^-6 and goes to the even 1 + 2^-6.
+    EXPECT_EQ(float_to_bf16(1.0f + 0x1p-8f), 0x3f80);
+    EXPECT_EQ(float_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);
+    EXPECT_EQ(float_to_bf16(from(0x3f808001)), 0x3f81);  // just above the tie: up
+    EXPECT_EQ(float_to_bf16(-2.5f), 0xc020);
+    EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::infinity()), 0x7f80);
+    EXPECT_EQ(float_to_bf16(from(0x7f7fffff)), 0x7f80);  // FLT_MAX rounds up to infinity
+    EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
+    EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(from(0x7f800001)))));  // NaN, not inf
+    // The backend's conversions are the same functions, element for element.
+    auto b = be();
+    auto x = randn(1000, 5);
+    x[3] = 1.0f + 0x1p-8f;
+    std::vector<bf16_bits> h(x.size());
+    std::vector<float> back(x.size());
+    b->to_bf16(h.data(), x.data(), x.size());
+    b->from_bf16(back.data(), h.data(), x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+        ASSERT_EQ(h[i], float_to_bf16(x[i])) << i;
+        ASSERT_EQ(bits(back[i]), uint32_t(h[i]) << 16) << i;
+        ASSERT_LE(std::abs(back[i] - x[i]), std::abs(x[i]) * 0x1p-8f) << i;  // half an ulp: 2^-8 relative
+    }
+}
+
+TEST(CpuKernels, Bf16GemmIsSgemmOnRoundedOperands) {
+    auto b = be();
+    const int M = 7, N = 5, K = 9, pad = 3;
+    for (int ta = 0; ta < 2; ++ta)
+        for (int tb = 0; tb < 2; ++tb) {
+            const int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+            const int lda = ac + pad, ldb = bc + pad, ldc = N + pad;
+            auto A = randn(size_t(ar) * lda, 10 + ta), B = randn(size_t(br) * ldb, 20 + tb);
+            std::vector<bf16_bits> Ab(A.size()), Bb(B.size());
+            std::vector<float> Ar(A.size()), Br(B.size());
+            for (size_t i = 0; i < A.size(); ++i) Ab[i] = float_to_bf16(A[i]), Ar[i] = round_bf16(A[i]);
+            for (size_t i = 0; i < B.size(); ++i) Bb[i] = float_to_bf16(B[i]), Br[i] = round_bf16(B[i]);
+            auto C0 = randn(size_t(M) * ldc, 30);
+            std::vector<float> C = C0, Cref = C0, Cfp32 = C0;
+            b->gemm_bf16(ta, tb, M, N, K, 0.5f, Ab.data(), lda, Bb.data(), ldb, 2.0f, C.data(), ldc);
+            b->gemm(ta, tb, M, N, K, 0.5f, Ar.data(), lda, Br.data(), ldb, 2.0f, Cref.data(), ldc);
+            b->gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 2.0f, Cfp32.data(), ldc);
+            EXPECT_EQ(0, std::memcmp(C.data(), Cref.data(), C.size() * 4)) << ta << tb;
+            // ... and really in bf16: the unrounded product differs by about 2^-9 relative.
+            double diff = 0;
+            for (size_t i = 0; i < C.size(); ++i) diff = std::max(diff, double(std::abs(C[i] - Cfp32[i])));
+            EXPECT_GT(diff, 1e-4) << ta << tb;
+            EXPECT_LT(diff, 0.1) << ta << tb;
+        }
 }
 
 }  // namespace

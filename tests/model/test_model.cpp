@@ -75,6 +75,51 @@ void check_model_gradient(bool tied, bool yarn) {
 TEST(Model, GradientMatchesFiniteDifferences) { check_model_gradient(false, false); }
 TEST(Model, GradientMatchesFiniteDifferencesTiedWithYarn) { check_model_gradient(true, true); }
 
+// train.precision = bf16: the same chunk with bf16 GEMM operands. Its loss and gradients follow
+// the fp32 ones to bf16's precision (8 bits of mantissa), yet really differ from them (the bf16
+// path is taken), and the weights the GEMMs read are the shadow, not the fp32 master.
+TEST(Model, Bf16FollowsFp32ToBf16Precision) {
+    for (bool tied : {false, true}) {
+        Tiny c(tied, false);
+        auto be = make_cpu_backend(1);
+        ParamTable table = make_param_table(c.m);
+        const int B = 2, T = 9, N = B * T;
+        quintet::MpiCommunicator self(MPI_COMM_SELF);
+        TensorParallel tp(self, false);
+        const ChunkPlan plan = stage_chunks(c.m.n_layers, 1, 1, 0, "")[0];
+        ModelChunk f32(*be, c.m, c.rope, table, plan, tp, B, T);
+        ModelChunk b16(*be, c.m, c.rope, table, plan, tp, B, T, Precision::bf16);
+        std::vector<float> params(table.total), g32(table.total, 0.0f), g16(table.total, 0.0f);
+        init_params(params.data(), table, c.m, c.init, 42, 0, table.total);
+        std::vector<bf16_bits> shadow(table.total);
+        be->to_bf16(shadow.data(), params.data(), table.total);
+        b16.set_bf16_weights(params.data(), shadow.data());
+        std::mt19937 g(3);
+        std::vector<int32_t> ids(N), tgt(N);
+        for (int i = 0; i < N; ++i) {
+            ids[i] = int32_t(g() % 17);
+            tgt[i] = int32_t(g() % 17);
+        }
+        double l32 = f32.forward_backward(params.data(), g32.data(), ids.data(), tgt.data(), 1.0f);
+        double l16 = b16.forward_backward(params.data(), g16.data(), ids.data(), tgt.data(), 1.0f);
+        EXPECT_NE(l16, l32);
+        EXPECT_NEAR(l16, l32, 1e-2 * std::abs(l32));
+        for (const auto& s : table.specs) {
+            double num = 0, den = 0;
+            for (size_t i = s.offset; i < s.offset + s.numel(); ++i) {
+                num += std::pow(double(g16[i]) - g32[i], 2);
+                den += std::pow(double(g32[i]), 2);
+            }
+            const double rel = std::sqrt(num / den);
+            EXPECT_LT(rel, 3e-2) << s.name << " tied=" << tied;
+            EXPECT_GT(rel, 1e-6) << s.name << " tied=" << tied << ": bf16 gives fp32's gradient";
+        }
+        // The GEMMs read the shadow: zeroing it (master untouched) changes the loss.
+        std::fill(shadow.begin(), shadow.end(), bf16_bits(0));
+        EXPECT_GT(std::abs(b16.forward_loss(params.data(), ids.data(), tgt.data()) - l16), 0.1);
+    }
+}
+
 TEST(Rope, YarnRampFollowsTheDesignFormula) {
     RopeConfig r;
     r.theta = 10000;

@@ -17,6 +17,9 @@ namespace quintet {
 
 enum class Device { cpu, cuda };
 
+// bf16 values are stored as their 16-bit patterns (the upper half of the fp32 pattern).
+using bf16_bits = uint16_t;
+
 class Backend {
 public:
     virtual ~Backend() = default;
@@ -39,6 +42,18 @@ public:
     // C[M,N] = alpha * op(A) op(B) + beta * C; op = transpose when the flag is set.
     virtual void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                       int lda, const float* B, int ldb, float beta, float* C, int ldc) = 0;
+
+    // ---- bf16 mixed precision (train.precision = bf16; docs/cuda.md "bf16") ----
+    virtual bf16_bits* alloc_bf16(size_t n) = 0;  // zero-filled
+    virtual void release_bf16(bf16_bits* p) = 0;
+    // dst[n] = round-to-nearest-even(src[n]) (NaN stays NaN); and the exact widening back.
+    virtual void to_bf16(bf16_bits* dst, const float* src, size_t n) = 0;
+    virtual void from_bf16(float* dst, const bf16_bits* src, size_t n) = 0;
+    // C[M,N] = alpha * op(A) op(B) + beta * C like gemm, with A and B bf16 and C fp32. Products
+    // of two bf16 values are exact in fp32, so any backend differs only in summation order.
+    virtual void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                           const bf16_bits* A, int lda, const bf16_bits* B, int ldb, float beta,
+                           float* C, int ldc) = 0;
 
     // ---- element-wise and row-wise kernels ----
     // out[N,C] = wte[ids[n], :]; ids[n] < 0 (a token of another rank's vocabulary shard) gives 0

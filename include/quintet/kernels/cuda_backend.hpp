@@ -13,9 +13,6 @@
 
 namespace quintet {
 
-// bf16 values are stored as their 16-bit patterns (the upper half of the fp32 pattern).
-using bf16_bits = uint16_t;
-
 class CudaBackend : public Backend {
 public:
     struct PoolStats {
@@ -39,20 +36,13 @@ public:
     virtual void set_tf32(bool on) = 0;
     virtual PoolStats pool_stats() const = 0;
 
-    // ---- bf16 building blocks (train.precision = bf16; see docs/cuda.md for what is wired) ----
-    virtual bf16_bits* alloc_bf16(size_t n) = 0;  // zero-filled
-    virtual void release_bf16(bf16_bits* p) = 0;
-    // dst[n] = round-to-nearest-even(src[n]); and the exact widening back to fp32.
-    virtual void to_bf16(bf16_bits* dst, const float* src, size_t n) = 0;
-    virtual void from_bf16(float* dst, const bf16_bits* src, size_t n) = 0;
+    // ---- bf16 extras (the core bf16 ops are Backend methods) ----
     // Host <-> device copies of bf16 arrays.
     virtual void to_host_bf16(bf16_bits* host, const bf16_bits* src, size_t n) = 0;
     virtual void from_host_bf16(bf16_bits* dst, const bf16_bits* host, size_t n) = 0;
-    // C[M,N] = alpha * op(A) op(B) + beta * C, row-major like Backend::gemm; A, B bf16, products
-    // and sums in fp32 (cuBLASLt, CUBLAS_COMPUTE_32F); C fp32, or bf16 (rounded once at the end).
-    virtual void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-                           const bf16_bits* A, int lda, const bf16_bits* B, int ldb, float beta,
-                           float* C, int ldc) = 0;
+    // Backend::gemm_bf16 on cuBLASLt (CUBLAS_COMPUTE_32F); this overload rounds C to bf16 once
+    // at the end.
+    using Backend::gemm_bf16;
     virtual void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                            const bf16_bits* A, int lda, const bf16_bits* B, int ldb, float beta,
                            bf16_bits* C, int ldc) = 0;

@@ -20,10 +20,17 @@
 
 namespace quintet {
 
+// fp32: everything in fp32. bf16 (docs/cuda.md "bf16"): every linear layer multiplies bf16
+// operands with fp32 accumulation -- a bf16 shadow of the fp32 master weights, and bf16
+// activations: the saved inputs of the linear layers are stored only in bf16; the residual
+// stream, norms' statistics, attention's softmax and the loss stay fp32; gradients are fp32.
+enum class Precision { fp32, bf16 };
+
 class ModelChunk {
 public:
     ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope, const ParamTable& table,
-               const ChunkPlan& plan, TensorParallel& tp, int B, int T);
+               const ChunkPlan& plan, TensorParallel& tp, int B, int T,
+               Precision precision = Precision::fp32);
     ~ModelChunk();
     ModelChunk(const ModelChunk&) = delete;
     ModelChunk& operator=(const ModelChunk&) = delete;
@@ -44,6 +51,12 @@ public:
                             const int32_t* targets, float grad_scale);
     double forward_loss(const float* params, const int32_t* ids, const int32_t* targets);
 
+    // bf16 only: the weights the GEMMs read are shadow[i] = bf16(master[i]) for the arena
+    // `master` (the caller refreshes the shadow after every optimizer step). forward/backward
+    // must then be given params == master.
+    void set_bf16_weights(const float* master, const bf16_bits* shadow);
+    Precision precision() const { return bf16_ ? Precision::bf16 : Precision::fp32; }
+
     int add_slot();                      // allocates one more slot; returns its index
     int slots() const { return int(slots_.size()); }
     float* input(int s) { return slots_[s].res[0]; }        // [Nr, C] from the previous stage
@@ -56,17 +69,41 @@ public:
     const ModelDims& dims() const { return d_; }
 
 private:
+    // A saved input of a linear layer: fp32 (f) or, in bf16 mode, bf16 only (b).
+    struct Act {
+        float* f = nullptr;
+        bf16_bits* b = nullptr;
+    };
+    // A GEMM operand: its fp32 form (fp32 mode) or its bf16 form (bf16 mode).
+    struct Mat {
+        const float* f = nullptr;
+        const bf16_bits* b = nullptr;
+    };
     struct Layer {  // saved for backward, per layer
-        float *rstd1, *xn1, *qkv, *att, *lse, *h, *rstd2, *xn2, *gu, *act;
+        float *rstd1, *qkv, *lse, *h, *rstd2, *gu;
+        Act xn1, att, xn2, act;
     };
     struct Slot {
         std::vector<float*> res;  // res[i]: input of layer i; res[n_layers]: chunk output
         std::vector<Layer> layers;
-        float *rstd_f = nullptr, *xf = nullptr, *logits = nullptr;  // last chunk
+        float *rstd_f = nullptr, *logits = nullptr;  // last chunk
+        Act xf;
         float *dout = nullptr, *dres = nullptr;
         int32_t* ids = nullptr;   // [N] the microbatch's local ids (first chunk: the embedding backward)
     };
     float* buf(size_t n, bool per_slot);
+    bf16_bits* buf_bf16(size_t n, bool per_slot);
+    Act act_buf(size_t n);  // per slot, in this chunk's precision
+    // Where a kernel writes a value to be saved as `a`: a.f, or fp32 scratch to be kept by keep().
+    float* produce(const Act& a, float* scratch) const { return bf16_ ? scratch : a.f; }
+    void keep(const Act& a, const float* scratch, size_t n);
+    Mat local(const Act& a) const { return {a.f, a.b}; }
+    Mat gathered(const Act& a, size_t rows, size_t C);  // tp_.gather in the stored precision
+    Mat lowp(const float* x, size_t n);                 // x, as a GEMM operand (bf16: into lowp_)
+    Mat weight(const float* w) const { return {w, bf16_ ? shadow_ + (w - master_) : nullptr}; }
+    // C[M,N] = op(A) op(B) + beta * C in the chunk's precision.
+    void mm(bool ta, bool tb, int M, int N, int K, Mat A, int lda, Mat B, int ldb, float beta,
+            float* C, int ldc);
     // Views of the arenas, rebuilt only when the caller passes another arena (never in the
     // steady state: building one allocates and looks tensors up by name).
     const ChunkView& view(ChunkView& cache, const float*& cached_base, const float* base);
@@ -89,6 +126,11 @@ private:
     float *full_a_, *full_b_;           // [N, C] gathered rows / partial sums before reduction
     float *datt_, *dqkv_, *dgu_, *dact_, *dshard_;
     std::vector<float*> owned_;
+    std::vector<bf16_bits*> owned_bf16_;
+    bool bf16_ = false;
+    const float* master_ = nullptr;       // bf16: the fp32 arena the shadow mirrors
+    const bf16_bits* shadow_ = nullptr;
+    bf16_bits *lowp_ = nullptr, *gather_bf16_ = nullptr;  // bf16 scratch: operands, SP gathers
     size_t slot_floats_ = 0;
     ChunkView wview_, gview_;
     const float *wbase_ = nullptr, *gbase_ = nullptr;

@@ -10,6 +10,7 @@
 #include <cstddef>
 
 #include "quintet/comm/communicator.hpp"
+#include "quintet/kernels/backend.hpp"
 
 namespace quintet {
 
@@ -29,6 +30,9 @@ public:
     // collective over tp. SP only: full[rows, C] = rows of every rank's shard[rows/tp, C] in
     // rank order. Without SP returns `shard` untouched (it already is the full tensor).
     const float* gather(const float* shard, float* full, size_t rows, size_t C);
+    // The same for bf16 rows (train.precision = bf16): moved bit for bit as pairs packed in
+    // 32-bit words, so shard rows * C must be even (it is: C = heads * head_dim, head_dim even).
+    const bf16_bits* gather(const bf16_bits* shard, bf16_bits* full, size_t rows, size_t C);
     // collective over tp: all-reduce (vocab-parallel statistics, small).
     void all_reduce_sum(float* x, size_t n);
     void all_reduce_max(float* x, size_t n);

@@ -68,6 +68,8 @@ private:
     std::vector<Action> actions_;
     Sampler sampler_;
     float *params_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr, *gshard_ = nullptr;
+    bf16_bits* params_bf16_ = nullptr;  // train.precision = bf16: the GEMMs' copy of params_
+    void refresh_bf16_weights();        // params_bf16_ = bf16(params_), after every update
     float* recv_stage_ = nullptr;  // [Nr, C] the pre-posted pipeline receive lands here
     bool host_arena_ = true;       // arenas are host memory (CPU backend): no staging for I/O
     size_t opt_size_ = 0, opt_base_ = 0;

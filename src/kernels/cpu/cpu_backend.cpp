@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "quintet/core/bf16.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/kernels/backend.hpp"
 
@@ -76,6 +77,31 @@ public:
               const float* B, int ldb, float beta, float* C, int ldc) override {
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                     M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    }
+
+    // bf16 on the CPU exists to run the mixed-precision model path (and check its numerics) on
+    // machines without a GPU: this CPU has no bf16 arithmetic, so gemm_bf16 widens its operands
+    // into scratch (grown once, reused) and runs sgemm -- exact products, fp32 sums, like a
+    // tensor core; slower than fp32, not faster.
+    bf16_bits* alloc_bf16(size_t n) override {
+        return static_cast<bf16_bits*>(std::calloc(std::max<size_t>(n, 1), sizeof(bf16_bits)));
+    }
+    void release_bf16(bf16_bits* p) override { std::free(p); }
+    void to_bf16(bf16_bits* dst, const float* src, size_t n) override {
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+        for (size_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
+    }
+    void from_bf16(float* dst, const bf16_bits* src, size_t n) override {
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+        for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
+    }
+    void gemm_bf16(bool ta, bool tb, int M, int N, int K, float alpha, const bf16_bits* A, int lda,
+                   const bf16_bits* B, int ldb, float beta, float* C, int ldc) override {
+        // op(A) is M x K: stored rows x cols = (ta ? K x M : M x K); likewise B.
+        const float* a = widen(wide_a_, A, ta ? K : M, ta ? M : K, lda);
+        const float* b = widen(wide_b_, B, tb ? N : K, tb ? K : N, ldb);
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    M, N, K, alpha, a, ta ? M : K, b, tb ? K : N, beta, C, ldc);
     }
 
     void embedding_forward(float* out, const int32_t* ids, const float* wte, int N, int C) override {
@@ -309,6 +335,18 @@ public:
     }
 
 private:
+    // rows x cols of a bf16 matrix with leading dimension ld, widened into dense fp32 scratch.
+    const float* widen(std::vector<float>& buf, const bf16_bits* x, int rows, int cols, int ld) {
+        const size_t n = size_t(rows) * cols;
+        if (buf.size() < n) buf.resize(n);  // grows during the first step only
+        float* out = buf.data();
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+        for (int r = 0; r < rows; ++r)
+            for (int c = 0; c < cols; ++c) out[size_t(r) * cols + c] = bf16_to_float(x[size_t(r) * ld + c]);
+        return out;
+    }
+    std::vector<float> wide_a_, wide_b_;
+
     void rope_apply(float* x, const float* cs, const float* sn, int N, int T, int nh, int HD,
                     int stride, float sign) {
         const int half = HD / 2;

@@ -125,5 +125,22 @@ void MpiCommunicator::broadcast(void* buf, size_t bytes, int root) const {
     QUINTET_MPI(MPI_Bcast(buf, int(bytes), MPI_BYTE, root, comm_));
 }
 void MpiCommunicator::barrier() const { QUINTET_MPI(MPI_Barrier(comm_)); }
+int MpiCommunicator::iall_reduce_sum(float* buf, size_t n) const {
+    QUINTET_CHECK(n <= size_t(INT_MAX), "iall_reduce_sum: more than 2^31-1 floats in one bucket");
+    reductions_.push_back(MPI_REQUEST_NULL);
+    QUINTET_MPI(MPI_Iallreduce(MPI_IN_PLACE, buf, int(n), MPI_FLOAT, MPI_SUM, comm_, &reductions_.back()));
+    return int(reductions_.size()) - 1;
+}
+void MpiCommunicator::wait_reduce(int h) const {
+    QUINTET_MPI(MPI_Wait(&reductions_[size_t(h)], MPI_STATUS_IGNORE));
+    for (MPI_Request r : reductions_)
+        if (r != MPI_REQUEST_NULL) return;
+    reductions_.clear();  // all done: handles restart at 0 (capacity kept: no allocation)
+}
+void MpiCommunicator::progress() const {
+    int done = 0;
+    for (MPI_Request& r : reductions_)
+        if (r != MPI_REQUEST_NULL) QUINTET_MPI(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
+}
 
 }  // namespace quintet

@@ -142,6 +142,7 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("parallel.virtual_stages", &p.virtual_stages, 1, 1 << 20, "layer chunks per stage (interleaved)"),
         opt_string("parallel.pp_layers", &p.pp_layers, "layers per stage as a comma list; empty = even split"),
         opt_double("parallel.bucket_mb", &p.bucket_mb, 0, 1e6, "DP gradient bucket size in MiB", true),
+        opt_bool("parallel.overlap_dp", &p.overlap_dp, "start each DP bucket's all-reduce during the backward, once its gradients are final (not with zero = 1)"),
         opt_string("data.path", &da.path, "token file made by `quintet prepare` (HDF5, /tokens)"),
         opt_int("data.seq_len", &da.seq_len, 1, 1 << 24, "sequence length T"),
         opt_int("data.micro_batch_size", &da.micro_batch_size, 1, 1 << 20, "samples per microbatch B"),

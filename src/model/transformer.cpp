@@ -224,7 +224,7 @@ double ModelChunk::forward(int si, const float* params, const int32_t* ids, cons
     return sum;
 }
 
-void ModelChunk::backward(int si, const float* params, float* grads) {
+void ModelChunk::backward(int si, const float* params, float* grads, GradReadyHook* hook) {
     const int N = N_, Nr = Nr_, C = d_.C, F = d_.Fl, QKV = d_.qkv_local(), NH = d_.NHl,
               NKV = d_.NKVl, HD = d_.HD;
     const int A = NH * HD;
@@ -233,6 +233,9 @@ void ModelChunk::backward(int si, const float* params, float* grads) {
     const ChunkView& w = view(wview_, wbase_, params);
     const ChunkView& g = view(gview_, gbase_, grads);
     float* dres = s.dres;  // dL/d(residual stream), this rank's rows
+    auto done = [&](float* gt, size_t n) {
+        if (hook) hook->ready(gt, n);
+    };
     if (plan_.last) {
         const int Vl = d_.Vl();
         // s.logits holds grad_scale * dL/dlogits (written by the loss).
@@ -242,6 +245,9 @@ void ModelChunk::backward(int si, const float* params, float* grads) {
         const float* dxf = tp_.reduce(full_b_, dshard_, N, C);
         be_.zero(dres, size_t(Nr) * C);
         be_.rmsnorm_backward(dres, g.norm, dxf, s.res.back(), w.norm, s.rstd_f, Nr, C);
+        // A head tied to this chunk's own embedding completes only with the embedding backward.
+        if (!(d_.tied && plan_.first)) done(g.head, size_t(Vl) * C);
+        done(g.norm, C);
     } else {
         be_.copy(dres, s.dout, size_t(Nr) * C);
     }
@@ -260,6 +266,9 @@ void ModelChunk::backward(int si, const float* params, float* grads) {
         mm(true, false, 2 * F, C, N, dgu, 2 * F, gathered(l.xn2, N, C), C, 1.0f, gp.wgu, C);
         mm(false, false, N, C, 2 * F, dgu, 2 * F, weight(p.wgu), C, 0.0f, full_b_, C);
         be_.rmsnorm_backward(dres, gp.ln2, tp_.reduce(full_b_, dshard_, N, C), l.h, p.ln2, l.rstd2, Nr, C);
+        done(gp.wdown, size_t(C) * F);
+        done(gp.wgu, size_t(2) * F * C);
+        done(gp.ln2, C);
         // Attention branch.
         Mat Dh = lowp(tp_.gather(dres, full_a_, N, C), size_t(N) * C);
         mm(false, false, N, A, C, Dh, C, weight(p.wo), A, 0.0f, datt_, A);
@@ -278,10 +287,14 @@ void ModelChunk::backward(int si, const float* params, float* grads) {
         mm(false, false, N, C, QKV, dqkv, QKV, weight(p.wqkv), C, 0.0f, full_b_, C);
         be_.rmsnorm_backward(dres, gp.ln1, tp_.reduce(full_b_, dshard_, N, C), s.res[i], p.ln1,
                              l.rstd1, Nr, C);
+        done(gp.wo, size_t(C) * A);
+        done(gp.wqkv, size_t(QKV) * C);
+        done(gp.ln1, C);
     }
     if (plan_.first) {
         const float* D = tp_.gather(dres, full_a_, N, C);
         be_.embedding_backward(g.wte, D, s.ids, N, C, d_.Vl());
+        done(g.wte, size_t(d_.Vl()) * C);
     }
 }
 

@@ -119,6 +119,10 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
     Range own = dp_->owned();
     opt_size_ = dp_->zero() ? dp_->shard_size() : table_.total;
     opt_base_ = dp_->zero() ? own.lo : 0;
+    overlap_ = deck.parallel.overlap_dp && !dp_->zero() && grid.dp().size() > 1;
+    overlap_hook_.t = this;
+    synced_.assign(table_.specs.size(), 0);
+    for (size_t i = 0; i < table_.specs.size(); ++i) spec_at_offset_[table_.specs[i].offset] = i;
     m_ = be_.alloc(opt_size_);
     v_ = be_.alloc(opt_size_);
     if (dp_->zero()) gshard_ = be_.alloc(dp_->shard_size());
@@ -138,6 +142,7 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
     pending_.assign(nc, {});
     in_flight_.assign(nc, 0);
     peak_in_flight_.assign(nc, 0);
+    backwards_left_.assign(nc, 0);
     ids_.resize(size_t(dc.micro_batch_size) * dc.seq_len);
     tgt_.resize(ids_.size());
     // Layout-invariant init: each element is a function of (seed, name, logical index) only.
@@ -206,6 +211,8 @@ void Trainer::run_schedule(int64_t s, StepStats& st, double& loss_sum) {
     const float grad_scale = float(1.0 / (double(gb) * T));
     const Communicator& comm = *comms_.pp;
     for (auto& slots : slot_of_mb_) std::fill(slots.begin(), slots.end(), -1);
+    std::vector<int>& backwards_left = backwards_left_;  // per chunk, this step
+    std::fill(backwards_left.begin(), backwards_left.end(), p.microbatches);
     char what[96];
     // Receives are posted one ahead into a staging buffer: the next message can land while this
     // stage computes, and no activation slot is taken before the schedule needs it.
@@ -258,7 +265,10 @@ void Trainer::run_schedule(int64_t s, StepStats& st, double& loss_sum) {
                 comm.isend(chunk.output(slot), n, schedule_peer(pp, v, stage, a).stage, kTagFwd));
             break;
         case Op::backward:
-            chunk.backward(slot, params_, grads_);
+            // The chunk's last backward of the step finalises its gradients: with overlap, the
+            // DP reduction of each bucket starts as soon as the bucket is complete.
+            chunk.backward(slot, params_, grads_,
+                           overlap_ && --backwards_left[a.chunk] == 0 ? &overlap_hook_ : nullptr);
             free_slots_[a.chunk].push_back(slot);  // reused only after its sends complete
             --in_flight_[a.chunk];
             break;
@@ -275,9 +285,31 @@ void Trainer::run_schedule(int64_t s, StepStats& st, double& loss_sum) {
         }
 }
 
-// Gradients of tensors replicated beyond dp are completed before the dp reduction.
+void Trainer::OverlapHook::ready(float* g, size_t n) {
+    // [g, g+n) may span several specs (fused q|k|v, gate|up), each with its own sync rule; the
+    // table's specs lie in arena order, back to back.
+    const size_t lo = size_t(g - t->grads_), hi = lo + n;
+    for (size_t i = t->spec_at_offset_.at(lo); i < t->table_.specs.size(); ++i) {
+        const ParamSpec& s = t->table_.specs[i];
+        if (s.offset >= hi) break;
+        float* gs = t->grads_ + s.offset;
+        switch (s.sync) {
+        case GradSync::none: break;
+        case GradSync::tp: t->tp_.all_reduce_sum(gs, s.numel()); break;  // tp ranks are here too
+        case GradSync::kv_group: t->comms_.kv_group->all_reduce_sum(gs, s.numel()); break;
+        case GradSync::tied: continue;  // completed after the schedule; its bucket waits
+        }
+        t->synced_[i] = 1;
+        t->dp_->ready(s.offset, s.offset + s.numel());
+    }
+}
+
+// Gradients of tensors replicated beyond dp are completed before the dp reduction (those the
+// overlap hook has not completed already).
 void Trainer::sync_replicated_grads() {
-    for (const auto& s : table_.specs) {
+    for (size_t i = 0; i < table_.specs.size(); ++i) {
+        const ParamSpec& s = table_.specs[i];
+        if (synced_[i]) continue;
         float* g = grads_ + s.offset;
         switch (s.sync) {
         case GradSync::none: break;
@@ -332,12 +364,19 @@ StepStats Trainer::step(int64_t s) {
     tp_.reset_stats();
     double t0 = now_s();
     be_.zero(grads_, dp_->padded());
+    std::fill(synced_.begin(), synced_.end(), 0);
+    if (overlap_) dp_->begin_overlap(grads_);
     double loss_sum = 0.0;
     run_schedule(s, st, loss_sum);
     double t1 = now_s();
     sync_replicated_grads();
     double t2 = now_s();
-    dp_->reduce_grads(grads_, gshard_);
+    if (overlap_) {
+        st.dp_early = double(dp_->buckets_started_early());
+        dp_->finish_overlap();
+    } else {
+        dp_->reduce_grads(grads_, gshard_);
+    }
     grid_.pp().all_reduce_sum(&loss_sum, 1);  // only the last stage has the loss
     loss_sum = dp_->sum(loss_sum);
     double t3 = now_s();
@@ -510,7 +549,7 @@ int Trainer::run() {
             metrics->append("/timing", {{"pipeline", st.t_pipeline}, {"pipeline_wait", st.t_wait},
                                         {"replica_sync", st.t_sync}, {"dp_reduce", st.t_dp},
                                         {"optimizer", st.t_optim}, {"tp_comm", st.t_tp},
-                                        {"tp_bytes", st.tp_bytes}});
+                                        {"tp_bytes", st.tp_bytes}, {"dp_buckets_overlapped", st.dp_early}});
             std::vector<std::pair<std::string, double>> row;
             for (int i = 0; i < pp; ++i) {
                 row.emplace_back("stage" + std::to_string(i) + "_idle_fraction", idle[i]);

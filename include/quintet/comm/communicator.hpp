@@ -41,6 +41,19 @@ public:
     virtual int irecv(float* buf, size_t n, int peer, int tag) const;
     virtual void wait_recv(int handle, double timeout_s = 0, const char* what = "recv") const;
 
+    // Non-blocking in-place sum (the DP gradient buckets that overlap the backward): started
+    // now, complete once wait_reduce(handle) returns; `buf` is not touched by the caller
+    // meanwhile. Every rank starts them in the same order. The default reduces at once
+    // (correct, without overlap); MPI uses MPI_Iallreduce, NCCL the comm stream.
+    virtual int iall_reduce_sum(float* buf, size_t n) const {
+        all_reduce_sum(buf, n);
+        return -1;
+    }
+    virtual void wait_reduce(int handle) const { (void)handle; }
+    // Lets started operations advance while the caller computes (MPI moves data only inside
+    // its calls, unless it runs a progress thread).
+    virtual void progress() const {}
+
 private:
     struct DeferredRecv {
         float* buf;

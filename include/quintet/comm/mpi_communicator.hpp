@@ -42,6 +42,9 @@ public:
     void wait_recv(int handle, double timeout_s = 0, const char* what = "recv") const override;
     void broadcast(void* buf, size_t bytes, int root) const override;
     void barrier() const override;
+    int iall_reduce_sum(float* buf, size_t n) const override;
+    void wait_reduce(int handle) const override;
+    void progress() const override;
 
 private:
     MPI_Comm comm_;
@@ -49,6 +52,9 @@ private:
     int new_handle() const;
     mutable std::vector<MPI_Request> requests_;  // isend/irecv handles index this
     mutable std::vector<int> peer_of_;           // source rank of each irecv handle
+    // iall_reduce_sum handles index this (apart from requests_: progress() completes these
+    // requests, and a completed slot of requests_ may be handed to the next isend)
+    mutable std::vector<MPI_Request> reductions_;
 };
 
 }  // namespace quintet

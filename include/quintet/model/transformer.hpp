@@ -26,6 +26,13 @@ namespace quintet {
 // stream, norms' statistics, attention's softmax and the loss stay fp32; gradients are fp32.
 enum class Precision { fp32, bf16 };
 
+// Told, during a backward, that a parameter gradient g[0, n) in the gradient arena is final for
+// this step, so its data-parallel reduction can start while the backward goes on.
+struct GradReadyHook {
+    virtual ~GradReadyHook() = default;
+    virtual void ready(float* g, size_t n) = 0;
+};
+
 class ModelChunk {
 public:
     ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope, const ParamTable& table,
@@ -44,7 +51,8 @@ public:
     // Backward of the microbatch in `slot`: the last chunk starts from its saved dlogits, the
     // others from grad_output(slot). Parameter gradients accumulate into `grads`; the first chunk
     // ends in the embedding, the others leave grad_input(slot) for the previous stage.
-    void backward(int slot, const float* params, float* grads);
+    // `hook` (the step's last microbatch only) is told of each tensor as its gradient completes.
+    void backward(int slot, const float* params, float* grads, GradReadyHook* hook = nullptr);
 
     // Convenience for a chunk that is the whole model (tests, tp-only layouts).
     double forward_backward(const float* params, float* grads, const int32_t* ids,

@@ -17,6 +17,7 @@ struct ParallelConfig {
     int virtual_stages = 1;
     std::string pp_layers = "";
     double bucket_mb = 25.0;     // DP gradient bucket size in MiB
+    bool overlap_dp = true;      // bucket all-reduces overlap the backward (all-reduce mode)
 };
 
 struct DataConfig {

@@ -5,6 +5,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "quintet/kernels/backend.hpp"
@@ -30,6 +31,7 @@ struct DeviceComms {
 struct StepStats {
     double loss = 0, lr = 0, grad_norm = 0, step_time = 0;
     double t_pipeline = 0, t_wait = 0, t_sync = 0, t_dp = 0, t_optim = 0;
+    double dp_early = 0;  // DP buckets whose reduction started during the backward
     double t_tp = 0, tp_bytes = 0;
 };
 
@@ -47,6 +49,18 @@ public:
 private:
     void run_schedule(int64_t s, StepStats& st, double& loss_sum);
     void sync_replicated_grads();
+    // parallel.overlap_dp: the hook the last microbatch's backward reports final gradients to.
+    // It completes a replicated tensor's gradient over tp (or its kv group) at once and hands
+    // the range to DataParallel; tied embeddings wait for sync_replicated_grads after the
+    // schedule (their partner stage finishes later).
+    struct OverlapHook final : GradReadyHook {
+        Trainer* t = nullptr;
+        void ready(float* g, size_t n) override;
+    };
+    OverlapHook overlap_hook_;
+    bool overlap_ = false;
+    std::unordered_map<size_t, size_t> spec_at_offset_;  // arena offset -> index in table_.specs
+    std::vector<char> synced_;                           // per spec: replica sync done this step
     double grad_norm();
     void save_checkpoint(int64_t step);
     void resume_if_asked();
@@ -77,7 +91,7 @@ private:
     // executor state: per chunk, free slots, the slot of each microbatch, sends in flight per slot
     std::vector<std::vector<int>> free_slots_, slot_of_mb_;
     std::vector<std::vector<std::vector<int>>> pending_;
-    std::vector<int> in_flight_, peak_in_flight_;
+    std::vector<int> in_flight_, peak_in_flight_, backwards_left_;
     double p2p_timeout_s_ = 600;
     int64_t start_step_ = 0, tokens_seen_ = 0;
     double peak_flops_ = 0, flops_per_token_ = 0;

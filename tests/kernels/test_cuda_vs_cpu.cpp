@@ -422,9 +422,23 @@ TEST_F(CudaVsCpu, Bf16ConversionsAndGemm) {
 }
 
 // The whole model (one ModelChunk, tp = 1) trained for 20 AdamW steps on each backend from the
-// same initial parameters: the loss curves agree to 1e-4 relative (issue 5's fp32 criterion),
-// and the first step's gradients to 1e-4 per tensor.
-TEST_F(CudaVsCpu, TransformerTwentyStepsMatchCpu) {
+// same initial parameters. fp32: the loss curves agree to 1e-4 relative (issue 5's fp32
+// criterion), the first step's gradients to 1e-4 per tensor. bf16 (both backends in bf16, each
+// refreshing its bf16 weights after every step): a different fp32 summation order can move a
+// GEMM output to the other bf16 neighbour (2^-8), so 2e-3 on the losses and 2e-2 on the
+// gradients; and the GPU's bf16 curve stays within 2% of the CPU's fp32 one (issue 5).
+float* to_device(CudaBackend& gpu, const std::vector<float>& h) {
+    float* p = gpu.alloc(h.size());
+    gpu.from_host(p, h.data(), h.size());
+    return p;
+}
+std::vector<float> to_host(CudaBackend& gpu, const float* d, size_t n) {
+    std::vector<float> h(n);
+    gpu.to_host(h.data(), d, n);
+    return h;
+}
+
+void twenty_steps(Backend& cpu, CudaBackend& gpu, Precision prec) {
     ModelConfig m;
     m.vocab_size = 61;
     m.d_model = 32;
@@ -436,16 +450,27 @@ TEST_F(CudaVsCpu, TransformerTwentyStepsMatchCpu) {
     InitConfig init;
     init.std = 0.1;
     const int B = 2, T = 40, N = B * T;  // T crosses the GPU's 32-row attention tiles
+    const bool bf16 = prec == Precision::bf16;
+    const double loss_tol = bf16 ? 2e-3 : 1e-4, grad_tol = bf16 ? 2e-2 : 1e-4;
     ParamTable table = make_param_table(m);
     MpiCommunicator self(MPI_COMM_SELF);
     TensorParallel tp(self, false);
     const ChunkPlan plan = stage_chunks(m.n_layers, 1, 1, 0, "")[0];
-    ModelChunk model_c(*cpu_, m, rope, table, plan, tp, B, T);
-    ModelChunk model_g(*gpu_, m, rope, table, plan, tp, B, T);
+    ModelChunk model_c(cpu, m, rope, table, plan, tp, B, T, prec);
+    ModelChunk model_g(gpu, m, rope, table, plan, tp, B, T, prec);
+    ModelChunk model_ref(cpu, m, rope, table, plan, tp, B, T);  // fp32 on the CPU
 
     std::vector<float> p(table.total), gr(table.total), mo(table.total, 0.0f), ve(table.total, 0.0f);
     init_params(p.data(), table, m, init, 42, 0, table.total);
-    float *dp = dev(p), *dg = dev(std::vector<float>(table.total)), *dm = dev(mo), *dv = dev(ve);
+    std::vector<float> pr = p, grr(table.total), mor = mo, ver = ve;
+    float *dp = to_device(gpu, p), *dg = to_device(gpu, std::vector<float>(table.total)),
+          *dm = to_device(gpu, mo), *dv = to_device(gpu, ve);
+    std::vector<bf16_bits> shadow_c(table.total);
+    bf16_bits* shadow_g = gpu.alloc_bf16(table.total);
+    if (bf16) {
+        model_c.set_bf16_weights(p.data(), shadow_c.data());
+        model_g.set_bf16_weights(dp, shadow_g);
+    }
     std::mt19937 g(3);
     for (int step = 1; step <= 20; ++step) {
         std::vector<int32_t> ids(N), tgt(N);
@@ -453,26 +478,40 @@ TEST_F(CudaVsCpu, TransformerTwentyStepsMatchCpu) {
             ids[i] = int32_t(g() % 61);
             tgt[i] = int32_t((ids[i] * 7 + 3) % 61);  // learnable
         }
+        if (bf16) {
+            cpu.to_bf16(shadow_c.data(), p.data(), table.total);
+            gpu.to_bf16(shadow_g, dp, table.total);
+        }
         std::fill(gr.begin(), gr.end(), 0.0f);
-        gpu_->zero(dg, table.total);
+        std::fill(grr.begin(), grr.end(), 0.0f);
+        gpu.zero(dg, table.total);
         const double lc = model_c.forward_backward(p.data(), gr.data(), ids.data(), tgt.data(), 1.0f / N);
         const double lg = model_g.forward_backward(dp, dg, ids.data(), tgt.data(), 1.0f / N);
-        ASSERT_NEAR(lg, lc, 1e-4 * std::abs(lc)) << "step " << step;
+        const double lr = model_ref.forward_backward(pr.data(), grr.data(), ids.data(), tgt.data(), 1.0f / N);
+        ASSERT_NEAR(lg, lc, loss_tol * std::abs(lc)) << "step " << step;
+        ASSERT_NEAR(lg, lr, 0.02 * std::abs(lr)) << "step " << step << " against fp32";
         if (step == 1) {
-            auto gg = host(dg, table.total);
+            auto gg = to_host(gpu, dg, table.total);
             for (const auto& s : table.specs) {
                 std::vector<float> a(gg.begin() + s.offset, gg.begin() + s.offset + s.numel());
                 std::vector<float> b(gr.begin() + s.offset, gr.begin() + s.offset + s.numel());
-                EXPECT_LT(rel_err(a, b), 1e-4) << s.name;
+                EXPECT_LT(rel_err(a, b), grad_tol) << s.name;
             }
         }
         const float b1 = 0.9f, b2 = 0.95f;
         const float bc1 = 1.0f - std::pow(b1, float(step)), bc2 = 1.0f - std::pow(b2, float(step));
-        cpu_->adamw(p.data(), gr.data(), mo.data(), ve.data(), table.total, 1e-3f, b1, b2, 1e-8f,
-                    0.0f, bc1, bc2);
-        gpu_->adamw(dp, dg, dm, dv, table.total, 1e-3f, b1, b2, 1e-8f, 0.0f, bc1, bc2);
+        cpu.adamw(p.data(), gr.data(), mo.data(), ve.data(), table.total, 1e-3f, b1, b2, 1e-8f,
+                  0.0f, bc1, bc2);
+        cpu.adamw(pr.data(), grr.data(), mor.data(), ver.data(), table.total, 1e-3f, b1, b2, 1e-8f,
+                  0.0f, bc1, bc2);
+        gpu.adamw(dp, dg, dm, dv, table.total, 1e-3f, b1, b2, 1e-8f, 0.0f, bc1, bc2);
     }
+    gpu.release_bf16(shadow_g);
+    for (float* x : {dp, dg, dm, dv}) gpu.release(x);
 }
+
+TEST_F(CudaVsCpu, TransformerTwentyStepsMatchCpu) { twenty_steps(*cpu_, *gpu_, Precision::fp32); }
+TEST_F(CudaVsCpu, TransformerTwentyStepsBf16) { twenty_steps(*cpu_, *gpu_, Precision::bf16); }
 
 #ifdef QUINTET_WITH_NCCL
 TEST_F(CudaVsCpu, NcclCommunicatorOnOneRank) {

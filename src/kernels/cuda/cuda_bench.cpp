@@ -29,13 +29,15 @@ namespace {
 
 struct Options {
     std::string presets = "small,medium";
+    std::string precisions = "bf16,fp32";
     int batch = 8, seq = 1024, steps = 10, gemm_size = 4096;
     double peak_tflops = 989.0;  // H100/H200 SXM bf16 dense
     bool gemm = true;
 };
 
 const char* kUsage =
-    "usage: quintet_cuda_bench [--presets small,medium] [--batch 8] [--seq 1024] [--steps 10]\n"
+    "usage: quintet_cuda_bench [--presets small,medium] [--precisions bf16,fp32] [--batch 8]\n"
+    "                          [--seq 1024] [--steps 10]\n"
     "                          [--gemm_size 4096] [--no_gemm] [--peak_tflops 989] [--device 0]\n";
 
 double now_s() {
@@ -88,7 +90,11 @@ void bench_gemm(CudaBackend& be, int n, const Options&) {
     be.release_bf16(ch);
 }
 
-void bench_model(CudaBackend& be, const std::string& preset, const Options& o) {
+void bench_model(CudaBackend& be, const std::string& preset, const std::string& precision,
+                 const Options& o) {
+    if (precision != "fp32" && precision != "bf16")
+        throw ConfigError("quintet_cuda_bench: unknown precision '" + precision + "' (valid: fp32, bf16)");
+    const Precision prec = precision == "bf16" ? Precision::bf16 : Precision::fp32;
     ModelConfig m;
     if (preset == "small") {  // GPT-2-small-like: ~124M matmul parameters
         m.d_model = 768;
@@ -124,7 +130,12 @@ void bench_model(CudaBackend& be, const std::string& preset, const Options& o) {
 
     MpiCommunicator self(MPI_COMM_SELF);
     TensorParallel tp(self, false);
-    ModelChunk model(be, m, rope, table, stage_chunks(m.n_layers, 1, 1, 0, "")[0], tp, B, T);
+    ModelChunk model(be, m, rope, table, stage_chunks(m.n_layers, 1, 1, 0, "")[0], tp, B, T, prec);
+    bf16_bits* shadow = nullptr;  // the trainer's bf16 copy of the weights, refreshed every step
+    if (prec == Precision::bf16) {
+        shadow = be.alloc_bf16(table.total);
+        model.set_bf16_weights(params, shadow);
+    }
     std::mt19937 g(7);
     std::vector<int32_t> ids(N), tgt(N);
     for (int i = 0; i < N; ++i) {
@@ -135,6 +146,7 @@ void bench_model(CudaBackend& be, const std::string& preset, const Options& o) {
     auto train_step = [&] {
         ++step;
         be.zero(grads, table.total);
+        if (shadow) be.to_bf16(shadow, params, table.total);
         double loss = model.forward_backward(params, grads, ids.data(), tgt.data(), 1.0f / N);
         const float bc1 = 1.0f - std::pow(0.9f, float(step)), bc2 = 1.0f - std::pow(0.95f, float(step));
         be.adamw(params, grads, mom1, mom2, table.total, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, bc1, bc2);
@@ -161,11 +173,11 @@ void bench_model(CudaBackend& be, const std::string& preset, const Options& o) {
         6.0 * P + 6.0 * d.L * double(T) * d.NH * double(2 * d.HD);  // DESIGN §2 (PaLM)
     const double tps = double(N) / dt;
     const double tflops = tps * flops_per_token / 1e12;
-    std::printf("model preset=%s params=%zu matmul_params=%zu B=%d T=%d steps=%d step_ms=%.1f "
+    std::printf("model preset=%s precision=%s params=%zu matmul_params=%zu B=%d T=%d steps=%d step_ms=%.1f "
                 "fwd_ms=%.1f tokens_per_s=%.0f model_tflops=%.2f mfu=%.4f peak_tflops=%.0f "
                 "loss_first=%.4f loss_last=%.4f finite=%d steady_state_mallocs=%zu "
                 "activation_gib=%.2f\n",
-                preset.c_str(), table.total, table.matmul_params, B, T, o.steps, dt * 1e3,
+                preset.c_str(), precision.c_str(), table.total, table.matmul_params, B, T, o.steps, dt * 1e3,
                 fwd * 1e3, tps, tflops, tflops / o.peak_tflops, o.peak_tflops, first, last,
                 int(std::isfinite(first) && std::isfinite(last)), steady_mallocs,
                 double(model.slot_bytes()) / double(1ull << 30));
@@ -174,6 +186,7 @@ void bench_model(CudaBackend& be, const std::string& preset, const Options& o) {
     be.release(grads);
     be.release(mom1);
     be.release(mom2);
+    if (shadow) be.release_bf16(shadow);
 }
 
 int run(int argc, char** argv);
@@ -202,6 +215,7 @@ int run(int argc, char** argv) {
             return argv[++i];
         };
         if (a == "--presets") o.presets = next();
+        else if (a == "--precisions") o.precisions = next();
         else if (a == "--batch") o.batch = std::atoi(next().c_str());
         else if (a == "--seq") o.seq = std::atoi(next().c_str());
         else if (a == "--steps") o.steps = std::atoi(next().c_str());
@@ -222,14 +236,19 @@ int run(int argc, char** argv) {
         auto be = make_cuda_backend_ext(device);
         std::printf("device name=\"%s\"\n", be->name().c_str());
         if (o.gemm) bench_gemm(*be, o.gemm_size, o);
-        size_t pos = 0;
-        while (pos <= o.presets.size()) {
-            size_t comma = o.presets.find(',', pos);
-            if (comma == std::string::npos) comma = o.presets.size();
-            std::string p = o.presets.substr(pos, comma - pos);
-            if (!p.empty()) bench_model(*be, p, o);
-            pos = comma + 1;
-        }
+        auto split = [](const std::string& list) {
+            std::vector<std::string> out;
+            size_t pos = 0;
+            while (pos <= list.size()) {
+                size_t comma = list.find(',', pos);
+                if (comma == std::string::npos) comma = list.size();
+                if (comma > pos) out.push_back(list.substr(pos, comma - pos));
+                pos = comma + 1;
+            }
+            return out;
+        };
+        for (const auto& p : split(o.presets))
+            for (const auto& prec : split(o.precisions)) bench_model(*be, p, prec, o);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "quintet_cuda_bench: %s\n", e.what());
         return 1;

@@ -19,6 +19,10 @@ Two modes:
                 --data data/quickstart.h5 --steps 20 [--out losses.txt] [--double]
           prints (and writes to --out) one line per step:  step <s> loss <8 significant digits>
 
+  With train.precision = bf16 in the checkpoint's deck, every linear layer multiplies
+  bf16-rounded operands in fp32 (weights, inputs, and in backward the output gradient), as
+  docs/cuda.md defines bf16 mode; everything else stays fp32.
+
 Dense models only (model.attention = mha, moe.experts = 0); MLA and MoE stop with an error.
 Needs torch (>= 1.13, CPU is fine), numpy and h5py.
 """
@@ -197,10 +201,31 @@ def rope_tables(cfg, seq_len, dtype):
     return (torch.cos(angle) * mscale).to(dtype), (torch.sin(angle) * mscale).to(dtype)
 
 
-def build_model_class():
+def build_model_class(bf16=False):
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
+
+    def r(t):  # round to the nearest bf16 (ties to even), kept as fp32
+        return t.to(torch.bfloat16).to(t.dtype)
+
+    class Bf16Linear(torch.autograd.Function):
+        """y = r(x) r(w)^T; backward: g = r(dy), dx = g r(w), dw = g^T r(x); sums in fp32."""
+        @staticmethod
+        def forward(ctx, x, w):
+            xr, wr = r(x), r(w)
+            ctx.save_for_backward(xr, wr)
+            return xr @ wr.t()
+
+        @staticmethod
+        def backward(ctx, dy):
+            xr, wr = ctx.saved_tensors
+            g = r(dy)
+            dw = g.reshape(-1, g.shape[-1]).t() @ xr.reshape(-1, xr.shape[-1])
+            return g @ wr, dw
+
+    def linear(x, w):
+        return Bf16Linear.apply(x, w) if bf16 else F.linear(x, w)
 
     def rmsnorm(x, w, eps):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
@@ -248,7 +273,7 @@ def build_model_class():
             nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
             rep = nh // nkv
             h = rmsnorm(x, self.attn_norm, cfg.norm_eps)
-            qkv = F.linear(h, self.wqkv).view(B, T, nh + 2 * nkv, hd)
+            qkv = linear(h, self.wqkv).view(B, T, nh + 2 * nkv, hd)
             qk = apply_rope(qkv[:, :, :nh + nkv], cos, sin)  # q and k heads share the tables
             # GQA without copying K/V: query head h uses kv head h // rep; fold the rep query
             # heads of a group into the row dimension: q [B*nkv, rep*T, hd].
@@ -261,10 +286,10 @@ def build_model_class():
             probs = torch.softmax(scores, dim=-1)
             o = torch.bmm(probs, v)                                    # [B*nkv, rep*T, hd]
             o = o.view(B, nh, T, hd).transpose(1, 2).reshape(B, T, nh * hd)
-            x = x + F.linear(o, self.wo)
+            x = x + linear(o, self.wo)
             h = rmsnorm(x, self.ffn_norm, cfg.norm_eps)
-            gate, up = F.linear(h, self.w_gate_up).chunk(2, dim=-1)
-            return x + F.linear(F.silu(gate) * up, self.w_down)
+            gate, up = linear(h, self.w_gate_up).chunk(2, dim=-1)
+            return x + linear(F.silu(gate) * up, self.w_down)
 
     class Decoder(nn.Module):
         def __init__(self, cfg):
@@ -313,7 +338,7 @@ def build_model_class():
                 x = layer(x, cos, sin, mask)
             x = rmsnorm(x, self.norm, self.cfg.norm_eps)
             head = self.embed if self.lm_head is None else self.lm_head
-            return F.linear(x, head)
+            return linear(x, head)
 
     return Decoder
 
@@ -463,8 +488,10 @@ def cmd_check(args):
         if cfg.scaling == "yarn" and cfg.original_max_position <= 0:
             cfg.original_max_position = deck.int("data.seq_len")
 
-        Decoder = build_model_class()
+        bf16 = kv.get("train.precision", "fp32") == "bf16"
+        Decoder = build_model_class(bf16=bf16)
         model = Decoder(cfg)
+        print(f"precision {'bf16 (bf16 GEMM operands, fp32 sums)' if bf16 else 'fp32'}")
         views = model.hf_views()
         missing = [n for n in views if f"params/{n}" not in ck]
         if missing:

@@ -509,12 +509,12 @@ int Trainer::run() {
         std::snprintf(buf, sizeof buf,
                       "model: %.2fM params (%.2fM in matmuls), vocab %d, %d layers, d_model %d, "
                       "heads %d/%d, ffn %d | layout %s%s | schedule %s | global batch %lld x %d "
-                      "tokens | peak %.1f GFLOP/s",
+                      "tokens | %s | peak %.1f GFLOP/s",
                       [&] { size_t n = 0; for (auto& l : table_.logical) n += l.numel(); return n; }() / 1e6,
                       table_.matmul_params / 1e6, dims_.V, dims_.L, dims_.C, dims_.NH, dims_.NKV,
                       dims_.F, grid_.layout().describe().c_str(), tp_.sp() ? " +sp" : "",
                       deck_.parallel.schedule.c_str(), (long long)gb, deck_.data.seq_len,
-                      peak_flops_ / 1e9);
+                      deck_.train.precision.c_str(), peak_flops_ / 1e9);
         log(buf);
     }
     std::unique_ptr<MetricsFile> metrics;

@@ -61,6 +61,17 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 constexpr double kTol = 1e-5;  // fp32, different summation order
 
+float* to_device(CudaBackend& gpu, const std::vector<float>& h) {
+    float* p = gpu.alloc(h.size());
+    gpu.from_host(p, h.data(), h.size());
+    return p;
+}
+std::vector<float> to_host(CudaBackend& gpu, const float* d, size_t n) {
+    std::vector<float> h(n);
+    gpu.to_host(h.data(), d, n);
+    return h;
+}
+
 class CudaVsCpu : public ::testing::Test {
 protected:
     void SetUp() override {
@@ -76,10 +87,8 @@ protected:
         owned_i32_.clear();
     }
     float* dev(const std::vector<float>& h) {
-        float* p = gpu_->alloc(h.size());
-        gpu_->from_host(p, h.data(), h.size());
-        owned_.push_back(p);
-        return p;
+        owned_.push_back(to_device(*gpu_, h));
+        return owned_.back();
     }
     int32_t* dev_i32(const std::vector<int32_t>& h) {
         int32_t* p = gpu_->alloc_i32(h.size());
@@ -87,11 +96,7 @@ protected:
         owned_i32_.push_back(p);
         return p;
     }
-    std::vector<float> host(const float* d, size_t n) {
-        std::vector<float> h(n);
-        gpu_->to_host(h.data(), d, n);
-        return h;
-    }
+    std::vector<float> host(const float* d, size_t n) { return to_host(*gpu_, d, n); }
 
     std::unique_ptr<CudaBackend> gpu_;
     std::unique_ptr<Backend> cpu_;
@@ -427,17 +432,6 @@ TEST_F(CudaVsCpu, Bf16ConversionsAndGemm) {
 // refreshing its bf16 weights after every step): a different fp32 summation order can move a
 // GEMM output to the other bf16 neighbour (2^-8), so 2e-3 on the losses and 2e-2 on the
 // gradients; and the GPU's bf16 curve stays within 2% of the CPU's fp32 one (issue 5).
-float* to_device(CudaBackend& gpu, const std::vector<float>& h) {
-    float* p = gpu.alloc(h.size());
-    gpu.from_host(p, h.data(), h.size());
-    return p;
-}
-std::vector<float> to_host(CudaBackend& gpu, const float* d, size_t n) {
-    std::vector<float> h(n);
-    gpu.to_host(h.data(), d, n);
-    return h;
-}
-
 void twenty_steps(Backend& cpu, CudaBackend& gpu, Precision prec) {
     ModelConfig m;
     m.vocab_size = 61;

@@ -38,6 +38,17 @@ struct Tiny {
     }
 };
 
+// N random ids and targets of Tiny's 17-token vocabulary (fixed seed).
+void random_tokens(int N, std::vector<int32_t>& ids, std::vector<int32_t>& tgt) {
+    std::mt19937 g(3);
+    ids.resize(N);
+    tgt.resize(N);
+    for (int i = 0; i < N; ++i) {
+        ids[i] = int32_t(g() % 17);
+        tgt[i] = int32_t(g() % 17);
+    }
+}
+
 void check_model_gradient(bool tied, bool yarn) {
     Tiny c(tied, yarn);
     auto be = make_cpu_backend(1);
@@ -48,12 +59,8 @@ void check_model_gradient(bool tied, bool yarn) {
     ModelChunk model(*be, c.m, c.rope, table, stage_chunks(c.m.n_layers, 1, 1, 0, "")[0], tp, B, T);
     std::vector<float> params(table.total), grads(table.total, 0.0f);
     init_params(params.data(), table, c.m, c.init, 42, 0, table.total);
-    std::mt19937 g(3);
-    std::vector<int32_t> ids(N), tgt(N);
-    for (int i = 0; i < N; ++i) {
-        ids[i] = int32_t(g() % 17);
-        tgt[i] = int32_t(g() % 17);
-    }
+    std::vector<int32_t> ids, tgt;
+    random_tokens(N, ids, tgt);
     double l1 = model.forward_backward(params.data(), grads.data(), ids.data(), tgt.data(), 1.0f);
     auto f = [&] { return model.forward_loss(params.data(), ids.data(), tgt.data()); };
     EXPECT_NEAR(f(), l1, 1e-4 * std::abs(l1));
@@ -94,12 +101,8 @@ TEST(Model, Bf16FollowsFp32ToBf16Precision) {
         std::vector<bf16_bits> shadow(table.total);
         be->to_bf16(shadow.data(), params.data(), table.total);
         b16.set_bf16_weights(params.data(), shadow.data());
-        std::mt19937 g(3);
-        std::vector<int32_t> ids(N), tgt(N);
-        for (int i = 0; i < N; ++i) {
-            ids[i] = int32_t(g() % 17);
-            tgt[i] = int32_t(g() % 17);
-        }
+        std::vector<int32_t> ids, tgt;
+        random_tokens(N, ids, tgt);
         double l32 = f32.forward_backward(params.data(), g32.data(), ids.data(), tgt.data(), 1.0f);
         double l16 = b16.forward_backward(params.data(), g16.data(), ids.data(), tgt.data(), 1.0f);
         EXPECT_NE(l16, l32);

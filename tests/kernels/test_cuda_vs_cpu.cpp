@@ -21,6 +21,7 @@
 #include "quintet/model/params.hpp"
 #include "quintet/model/rope.hpp"
 #include "quintet/model/transformer.hpp"
+#include "support/compare.hpp"
 #include "support/gradcheck.hpp"
 #ifdef QUINTET_WITH_NCCL
 #include "quintet/comm/nccl_communicator.hpp"
@@ -28,6 +29,7 @@
 
 using namespace quintet;
 using quintet::testing::randn;
+using quintet::testing::rel_err;
 
 namespace {
 
@@ -42,18 +44,6 @@ public:
 };
 ::testing::Environment* const kSkipReport =
     ::testing::AddGlobalTestEnvironment(new GpuSkipReport);
-
-// max|got - ref| / max|ref|; infinite when got has a NaN/Inf or the sizes differ.
-double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
-    if (got.size() != ref.size()) return INFINITY;
-    double num = 0.0, den = 0.0;
-    for (size_t i = 0; i < got.size(); ++i) {
-        if (!std::isfinite(got[i]) && std::isfinite(ref[i])) return INFINITY;
-        num = std::max(num, std::abs(double(got[i]) - double(ref[i])));
-        den = std::max(den, std::abs(double(ref[i])));
-    }
-    return num / std::max(den, 1e-30);
-}
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

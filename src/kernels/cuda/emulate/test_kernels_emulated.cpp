@@ -24,26 +24,17 @@
 #include "../xent_kernels.cuh"
 #include "quintet/kernels/backend.hpp"
 #include "quintet/model/rope.hpp"
+#include "support/compare.hpp"
 #include "support/gradcheck.hpp"
 
 using namespace quintet;
 using namespace quintet::cuda;
 using namespace quintet::cuda::kern;
 using quintet::testing::randn;
+using quintet::testing::rel_err;
 using quintet_emu::launch;
 
 namespace {
-
-double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
-    if (got.size() != ref.size()) return INFINITY;
-    double num = 0.0, den = 0.0;
-    for (size_t i = 0; i < got.size(); ++i) {
-        if (!std::isfinite(got[i]) && std::isfinite(ref[i])) return INFINITY;
-        num = std::max(num, std::abs(double(got[i]) - double(ref[i])));
-        den = std::max(den, std::abs(double(ref[i])));
-    }
-    return num / std::max(den, 1e-30);
-}
 
 constexpr double kTol = 1e-5;
 

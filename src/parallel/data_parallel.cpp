@@ -63,11 +63,7 @@ void DataParallel::reduce_grads(float* grads, float* shard_out) const {
         return;
     }
     // Buckets from the end of the arena (the LM head, whose gradient is complete first).
-    for (size_t hi = total_; hi > 0;) {
-        size_t lo = hi > bucket_ ? hi - bucket_ : 0;
-        dp_.all_reduce_sum(grads + lo, hi - lo);
-        hi = lo;
-    }
+    for (size_t k = 0; k < nbuckets_; ++k) dp_.all_reduce_sum(grads + bucket_lo(k), bucket_hi(k) - bucket_lo(k));
 }
 
 void DataParallel::gather_params(float* params) const {

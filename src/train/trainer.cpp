@@ -211,8 +211,7 @@ void Trainer::run_schedule(int64_t s, StepStats& st, double& loss_sum) {
     const float grad_scale = float(1.0 / (double(gb) * T));
     const Communicator& comm = *comms_.pp;
     for (auto& slots : slot_of_mb_) std::fill(slots.begin(), slots.end(), -1);
-    std::vector<int>& backwards_left = backwards_left_;  // per chunk, this step
-    std::fill(backwards_left.begin(), backwards_left.end(), p.microbatches);
+    std::fill(backwards_left_.begin(), backwards_left_.end(), p.microbatches);
     char what[96];
     // Receives are posted one ahead into a staging buffer: the next message can land while this
     // stage computes, and no activation slot is taken before the schedule needs it.
@@ -268,7 +267,7 @@ void Trainer::run_schedule(int64_t s, StepStats& st, double& loss_sum) {
             // The chunk's last backward of the step finalises its gradients: with overlap, the
             // DP reduction of each bucket starts as soon as the bucket is complete.
             chunk.backward(slot, params_, grads_,
-                           overlap_ && --backwards_left[a.chunk] == 0 ? &overlap_hook_ : nullptr);
+                           overlap_ && --backwards_left_[a.chunk] == 0 ? &overlap_hook_ : nullptr);
             free_slots_[a.chunk].push_back(slot);  // reused only after its sends complete
             --in_flight_[a.chunk];
             break;

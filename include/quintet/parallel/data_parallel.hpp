@@ -32,7 +32,6 @@ public:
     void begin_overlap(float* grads);
     void ready(size_t lo, size_t hi);
     void finish_overlap();
-    void progress() const { dp_.progress(); }
     size_t buckets_started_early() const { return early_; }  // last step, before finish_overlap
 
     // collective over dp (ZeRO only): every rank's owned params gathered into all ranks.

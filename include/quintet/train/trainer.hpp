@@ -91,7 +91,8 @@ private:
     // executor state: per chunk, free slots, the slot of each microbatch, sends in flight per slot
     std::vector<std::vector<int>> free_slots_, slot_of_mb_;
     std::vector<std::vector<std::vector<int>>> pending_;
-    std::vector<int> in_flight_, peak_in_flight_, backwards_left_;
+    std::vector<int> in_flight_, peak_in_flight_;
+    std::vector<int> backwards_left_;  // per chunk: backward actions still to run this step
     double p2p_timeout_s_ = 600;
     int64_t start_step_ = 0, tokens_seen_ = 0;
     double peak_flops_ = 0, flops_per_token_ = 0;

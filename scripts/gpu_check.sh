@@ -132,7 +132,7 @@ PYEOF
 fi
 
 # ---- 3. benchmark -----------------------------------------------------------------------------
-BENCH="$BUILD/src/kernels/cuda/quintet_cuda_bench"
+BENCH="$BUILD/quintet_cuda_bench"
 if [[ $status_build == ok && -x "$BENCH" ]]; then
     log "benchmark: presets $PRESETS, $STEPS steps each"
     if timeout 360 "$BENCH" --presets "$PRESETS" --precisions bf16,fp32 --steps "$STEPS" --peak_tflops "$PEAK" \

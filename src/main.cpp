@@ -8,6 +8,7 @@
 #include <exception>
 #include <string>
 
+#include "quintet/comm/communicator.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/tools/commands.hpp"
 
@@ -54,6 +55,11 @@ int main(int argc, char** argv) {
         if (rank == 0) std::fprintf(stderr, "quintet: error: %s\n", e.what());
         MPI_Finalize();
         return 2;
+    } catch (const quintet::DeadlineError& e) {
+        // A transient fault (DESIGN §5): a rank stopped answering. Exit status 4.
+        std::fprintf(stderr, "quintet: rank %d: error: %s\n", rank, e.what());
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 4);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "quintet: rank %d: error: %s\n", rank, e.what());
         std::fflush(stderr);

@@ -1,8 +1,11 @@
 #include "quintet/comm/mpi_communicator.hpp"
 
+#include <sched.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <climits>
-#include <unistd.h>
+#include <cstdio>
 
 #include "quintet/core/error.hpp"
 
@@ -20,9 +23,11 @@ void check_mpi(int rc, const char* what, const char* file, int line) {
 namespace {
 // MPI counts are int: large buffers go in chunks.
 constexpr size_t kMaxCount = size_t(INT_MAX) / 2;
-}
+}  // namespace
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, double deadline_s,
+                                 std::shared_ptr<Watchdog> watchdog)
+    : Communicator(std::move(name), deadline_s), comm_(comm), watchdog_(std::move(watchdog)) {
     QUINTET_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     QUINTET_MPI(MPI_Comm_rank(comm_, &rank_));
     QUINTET_MPI(MPI_Comm_size(comm_, &size_));
@@ -35,82 +40,137 @@ MpiCommunicator::~MpiCommunicator() {
         MPI_Comm_free(&comm_);
 }
 
-void MpiCommunicator::all_reduce_sum(float* buf, size_t n) const {
+MpiCommunicator::Timed::Timed(const MpiCommunicator& comm, const char* op) : c(comm) {
+    ++c.seq_;
+    if (c.watchdog_ && c.deadline() > 0)
+        c.watchdog_->begin(op, &c.name(), c.rank_, c.size_, c.seq_, c.deadline());
+}
+MpiCommunicator::Timed::~Timed() {
+    if (c.watchdog_ && c.deadline() > 0) c.watchdog_->end();
+}
+
+void MpiCommunicator::complete(MPI_Request& req, const char* op, int peer) const {
+    if (deadline() <= 0) {
+        QUINTET_MPI(MPI_Wait(&req, MPI_STATUS_IGNORE));
+        return;
+    }
+    int done = 0;
+    QUINTET_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    const double start = MPI_Wtime();
+    for (long spins = 1;; ++spins) {
+        QUINTET_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+        if (done) return;
+        // Spin for latency, then give the core away (ranks may share cores): yield, and once
+        // the wait is long, sleep between polls.
+        if (spins < 64) continue;
+        const double waited = MPI_Wtime() - start;
+        if (waited > deadline()) {
+            if (peer >= 0) MPI_Cancel(&req);
+            char msg[512];
+            std::snprintf(msg, sizeof msg,
+                          "%s (operation #%llu) on the %s communicator (rank %d of %d)%s%s did not "
+                          "complete within "
+                          "%.0f s (train.collective_timeout_s = %g): a rank of this group stopped "
+                          "answering, failed, or runs a different schedule",
+                          op, (unsigned long long)seq_, name().c_str(), rank_, size_, peer >= 0 ? "; peer rank " : "",
+                          peer >= 0 ? std::to_string(peer).c_str() : "", waited, deadline());
+            throw DeadlineError(msg);
+        }
+        if (waited < 0.01) sched_yield();
+        else usleep(waited < 1.0 ? 50 : 1000);
+    }
+}
+
+void MpiCommunicator::all_reduce(void* buf, size_t n, MPI_Datatype type, MPI_Op op,
+                                 const char* what) const {
+    Timed t(*this, what);
+    int bytes = 0;
+    QUINTET_MPI(MPI_Type_size(type, &bytes));
     for (size_t off = 0; off < n; off += kMaxCount)
-        QUINTET_MPI(MPI_Allreduce(MPI_IN_PLACE, buf + off, int(std::min(kMaxCount, n - off)),
-                                  MPI_FLOAT, MPI_SUM, comm_));
+        QUINTET_MPI(MPI_Allreduce(MPI_IN_PLACE, static_cast<char*>(buf) + off * size_t(bytes),
+                                  int(std::min(kMaxCount, n - off)), type, op, comm_));
+}
+
+void MpiCommunicator::all_reduce_sum(float* buf, size_t n) const {
+    all_reduce(buf, n, MPI_FLOAT, MPI_SUM, "all_reduce_sum");
 }
 void MpiCommunicator::all_reduce_sum(double* buf, size_t n) const {
-    QUINTET_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, int(n), MPI_DOUBLE, MPI_SUM, comm_));
+    all_reduce(buf, n, MPI_DOUBLE, MPI_SUM, "all_reduce_sum");
 }
 void MpiCommunicator::all_reduce_max(double* buf, size_t n) const {
-    QUINTET_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, int(n), MPI_DOUBLE, MPI_MAX, comm_));
+    all_reduce(buf, n, MPI_DOUBLE, MPI_MAX, "all_reduce_max");
 }
 void MpiCommunicator::all_reduce_max(float* buf, size_t n) const {
-    QUINTET_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, int(n), MPI_FLOAT, MPI_MAX, comm_));
+    all_reduce(buf, n, MPI_FLOAT, MPI_MAX, "all_reduce_max");
 }
 void MpiCommunicator::reduce_scatter_sum(const float* send, float* recv, size_t count) const {
     QUINTET_CHECK(count <= kMaxCount, "reduce_scatter count too large");
+    Timed t(*this, "reduce_scatter_sum");
     QUINTET_MPI(MPI_Reduce_scatter_block(send, recv, int(count), MPI_FLOAT, MPI_SUM, comm_));
 }
 void MpiCommunicator::all_gather(const float* send, float* recv, size_t count) const {
     QUINTET_CHECK(count <= kMaxCount, "all_gather count too large");
+    Timed t(*this, "all_gather");
     QUINTET_MPI(MPI_Allgather(send == recv + size_t(rank_) * count ? MPI_IN_PLACE : send,
                               int(count), MPI_FLOAT, recv, int(count), MPI_FLOAT, comm_));
 }
 void MpiCommunicator::all_to_allv(const float* send, const int* sc, const int* sd, float* recv,
                                   const int* rc, const int* rd) const {
+    Timed t(*this, "all_to_allv");
     QUINTET_MPI(MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, comm_));
 }
-void MpiCommunicator::send(const float* buf, size_t n, int peer, int tag) const {
-    QUINTET_MPI(MPI_Send(buf, int(n), MPI_FLOAT, peer, tag, comm_));
+void MpiCommunicator::all_to_allv(const int32_t* send, const int* sc, const int* sd, int32_t* recv,
+                                  const int* rc, const int* rd) const {
+    Timed t(*this, "all_to_allv (int32)");
+    QUINTET_MPI(MPI_Alltoallv(send, sc, sd, MPI_INT32_T, recv, rc, rd, MPI_INT32_T, comm_));
 }
-void MpiCommunicator::recv(float* buf, size_t n, int peer, int tag, double timeout_s,
-                           const char* what) const {
-    if (timeout_s <= 0) {
-        QUINTET_MPI(MPI_Recv(buf, int(n), MPI_FLOAT, peer, tag, comm_, MPI_STATUS_IGNORE));
-        return;
-    }
-    wait_recv(irecv(buf, n, peer, tag), timeout_s, what);
+void MpiCommunicator::all_to_all_counts(const int* send_counts, int* recv_counts) const {
+    Timed t(*this, "all_to_all_counts");
+    QUINTET_MPI(MPI_Alltoall(send_counts, 1, MPI_INT, recv_counts, 1, MPI_INT, comm_));
+}
+void MpiCommunicator::broadcast(void* buf, size_t bytes, int root) const {
+    QUINTET_CHECK(bytes <= size_t(INT_MAX), "broadcast of more than 2 GiB");
+    Timed t(*this, "broadcast");
+    QUINTET_MPI(MPI_Bcast(buf, int(bytes), MPI_BYTE, root, comm_));
+}
+void MpiCommunicator::barrier() const {
+    Timed t(*this, "barrier");
+    QUINTET_MPI(MPI_Barrier(comm_));
+}
+
+void MpiCommunicator::send(const float* buf, size_t n, int peer, int tag) const {
+    wait(isend(buf, n, peer, tag));
+}
+void MpiCommunicator::recv(float* buf, size_t n, int peer, int tag, const char* what) const {
+    wait_recv(irecv(buf, n, peer, tag), what);
 }
 int MpiCommunicator::new_handle() const {
     size_t h = 0;
     while (h < requests_.size() && requests_[h] != MPI_REQUEST_NULL) ++h;
-    if (h == requests_.size()) requests_.push_back(MPI_REQUEST_NULL);
+    if (h == requests_.size()) {
+        requests_.push_back(MPI_REQUEST_NULL);
+        peer_of_.push_back(-1);
+    }
     return int(h);
 }
 int MpiCommunicator::irecv(float* buf, size_t n, int peer, int tag) const {
+    QUINTET_CHECK(n <= size_t(INT_MAX), "irecv of more than 2^31-1 floats");
+    ++seq_;
     int h = new_handle();
     QUINTET_MPI(MPI_Irecv(buf, int(n), MPI_FLOAT, peer, tag, comm_, &requests_[size_t(h)]));
-    if (peer_of_.size() < requests_.size()) peer_of_.resize(requests_.size());
     peer_of_[size_t(h)] = peer;
     return h;
 }
-void MpiCommunicator::wait_recv(int h, double timeout_s, const char* what) const {
-    MPI_Request& req = requests_[size_t(h)];
-    if (timeout_s <= 0) {
-        QUINTET_MPI(MPI_Wait(&req, MPI_STATUS_IGNORE));
-        return;
-    }
-    const double start = MPI_Wtime();
-    int done = 0;
-    for (long spins = 0;; ++spins) {
-        QUINTET_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
-        if (done) return;
-        double waited = MPI_Wtime() - start;
-        if (waited > timeout_s) {
-            MPI_Cancel(&req);
-            rank_fail(std::string(what) + ": nothing arrived from rank " + std::to_string(peer_of_[size_t(h)]) +
-                      " in " + std::to_string(int(waited)) +
-                      " s (QUINTET_P2P_TIMEOUT_S); the peer failed or the schedules disagree");
-        }
-        // Spin briefly for latency, then yield the core (ranks may share cores).
-        if (spins > 1000) usleep(waited < 0.01 ? 10 : 200);
-    }
+void MpiCommunicator::wait_recv(int h, const char* what) const {
+    complete(requests_[size_t(h)], what, peer_of_[size_t(h)]);
 }
 int MpiCommunicator::isend(const float* buf, size_t n, int peer, int tag) const {
+    QUINTET_CHECK(n <= size_t(INT_MAX), "isend of more than 2^31-1 floats");
+    ++seq_;
     int h = new_handle();
     QUINTET_MPI(MPI_Isend(buf, int(n), MPI_FLOAT, peer, tag, comm_, &requests_[size_t(h)]));
+    peer_of_[size_t(h)] = peer;
     return h;
 }
 bool MpiCommunicator::test(int h) const {
@@ -119,20 +179,17 @@ bool MpiCommunicator::test(int h) const {
     return done != 0;
 }
 void MpiCommunicator::wait(int h) const {
-    QUINTET_MPI(MPI_Wait(&requests_[size_t(h)], MPI_STATUS_IGNORE));
+    complete(requests_[size_t(h)], "send", peer_of_[size_t(h)]);
 }
-void MpiCommunicator::broadcast(void* buf, size_t bytes, int root) const {
-    QUINTET_MPI(MPI_Bcast(buf, int(bytes), MPI_BYTE, root, comm_));
-}
-void MpiCommunicator::barrier() const { QUINTET_MPI(MPI_Barrier(comm_)); }
 int MpiCommunicator::iall_reduce_sum(float* buf, size_t n) const {
     QUINTET_CHECK(n <= size_t(INT_MAX), "iall_reduce_sum: more than 2^31-1 floats in one bucket");
+    ++seq_;
     reductions_.push_back(MPI_REQUEST_NULL);
     QUINTET_MPI(MPI_Iallreduce(MPI_IN_PLACE, buf, int(n), MPI_FLOAT, MPI_SUM, comm_, &reductions_.back()));
     return int(reductions_.size()) - 1;
 }
 void MpiCommunicator::wait_reduce(int h) const {
-    QUINTET_MPI(MPI_Wait(&reductions_[size_t(h)], MPI_STATUS_IGNORE));
+    complete(reductions_[size_t(h)], "all_reduce_sum (overlapped bucket)");
     for (MPI_Request r : reductions_)
         if (r != MPI_REQUEST_NULL) return;
     reductions_.clear();  // all done: handles restart at 0 (capacity kept: no allocation)

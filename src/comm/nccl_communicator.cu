@@ -58,7 +58,8 @@ int cuda_local_device(MPI_Comm world) {
     return local % n;
 }
 
-NcclCommunicator::NcclCommunicator(MPI_Comm comm, CudaBackend& be) : be_(be) {
+NcclCommunicator::NcclCommunicator(MPI_Comm comm, CudaBackend& be, std::string name, double deadline_s)
+    : Communicator(std::move(name), deadline_s), be_(be) {
     QUINTET_MPI(MPI_Comm_rank(comm, &rank_));
     QUINTET_MPI(MPI_Comm_size(comm, &size_));
     device_ = be_.device_index();
@@ -152,7 +153,37 @@ void NcclCommunicator::host_all_reduce(void* buf, size_t n, size_t elem, int dty
     QUINTET_NCCL_CHECK(ncclAllReduce(d, d, n, ncclDataType_t(dtype), ncclRedOp_t(op), comm_, s),
                        comm_);
     QUINTET_CUDA_CHECK(cudaMemcpyAsync(buf, d, n * elem, cudaMemcpyDeviceToHost, s));
-    QUINTET_CUDA_CHECK(cudaStreamSynchronize(s));
+    host_wait("all_reduce (host buffer)");
+}
+
+void NcclCommunicator::host_wait(const char* op, int peer) const {
+    cudaStream_t s = stream_of(be_.comm_stream());
+    if (deadline() <= 0) {
+        QUINTET_CUDA_CHECK(cudaStreamSynchronize(s));
+        return;
+    }
+    QUINTET_CUDA_CHECK(cudaEventRecord(event_of(ev_comm_), s));
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+        const cudaError_t q = cudaEventQuery(event_of(ev_comm_));
+        if (q == cudaSuccess) return;
+        if (q != cudaErrorNotReady) QUINTET_CUDA_CHECK(q);
+        ncclResult_t async = ncclSuccess;
+        QUINTET_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async), comm_);
+        QUINTET_NCCL_CHECK(async, comm_);
+        const double waited =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (waited > deadline()) {
+            ncclCommAbort(comm_);  // unblocks the device; this communicator is unusable
+            comm_ = nullptr;
+            throw DeadlineError(std::string(op) + " on the " + name() + " NCCL communicator (rank " +
+                                std::to_string(rank_) + " of " + std::to_string(size_) + ")" +
+                                (peer >= 0 ? "; peer rank " + std::to_string(peer) : std::string()) +
+                                " did not complete within " + std::to_string(int(waited)) +
+                                " s (train.collective_timeout_s); a rank stopped answering");
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(waited < 0.01 ? 10 : 200));
+    }
 }
 
 void NcclCommunicator::device_all_reduce(void* buf, size_t n, int dtype, int op) const {
@@ -197,7 +228,7 @@ void NcclCommunicator::broadcast(void* buf, size_t bytes, int root) const {
         QUINTET_CUDA_CHECK(cudaMemcpyAsync(d, buf, bytes, cudaMemcpyHostToDevice, s));
         QUINTET_NCCL_CHECK(ncclBroadcast(d, d, bytes, ncclUint8, root, comm_, s), comm_);
         QUINTET_CUDA_CHECK(cudaMemcpyAsync(buf, d, bytes, cudaMemcpyDeviceToHost, s));
-        QUINTET_CUDA_CHECK(cudaStreamSynchronize(s));
+        host_wait("broadcast (host buffer)");
         return;
     }
     enter();
@@ -229,8 +260,8 @@ void NcclCommunicator::all_gather(const float* send, float* recv, size_t count) 
     leave();
 }
 
-void NcclCommunicator::all_to_allv(const float* send, const int* sc, const int* sd, float* recv,
-                                   const int* rc, const int* rd) const {
+void NcclCommunicator::alltoallv(const void* send, const int* sc, const int* sd, void* recv,
+                                 const int* rc, const int* rd, int dtype, size_t elem) const {
     require_device(send, "all_to_allv");
     require_device(recv, "all_to_allv");
     flush_sends();
@@ -239,12 +270,42 @@ void NcclCommunicator::all_to_allv(const float* send, const int* sc, const int* 
     QUINTET_NCCL_CHECK(ncclGroupStart(), comm_);
     for (int p = 0; p < size_; ++p) {
         if (sc[p] > 0)
-            QUINTET_NCCL_CHECK(ncclSend(send + sd[p], size_t(sc[p]), ncclFloat, p, comm_, s), comm_);
+            QUINTET_NCCL_CHECK(ncclSend(static_cast<const char*>(send) + size_t(sd[p]) * elem,
+                                        size_t(sc[p]), ncclDataType_t(dtype), p, comm_, s),
+                               comm_);
         if (rc[p] > 0)
-            QUINTET_NCCL_CHECK(ncclRecv(recv + rd[p], size_t(rc[p]), ncclFloat, p, comm_, s), comm_);
+            QUINTET_NCCL_CHECK(ncclRecv(static_cast<char*>(recv) + size_t(rd[p]) * elem,
+                                        size_t(rc[p]), ncclDataType_t(dtype), p, comm_, s),
+                               comm_);
     }
     QUINTET_NCCL_CHECK(ncclGroupEnd(), comm_);
     leave();
+}
+
+void NcclCommunicator::all_to_allv(const float* send, const int* sc, const int* sd, float* recv,
+                                   const int* rc, const int* rd) const {
+    alltoallv(send, sc, sd, recv, rc, rd, ncclFloat, sizeof(float));
+}
+
+void NcclCommunicator::all_to_allv(const int32_t* send, const int* sc, const int* sd,
+                                   int32_t* recv, const int* rc, const int* rd) const {
+    alltoallv(send, sc, sd, recv, rc, rd, ncclInt32, sizeof(int32_t));
+}
+
+void NcclCommunicator::all_to_all_counts(const int* send_counts, int* recv_counts) const {
+    flush_sends();
+    cudaStream_t s = stream_of(be_.comm_stream());
+    const size_t bytes = size_t(size_) * sizeof(int);
+    auto* d = static_cast<int*>(staging(2 * bytes));
+    QUINTET_CUDA_CHECK(cudaMemcpyAsync(d, send_counts, bytes, cudaMemcpyHostToDevice, s));
+    QUINTET_NCCL_CHECK(ncclGroupStart(), comm_);
+    for (int p = 0; p < size_; ++p) {
+        QUINTET_NCCL_CHECK(ncclSend(d + p, 1, ncclInt32, p, comm_, s), comm_);
+        QUINTET_NCCL_CHECK(ncclRecv(d + size_ + p, 1, ncclInt32, p, comm_, s), comm_);
+    }
+    QUINTET_NCCL_CHECK(ncclGroupEnd(), comm_);
+    QUINTET_CUDA_CHECK(cudaMemcpyAsync(recv_counts, d + size_, bytes, cudaMemcpyDeviceToHost, s));
+    host_wait("all_to_all_counts");
 }
 
 void NcclCommunicator::send(const float* buf, size_t n, int peer, int) const {
@@ -253,33 +314,10 @@ void NcclCommunicator::send(const float* buf, size_t n, int peer, int) const {
     leave();  // buffer reusable by compute work queued next (MPI_Send semantics)
 }
 
-void NcclCommunicator::recv(float* buf, size_t n, int peer, int, double timeout_s,
-                            const char* what) const {
+void NcclCommunicator::recv(float* buf, size_t n, int peer, int, const char* what) const {
     require_device(buf, what);
     flush_sends(buf, n, peer, true);
-    if (timeout_s > 0 && n > 0) {
-        cudaStream_t s = stream_of(be_.comm_stream());
-        QUINTET_CUDA_CHECK(cudaEventRecord(event_of(ev_comm_), s));
-        const auto start = std::chrono::steady_clock::now();
-        for (;;) {
-            const cudaError_t q = cudaEventQuery(event_of(ev_comm_));
-            if (q == cudaSuccess) break;
-            if (q != cudaErrorNotReady) QUINTET_CUDA_CHECK(q);
-            ncclResult_t async = ncclSuccess;
-            QUINTET_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async), comm_);
-            QUINTET_NCCL_CHECK(async, comm_);
-            const double waited =
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-            if (waited > timeout_s) {
-                ncclCommAbort(comm_);  // unblocks the device; this communicator is unusable
-                comm_ = nullptr;
-                rank_fail(std::string(what) + ": nothing arrived from rank " +
-                          std::to_string(peer) + " in " + std::to_string(int(waited)) +
-                          " s (NCCL recv); the peer failed or the schedules disagree");
-            }
-            std::this_thread::sleep_for(std::chrono::microseconds(waited < 0.01 ? 10 : 200));
-        }
-    }
+    if (deadline() > 0 && n > 0) host_wait(what, peer);
     leave();
 }
 
@@ -332,7 +370,7 @@ void NcclCommunicator::barrier() const {
     enter();
     auto* d = static_cast<float*>(staging(sizeof(float)));
     QUINTET_NCCL_CHECK(ncclAllReduce(d, d, 1, ncclFloat, ncclSum, comm_, s), comm_);
-    QUINTET_CUDA_CHECK(cudaStreamSynchronize(s));
+    host_wait("barrier");
 }
 
 void NcclCommunicator::all_reduce_sum_async(float* buf, size_t n) const {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "quintet/core/error.hpp"
+#include "quintet/comm/mpi_communicator.hpp"
 #include "quintet/io/h5.hpp"
 
 namespace fs = std::filesystem;
@@ -32,12 +33,13 @@ std::vector<hsize_t> logical_shape(int rows, int cols, int ndim) {
 // in row-major order of the file, which is the order of the contiguous memory buffer.
 void select_local(hid_t fspace, const ParamSpec& s, size_t a, size_t b) {
     if (a >= b) {
-        H5Sselect_none(fspace);
+        h5::check(H5Sselect_none(fspace), "select none in " + s.name);
         return;
     }
     if (s.ndim == 1) {
         hsize_t start = s.row0 + a, count = b - a;
-        H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &start, nullptr, &count, nullptr);
+        h5::check(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &start, nullptr, &count, nullptr),
+                  "select in " + s.name);
         return;
     }
     const size_t cols = s.lcols;
@@ -45,8 +47,9 @@ void select_local(hid_t fspace, const ParamSpec& s, size_t a, size_t b) {
     auto add = [&](size_t r, size_t c, size_t nr, size_t nc) {
         if (nr == 0 || nc == 0) return;
         hsize_t start[2] = {hsize_t(s.row0 + r), hsize_t(s.col0 + c)}, count[2] = {nr, nc};
-        H5Sselect_hyperslab(fspace, first ? H5S_SELECT_SET : H5S_SELECT_OR, start, nullptr, count,
-                            nullptr);
+        h5::check(H5Sselect_hyperslab(fspace, first ? H5S_SELECT_SET : H5S_SELECT_OR, start,
+                                      nullptr, count, nullptr),
+                  "select in " + s.name);
         first = false;
     };
     size_t r0 = a / cols, c0 = a % cols, r1 = b / cols, c1 = b % cols;
@@ -63,48 +66,68 @@ void select_local(hid_t fspace, const ParamSpec& s, size_t a, size_t b) {
     add(r1, 0, c1 ? 1 : 0, c1);
 }
 
-// Collective: every rank creates every dataset; each writes the owned part of its writer shards.
+// Tensors of at most this many floats are written with independent I/O by the ranks that hold
+// them (no collective per tiny tensor: norms, and later thousands of small experts); larger ones
+// with one collective H5Dwrite each, which MPI-IO can aggregate.
+constexpr hsize_t kIndependentMax = 1 << 16;
+
+// Collective: every rank creates every dataset (HDF5 metadata is collective); each writes the
+// parts of its writer shards that fall in `writes`. `data` is params (moments = false) or a
+// moment array, indexed through the ranges' state_index.
 void write_group(hid_t file, const std::string& group, const ParamTable& table, const float* data,
-                 size_t base, Range owned, hid_t dxpl) {
+                 bool moments, const std::vector<ArenaRange>& writes, hid_t coll, hid_t indep) {
     for (const auto& lt : table.logical) {
-        std::string path = group + "/" + lt.name;
+        if (moments && !lt.trainable) continue;
+        const std::string path = group + "/" + lt.name;
         auto shape = logical_shape(lt.rows, lt.cols, lt.ndim);
         h5::Handle fs = h5::space(H5Screate_simple(int(shape.size()), shape.data(), nullptr));
         h5::Handle ds = h5::dataset(h5::check(
             H5Dcreate2(file, path.c_str(), H5T_IEEE_F32LE, fs, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
             "create dataset " + path));
-        const ParamSpec* s = nullptr;
-        for (const auto& spec : table.specs)
-            if (spec.name == lt.name && spec.writer) s = &spec;
-        size_t a = 0, b = 0;
-        if (s) {
-            a = std::max(owned.lo, s->offset);
-            b = std::min(owned.hi, s->offset + s->numel());
-            if (a >= b) a = b = s->offset;
+        const ParamSpec* s = table.writer_spec(lt.name);
+        const bool collective = lt.numel() > kIndependentMax;
+        // The pieces of this tensor in the write ranges (at most one per range).
+        bool any = false;
+        for (const auto& w : writes) {
+            if (!s) break;
+            const size_t a = std::max(w.arena.lo, s->offset), b = std::min(w.arena.hi, s->offset + s->numel());
+            if (a >= b) continue;
+            select_local(fs, *s, a - s->offset, b - s->offset);
+            hsize_t n = b - a;
+            h5::Handle ms = h5::space(H5Screate_simple(1, &n, nullptr));
+            const float* src = moments ? data + w.state_index + (a - w.arena.lo) : data + a;
+            h5::check(H5Dwrite(ds, H5T_NATIVE_FLOAT, ms, fs, collective ? coll : indep, src),
+                      "write " + path);
+            any = true;
+            if (collective) break;  // collective: one call per rank (a writer's part is one range)
         }
-        if (s) select_local(fs, *s, a - s->offset, b - s->offset);
-        else H5Sselect_none(fs);
-        hsize_t n = b - a;
-        h5::Handle ms = h5::space(H5Screate_simple(1, &n, nullptr));
-        if (n == 0) H5Sselect_none(ms);
-        const float* src = n ? data + (a - base) : data;
-        h5::check(H5Dwrite(ds, H5T_NATIVE_FLOAT, ms, fs, dxpl, src), "write " + path);
+        if (collective && !any) {  // take part in the collective write with nothing
+            H5Sselect_none(fs);
+            hsize_t zero = 0;
+            h5::Handle ms = h5::space(H5Screate_simple(1, &zero, nullptr));
+            H5Sselect_none(ms);
+            h5::check(H5Dwrite(ds, H5T_NATIVE_FLOAT, ms, fs, coll, data), "write " + path);
+        }
     }
 }
 
-// Reads the local elements [want.lo, want.hi) of every shard this rank holds.
+// Reads the local elements in `ranges` (all of the arena for params) of every shard held here.
 void read_group(hid_t file, const std::string& group, const ParamTable& table, float* data,
-                size_t base, Range want) {
+                bool moments, const std::vector<ArenaRange>& ranges) {
     for (const auto& s : table.specs) {
-        size_t a = std::max(want.lo, s.offset), b = std::min(want.hi, s.offset + s.numel());
-        if (a >= b) continue;
-        std::string path = group + "/" + s.name;
-        h5::Handle ds = h5::dataset(h5::check(H5Dopen2(file, path.c_str(), H5P_DEFAULT), "open " + path));
-        h5::Handle fs = h5::space(H5Dget_space(ds));
-        select_local(fs, s, a - s.offset, b - s.offset);
-        hsize_t n = b - a;
-        h5::Handle ms = h5::space(H5Screate_simple(1, &n, nullptr));
-        h5::check(H5Dread(ds, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, data + (a - base)), "read " + path);
+        if (moments && !s.trainable()) continue;
+        for (const auto& w : ranges) {
+            const size_t a = std::max(w.arena.lo, s.offset), b = std::min(w.arena.hi, s.offset + s.numel());
+            if (a >= b) continue;
+            const std::string path = group + "/" + s.name;
+            h5::Handle ds = h5::dataset(h5::check(H5Dopen2(file, path.c_str(), H5P_DEFAULT), "open " + path));
+            h5::Handle fs = h5::space(h5::check(H5Dget_space(ds), "dataspace of " + path));
+            select_local(fs, s, a - s.offset, b - s.offset);
+            hsize_t n = b - a;
+            h5::Handle ms = h5::space(H5Screate_simple(1, &n, nullptr));
+            float* dst = moments ? data + w.state_index + (a - w.arena.lo) : data + a;
+            h5::check(H5Dread(ds, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, dst), "read " + path);
+        }
     }
 }
 
@@ -123,35 +146,39 @@ void write_text_atomically(const fs::path& path, const std::string& text) {
 
 std::string checkpoint_save(MPI_Comm comm, const std::string& run_dir, const CheckpointMeta& meta,
                             const ParamTable& table, const float* params, const float* m,
-                            const float* v, size_t opt_base, Range owned, int keep) {
+                            const float* v, const std::vector<ArenaRange>& writes, int keep) {
     int rank = 0;
-    MPI_Comm_rank(comm, &rank);
+    QUINTET_MPI(MPI_Comm_rank(comm, &rank));
     fs::path dir = fs::path(run_dir) / "checkpoints";
     if (rank == 0) fs::create_directories(dir);
-    MPI_Barrier(comm);
+    QUINTET_MPI(MPI_Barrier(comm));
     fs::path final_path = dir / step_name(meta.step);
     fs::path tmp_path = final_path;
     tmp_path += ".tmp";
 
-    h5::Handle fapl = h5::plist(H5Pcreate(H5P_FILE_ACCESS));
-    H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL);
+    h5::Handle fapl = h5::plist(h5::check(H5Pcreate(H5P_FILE_ACCESS), "file access property list"));
+    h5::check(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL), "H5Pset_fapl_mpio");
+    // Metadata (thousands of dataset headers for MoE models) written collectively, in few calls.
+    h5::check(H5Pset_coll_metadata_write(fapl, true), "H5Pset_coll_metadata_write");
     h5::Handle file = h5::file(h5::check(
         H5Fcreate(tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), "create " + tmp_path.string()));
-    h5::Handle dxpl = h5::plist(H5Pcreate(H5P_DATASET_XFER));
-    H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
+    h5::Handle coll = h5::plist(h5::check(H5Pcreate(H5P_DATASET_XFER), "transfer property list"));
+    h5::check(H5Pset_dxpl_mpio(coll, H5FD_MPIO_COLLECTIVE), "H5Pset_dxpl_mpio");
+    h5::Handle indep = h5::plist(h5::check(H5Pcreate(H5P_DATASET_XFER), "transfer property list"));
+    h5::check(H5Pset_dxpl_mpio(indep, H5FD_MPIO_INDEPENDENT), "H5Pset_dxpl_mpio");
     h5::write_attr_i64(file, "step", meta.step);
     h5::write_attr_i64(file, "tokens_seen", meta.tokens_seen);
     h5::write_attr_string(file, "deck", meta.deck);
     h5::write_attr_i64(file, "format_version", kCheckpointFormatVersion);
     h5::write_attr_string(file, "layout", meta.layout);
     for (const char* g : {"/params", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq"})
-        H5Gclose(h5::check(H5Gcreate2(file, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), g));
-    write_group(file, "/params", table, params, 0, owned, dxpl);
-    write_group(file, "/optim/exp_avg", table, m, opt_base, owned, dxpl);
-    write_group(file, "/optim/exp_avg_sq", table, v, opt_base, owned, dxpl);
+        h5::group(h5::check(H5Gcreate2(file, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), g));
+    write_group(file, "/params", table, params, false, writes, coll, indep);
+    write_group(file, "/optim/exp_avg", table, m, true, writes, coll, indep);
+    write_group(file, "/optim/exp_avg_sq", table, v, true, writes, coll, indep);
     h5::check(H5Fflush(file, H5F_SCOPE_GLOBAL), "flush " + tmp_path.string());
-    file.reset();
-    MPI_Barrier(comm);
+    h5::check(H5Fclose(file.release()), "close " + tmp_path.string());
+    QUINTET_MPI(MPI_Barrier(comm));
     if (rank == 0) {
         fs::rename(tmp_path, final_path);
         write_text_atomically(dir / "latest", final_path.filename().string() + "\n");
@@ -165,7 +192,7 @@ std::string checkpoint_save(MPI_Comm comm, const std::string& run_dir, const Che
             for (size_t i = 0; i + keep < all.size(); ++i) fs::remove(all[i]);
         }
     }
-    MPI_Barrier(comm);
+    QUINTET_MPI(MPI_Barrier(comm));
     return final_path.string();
 }
 
@@ -193,6 +220,7 @@ CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& tab
                           ", this build reads version " + std::to_string(kCheckpointFormatVersion));
     for (const char* group : {"/params/", "/optim/exp_avg/", "/optim/exp_avg_sq/"}) {
         for (const auto& s : table.logical) {
+            if (!s.trainable && group != std::string("/params/")) continue;
             std::string p = group + s.name;
             if (!h5::exists(file, p))
                 throw ConfigError("checkpoint '" + path + "': has no tensor " + p +
@@ -221,12 +249,12 @@ CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& tab
 }
 
 void checkpoint_load(const std::string& path, const ParamTable& table, float* params,
-                     float* m, float* v, Range opt) {
+                     float* m, float* v, const std::vector<ArenaRange>& state) {
     h5::silence_errors();
     h5::Handle file = h5::file(h5::check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "open " + path));
-    read_group(file, "/params", table, params, 0, Range{0, table.total});
-    if (m) read_group(file, "/optim/exp_avg", table, m, opt.lo, opt);
-    if (v) read_group(file, "/optim/exp_avg_sq", table, v, opt.lo, opt);
+    read_group(file, "/params", table, params, false, {ArenaRange{Range{0, table.total}, 0}});
+    if (m) read_group(file, "/optim/exp_avg", table, m, true, state);
+    if (v) read_group(file, "/optim/exp_avg_sq", table, v, true, state);
 }
 
 }  // namespace quintet

@@ -1,12 +1,23 @@
 #include "quintet/model/params.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
 #include "quintet/core/error.hpp"
 #include "quintet/core/rng.hpp"
+#include "quintet/model/block.hpp"
 
 namespace quintet {
+
+Group replica_group(Replicas r) {
+    switch (r) {
+    case Replicas::dense: return Group::dp_cp;
+    case Replicas::expert: return Group::edp;
+    case Replicas::none: return Group::world;
+    }
+    return Group::world;
+}
 
 ModelDims model_dims(const ModelConfig& m, int tp, int tp_rank) {
     ModelDims d{};
@@ -53,103 +64,158 @@ std::vector<ChunkPlan> stage_chunks(int L, int pp, int v, int stage, const std::
     return out;
 }
 
+ShardPlan whole_model_plan(const ModelConfig& m) {
+    ShardPlan p;
+    p.chunks = stage_chunks(m.n_layers, 1, 1, 0, "");
+    return p;
+}
+
 const ParamSpec* ParamTable::find(const std::string& name) const {
-    for (auto& s : specs)
-        if (s.name == name) return &s;
-    return nullptr;
+    auto it = index.find(name);
+    return it == index.end() ? nullptr : &specs[it->second];
 }
 
-ParamTable make_param_table(const ModelConfig& m) {
-    return make_param_table(m, 1, 0, stage_chunks(m.n_layers, 1, 1, 0, ""), false, 1);
+size_t ParamTable::offset_of(const std::string& name) const {
+    const ParamSpec* s = find(name);
+    if (!s) rank_fail("parameter " + name + " is not held by this rank");
+    return s->offset;
 }
 
-ParamTable make_param_table(const ModelConfig& m, int tp, int tp_rank,
-                            const std::vector<ChunkPlan>& chunks, bool sp, int pp) {
-    const ModelDims d = model_dims(m, tp, tp_rank);
-    ParamTable t;
-    // ---- the whole model, in checkpoint order ----
-    auto logical = [&](const std::string& name, int rows, int cols, int ndim) {
-        t.logical.push_back({name, rows, cols, ndim});
-        if (ndim == 2 && name != "model.embed_tokens.weight") t.matmul_params += size_t(rows) * cols;
+const ParamSpec* ParamTable::writer_spec(const std::string& name) const {
+    const ParamSpec* s = find(name);
+    return s && s->writer ? s : nullptr;
+}
+
+// ---- ParamBuilder ----------------------------------------------------------------------------
+
+ParamBuilder::ParamBuilder(const ModelDims& d, const ShardPlan& plan) : d_(d), plan_(plan) {}
+
+bool ParamBuilder::holds_layer(int layer) const {
+    for (const auto& c : plan_.chunks)
+        if (layer >= c.layer_begin && layer < c.layer_end) return true;
+    return false;
+}
+
+ParamSpec ParamBuilder::whole(const std::string& name, int rows, int cols, InitRule init) {
+    ParamSpec s;
+    s.name = name;
+    s.rows = s.lrows = rows;
+    s.cols = s.lcols = cols;
+    s.ndim = 2;
+    s.init = init;
+    return s;
+}
+
+ParamSpec ParamBuilder::vector(const std::string& name, int n, InitRule init) {
+    ParamSpec s = whole(name, n, 1, init);
+    s.ndim = 1;
+    return s;
+}
+
+ParamSpec ParamBuilder::row_shard(const std::string& name, int rows, int cols, int lrows, int row0,
+                                  InitRule init) {
+    ParamSpec s = whole(name, rows, cols, init);
+    s.lrows = lrows;
+    s.row0 = row0;
+    s.shard = lrows == rows ? Shard::none : Shard::tp;
+    return s;
+}
+
+ParamSpec ParamBuilder::col_shard(const std::string& name, int rows, int cols, int lcols, int col0,
+                                  InitRule init) {
+    ParamSpec s = whole(name, rows, cols, init);
+    s.lcols = lcols;
+    s.col0 = col0;
+    s.shard = lcols == cols ? Shard::none : Shard::tp;
+    return s;
+}
+
+void ParamBuilder::add(const ParamSpec& spec, bool held, bool matmul) {
+    // A tensor held twice (the tied embedding's second copy) appears once in the model.
+    if (listed_.insert(spec.name).second) {
+        t_.logical.push_back({spec.name, spec.rows, spec.cols, spec.ndim, spec.trainable()});
+        if (matmul) t_.matmul_params += spec.numel() == 0 ? 0 : size_t(spec.rows) * spec.cols;
+    }
+    if (!held) return;
+    ParamSpec s = spec;
+    s.matmul = matmul;
+    t_.specs.push_back(s);
+}
+
+ParamTable ParamBuilder::finish() {
+    // Lay the regions out one after another, each padded to its group's multiple; inside a
+    // region tensors keep the order they were added in (the model's order).
+    std::vector<ParamSpec> ordered;
+    size_t at = 0;
+    for (int r = 0; r < kNumRegions; ++r) {
+        const size_t lo = at;
+        for (const auto& s : t_.specs)
+            if (int(s.replicas) == r) {
+                ParamSpec x = s;
+                x.offset = at;
+                at += x.numel();
+                ordered.push_back(x);
+            }
+        t_.region_used[r] = at - lo;
+        const size_t pad = size_t(std::max(1, plan_.pad[r]));
+        at = lo + (at - lo + pad - 1) / pad * pad;
+        t_.region[r] = {lo, at};
+    }
+    t_.specs = std::move(ordered);
+    t_.total = at;
+    t_.index.clear();
+    for (size_t i = 0; i < t_.specs.size(); ++i) t_.index[t_.specs[i].name] = i;
+    return std::move(t_);
+}
+
+// ---- the model's tensors ---------------------------------------------------------------------
+
+ParamTable make_param_table(const ModelConfig& m) { return make_param_table(m, whole_model_plan(m)); }
+
+ParamTable make_param_table(const ModelConfig& m, const ShardPlan& plan) {
+    const ModelDims d = model_dims(m, plan.tp, plan.tp_rank);
+    ParamBuilder b(d, plan);
+    const bool tp0 = plan.tp_rank == 0;
+    // Norm weights are replicated over tp; under sequence parallelism each tp rank sees only its
+    // rows, so their gradients are partial sums, completed over tp.
+    const GradSync norm_sync = plan.sequence_parallel && plan.tp > 1 ? GradSync::tp : GradSync::none;
+    auto norm = [&](const std::string& name, bool held) {
+        ParamSpec s = ParamBuilder::vector(name, d.C, InitRule::ones);
+        s.sync = norm_sync;
+        s.writer = tp0;
+        b.add(s, held, false);
     };
-    logical("model.embed_tokens.weight", d.V, d.C, 2);
+    bool holds_first = false, holds_last = false;
+    for (const auto& c : plan.chunks) {
+        holds_first = holds_first || c.first;
+        holds_last = holds_last || c.last;
+    }
+    // The embedding's vocabulary rows are split over tp (vocab-parallel); with tied embeddings
+    // and pp > 1 the last stage holds a second copy, its gradient summed with the first's.
+    ParamSpec emb = ParamBuilder::row_shard("model.embed_tokens.weight", d.V, d.C, d.Vl(), d.v0,
+                                            InitRule::embedding);
+    if (d.tied && plan.pp > 1) emb.sync = GradSync::tied;
+    b.add(emb, holds_first, false);
     for (int l = 0; l < d.L; ++l) {
-        std::string p = "model.layers." + std::to_string(l) + ".";
-        logical(p + "input_layernorm.weight", d.C, 1, 1);
-        logical(p + "self_attn.q_proj.weight", d.NH * d.HD, d.C, 2);
-        logical(p + "self_attn.k_proj.weight", d.NKV * d.HD, d.C, 2);
-        logical(p + "self_attn.v_proj.weight", d.NKV * d.HD, d.C, 2);
-        logical(p + "self_attn.o_proj.weight", d.C, d.NH * d.HD, 2);
-        logical(p + "post_attention_layernorm.weight", d.C, 1, 1);
-        logical(p + "mlp.gate_proj.weight", d.F, d.C, 2);
-        logical(p + "mlp.up_proj.weight", d.F, d.C, 2);
-        logical(p + "mlp.down_proj.weight", d.C, d.F, 2);
+        const std::string p = "model.layers." + std::to_string(l) + ".";
+        const bool held = b.holds_layer(l);
+        norm(p + "input_layernorm.weight", held);
+        attention_add_params(m, b, l);
+        norm(p + "post_attention_layernorm.weight", held);
+        feed_forward_add_params(m, b, l);
     }
-    logical("model.norm.weight", d.C, 1, 1);
-    if (!d.tied) logical("lm_head.weight", d.V, d.C, 2);
-    if (d.tied) t.matmul_params += size_t(d.V) * d.C;  // the head still multiplies every token
-    // ---- this rank's shards ----
-    auto add = [&](const std::string& name, int rows, int cols, int ndim, int lrows, int lcols,
-                   int row0, int col0, InitRule init, GradSync sync, bool writer) {
-        ParamSpec s;
-        s.name = name;
-        s.rows = rows; s.cols = cols; s.ndim = ndim;
-        s.lrows = lrows; s.lcols = lcols; s.row0 = row0; s.col0 = col0;
-        s.init = init;
-        s.sync = sync;
-        s.writer = writer;
-        s.offset = t.total;
-        t.total += s.numel();
-        t.specs.push_back(s);
-    };
-    const bool tp0 = tp_rank == 0;
-    const GradSync norm_sync = sp && tp > 1 ? GradSync::tp : GradSync::none;
-    const int h0 = tp_rank * d.NHl;
-    int kv_row0;
-    bool kv_writer = true;
-    GradSync kv_sync = GradSync::none;
-    if (tp <= d.NKV) {
-        kv_row0 = tp_rank * d.NKVl * d.HD;
+    norm("model.norm.weight", holds_last);
+    if (!d.tied) {
+        b.add(ParamBuilder::row_shard("lm_head.weight", d.V, d.C, d.Vl(), d.v0, InitRule::normal),
+              holds_last, true);
     } else {
-        int g = tp_rank / d.kv_group();
-        kv_row0 = g * d.HD;
-        kv_writer = tp_rank % d.kv_group() == 0;
-        kv_sync = GradSync::kv_group;
+        // The head still multiplies every token: it counts in 6·N·P.
+        ParamSpec second = emb;
+        second.writer = false;
+        if (holds_last && !holds_first) b.add(second, true, false);
     }
-    bool holds_embedding = false;
-    for (const auto& c : chunks)
-        if (c.first) holds_embedding = true;
-    for (const auto& c : chunks) {
-        if (c.first)
-            add("model.embed_tokens.weight", d.V, d.C, 2, d.Vl(), d.C, d.v0, 0, InitRule::embedding,
-                d.tied && pp > 1 ? GradSync::tied : GradSync::none, true);
-        for (int l = c.layer_begin; l < c.layer_end; ++l) {
-            std::string p = "model.layers." + std::to_string(l) + ".";
-            add(p + "input_layernorm.weight", d.C, 1, 1, d.C, 1, 0, 0, InitRule::ones, norm_sync, tp0);
-            add(p + "self_attn.q_proj.weight", d.NH * d.HD, d.C, 2, d.NHl * d.HD, d.C, h0 * d.HD, 0,
-                InitRule::normal, GradSync::none, true);
-            for (const char* kv : {"k_proj", "v_proj"})
-                add(p + "self_attn." + kv + ".weight", d.NKV * d.HD, d.C, 2, d.NKVl * d.HD, d.C, kv_row0, 0,
-                    InitRule::normal, kv_sync, kv_writer);
-            add(p + "self_attn.o_proj.weight", d.C, d.NH * d.HD, 2, d.C, d.NHl * d.HD, 0, h0 * d.HD,
-                InitRule::out_proj, GradSync::none, true);
-            add(p + "post_attention_layernorm.weight", d.C, 1, 1, d.C, 1, 0, 0, InitRule::ones, norm_sync, tp0);
-            for (const char* gu : {"gate_proj", "up_proj"})
-                add(p + "mlp." + gu + ".weight", d.F, d.C, 2, d.Fl, d.C, tp_rank * d.Fl, 0,
-                    InitRule::normal, GradSync::none, true);
-            add(p + "mlp.down_proj.weight", d.C, d.F, 2, d.C, d.Fl, 0, tp_rank * d.Fl,
-                InitRule::out_proj, GradSync::none, true);
-        }
-        if (c.last) {
-            add("model.norm.weight", d.C, 1, 1, d.C, 1, 0, 0, InitRule::ones, norm_sync, tp0);
-            if (!d.tied)
-                add("lm_head.weight", d.V, d.C, 2, d.Vl(), d.C, d.v0, 0, InitRule::normal,
-                    GradSync::none, true);
-            else if (!holds_embedding)  // the last stage's copy of the tied table
-                add("model.embed_tokens.weight", d.V, d.C, 2, d.Vl(), d.C, d.v0, 0,
-                    InitRule::embedding, GradSync::tied, false);
-        }
-    }
+    ParamTable t = b.finish();
+    if (d.tied) t.matmul_params += size_t(d.V) * d.C;
     return t;
 }
 
@@ -159,8 +225,9 @@ void init_params(float* arena, const ParamTable& table, const ModelConfig& m,
     for (const auto& s : table.specs) {
         size_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.numel());
         if (a >= b) continue;
-        if (s.init == InitRule::ones) {
-            for (size_t i = a; i < b; ++i) arena[i] = 1.0f;
+        if (s.init == InitRule::ones || s.init == InitRule::zeros) {
+            const float v = s.init == InitRule::ones ? 1.0f : 0.0f;
+            for (size_t i = a; i < b; ++i) arena[i] = v;
             continue;
         }
         double std = init.std;
@@ -177,32 +244,6 @@ void init_params(float* arena, const ParamTable& table, const ModelConfig& m,
             arena[i] = rng.normal(logical) * fstd;
         }
     }
-}
-
-ChunkView chunk_view(const ParamTable& t, const ChunkPlan& c, float* arena) {
-    auto at = [&](const std::string& name) {
-        const ParamSpec* s = t.find(name);
-        if (!s) rank_fail("parameter " + name + " is not held by this rank");
-        return arena + s->offset;
-    };
-    ChunkView v;
-    if (c.first) v.wte = at("model.embed_tokens.weight");
-    for (int l = c.layer_begin; l < c.layer_end; ++l) {
-        std::string p = "model.layers." + std::to_string(l) + ".";
-        LayerView lv;
-        lv.ln1 = at(p + "input_layernorm.weight");
-        lv.wqkv = at(p + "self_attn.q_proj.weight");  // k_proj, v_proj follow contiguously
-        lv.wo = at(p + "self_attn.o_proj.weight");
-        lv.ln2 = at(p + "post_attention_layernorm.weight");
-        lv.wgu = at(p + "mlp.gate_proj.weight");      // up_proj follows contiguously
-        lv.wdown = at(p + "mlp.down_proj.weight");
-        v.layers.push_back(lv);
-    }
-    if (c.last) {
-        v.norm = at("model.norm.weight");
-        v.head = t.find("lm_head.weight") ? at("lm_head.weight") : at("model.embed_tokens.weight");
-    }
-    return v;
 }
 
 }  // namespace quintet

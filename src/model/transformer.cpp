@@ -4,216 +4,141 @@
 #include <cmath>
 
 #include "quintet/core/error.hpp"
-#include "quintet/model/rope.hpp"
 
 namespace quintet {
 
 ModelChunk::ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope,
                        const ParamTable& table, const ChunkPlan& plan, TensorParallel& tp, int B,
-                       int T, Precision precision)
-    : be_(be), d_(model_dims(m, tp.size(), tp.rank())), table_(table), plan_(plan), tp_(tp), B_(B),
-      T_(T), N_(B * T), Nr_(tp.sp() ? B * T / tp.size() : B * T) {
+                       int T, ChunkOptions opt)
+    : be_(be), tp_(tp),
+      ctx_(be, tp, model_dims(m, tp.size(), tp.rank()), B, T, opt.precision, rope,
+           opt.rope_seq_len > 0 ? opt.rope_seq_len : T, opt.max_positions > 0 ? opt.max_positions : T),
+      plan_(plan) {
     eps_ = float(m.norm_eps);
-    attn_scale_ = float(1.0 / std::sqrt(double(d_.HD)));
-    // MHA/GQA rotate every q/k dim, so YaRN's mscale^2 on the logits = mscale on cos and sin.
-    std::vector<float> c, s;
-    rope_tables(c, s, T, rope_inv_freq(rope, d_.HD, T), rope_mscale(rope));
-    cos_ = buf(c.size(), false);
-    sin_ = buf(s.size(), false);
-    be_.from_host(cos_, c.data(), c.size());
-    be_.from_host(sin_, s.data(), s.size());
-    tgt_ = be_.alloc_i32(N_);
-    host_ids_.resize(N_);
-    host_tgt_.resize(N_);
-    losses_.resize(N_);
-    const size_t N = N_, C = d_.C;
-    full_a_ = buf(N * C, false);
-    full_b_ = buf(N * C, false);
-    dshard_ = buf(size_t(Nr_) * C, false);
-    datt_ = buf(N * d_.NHl * d_.HD, false);
-    dqkv_ = buf(N * d_.qkv_local(), false);
-    dgu_ = buf(N * 2 * d_.Fl, false);
-    dact_ = buf(N * d_.Fl, false);
-    bf16_ = precision == Precision::bf16;
-    if (bf16_) {
-        size_t widest = std::max({N * C, N * 2 * d_.Fl, N * d_.qkv_local()});
-        if (plan_.last) widest = std::max(widest, N * d_.Vl());
-        lowp_ = buf_bf16(widest, false);
-        if (tp_.sp()) gather_bf16_ = buf_bf16(N * C, false);
+    const ModelDims& d = ctx_.d;
+    if (plan_.first) wte_ = table.offset_of("model.embed_tokens.weight");
+    for (int l = plan_.layer_begin; l < plan_.layer_end; ++l) {
+        const std::string p = "model.layers." + std::to_string(l) + ".";
+        Layer layer;
+        layer.ln1 = table.offset_of(p + "input_layernorm.weight");
+        layer.ln2 = table.offset_of(p + "post_attention_layernorm.weight");
+        layer.attn = make_attention_block(ctx_, m, table, l);
+        layer.ffn = make_feed_forward_block(ctx_, m, table, l);
+        layers_.push_back(std::move(layer));
     }
+    if (plan_.last) {
+        norm_ = table.offset_of("model.norm.weight");
+        head_ = table.find("lm_head.weight") ? table.offset_of("lm_head.weight")
+                                             : table.offset_of("model.embed_tokens.weight");
+        ctx_.reserve_lowp(size_t(ctx_.N) * d.Vl());
+    }
+    tgt_ = be_.alloc_i32(size_t(ctx_.N));
+    host_ids_.resize(size_t(ctx_.N));
+    host_tgt_.resize(size_t(ctx_.N));
+    losses_.resize(size_t(ctx_.N));
 }
 
 ModelChunk::~ModelChunk() {
-    for (float* p : owned_) be_.release(p);
-    for (bf16_bits* p : owned_bf16_) be_.release_bf16(p);
     be_.release_i32(tgt_);
-    for (auto& s : slots_)
+    for (auto& s : slots_) {
         if (s.ids) be_.release_i32(s.ids);
-}
-
-float* ModelChunk::buf(size_t n, bool per_slot) {
-    float* p = be_.alloc(n);
-    owned_.push_back(p);
-    if (per_slot) slot_floats_ += n;
-    return p;
-}
-
-bf16_bits* ModelChunk::buf_bf16(size_t n, bool per_slot) {
-    bf16_bits* p = be_.alloc_bf16(n);
-    owned_bf16_.push_back(p);
-    if (per_slot) slot_floats_ += (n + 1) / 2;
-    return p;
-}
-
-ModelChunk::Act ModelChunk::act_buf(size_t n) {
-    Act a;
-    if (bf16_) a.b = buf_bf16(n, true);
-    else a.f = buf(n, true);
-    return a;
-}
-
-void ModelChunk::keep(const Act& a, const float* scratch, size_t n) {
-    if (bf16_) be_.to_bf16(a.b, scratch, n);
-}
-
-ModelChunk::Mat ModelChunk::gathered(const Act& a, size_t rows, size_t C) {
-    if (bf16_) return {nullptr, tp_.gather(a.b, gather_bf16_, rows, C)};
-    return {tp_.gather(a.f, full_a_, rows, C), nullptr};
-}
-
-ModelChunk::Mat ModelChunk::lowp(const float* x, size_t n) {
-    if (!bf16_) return {x, nullptr};
-    be_.to_bf16(lowp_, x, n);
-    return {nullptr, lowp_};
-}
-
-void ModelChunk::mm(bool ta, bool tb, int M, int N, int K, Mat A, int lda, Mat B, int ldb,
-                    float beta, float* C, int ldc) {
-    if (bf16_) be_.gemm_bf16(ta, tb, M, N, K, 1.0f, A.b, lda, B.b, ldb, beta, C, ldc);
-    else be_.gemm(ta, tb, M, N, K, 1.0f, A.f, lda, B.f, ldb, beta, C, ldc);
+        be_.release_i32(s.pos);
+    }
 }
 
 void ModelChunk::set_bf16_weights(const float* master, const bf16_bits* shadow) {
-    QUINTET_CHECK(bf16_, "set_bf16_weights on an fp32 chunk");
-    master_ = master;
-    shadow_ = shadow;
-}
-
-const ChunkView& ModelChunk::view(ChunkView& cache, const float*& cached_base, const float* base) {
-    if (base != cached_base) {
-        cache = chunk_view(table_, plan_, const_cast<float*>(base));
-        cached_base = base;
-    }
-    return cache;
+    ctx_.set_bf16_weights(master, shadow);
 }
 
 int ModelChunk::add_slot() {
-    slot_floats_ = 0;
-    const size_t N = N_, Nr = Nr_, C = d_.C, A = size_t(d_.NHl) * d_.HD;
-    const int nl = plan_.layer_end - plan_.layer_begin;
+    const size_t before = ctx_.slot_floats;
+    const size_t N = size_t(ctx_.N), Nr = size_t(ctx_.Nr), C = size_t(ctx_.d.C);
+    const int nl = int(layers_.size());
     Slot s;
-    for (int i = 0; i <= nl; ++i) s.res.push_back(buf(Nr * C, true));
+    for (int i = 0; i <= nl; ++i) s.res.push_back(ctx_.buf(Nr * C, true));
     for (int i = 0; i < nl; ++i) {
-        Layer l;
-        l.rstd1 = buf(Nr, true);
-        l.xn1 = act_buf(Nr * C);
-        l.qkv = buf(N * d_.qkv_local(), true);
-        l.att = act_buf(N * A);
-        l.lse = buf(size_t(B_) * d_.NHl * T_, true);
-        l.h = buf(Nr * C, true);
-        l.rstd2 = buf(Nr, true);
-        l.xn2 = act_buf(Nr * C);
-        l.gu = buf(N * 2 * d_.Fl, true);
-        l.act = act_buf(N * d_.Fl);
+        LayerSaved l;
+        l.rstd1 = ctx_.buf(Nr, true);
+        l.xn1 = ctx_.act(Nr * C);
+        layers_[size_t(i)].attn->add_slot();
+        l.h = ctx_.buf(Nr * C, true);
+        l.rstd2 = ctx_.buf(Nr, true);
+        l.xn2 = ctx_.act(Nr * C);
+        layers_[size_t(i)].ffn->add_slot();
         s.layers.push_back(l);
     }
     if (plan_.last) {
-        s.rstd_f = buf(Nr, true);
-        s.xf = act_buf(Nr * C);
-        s.logits = buf(N * d_.Vl(), true);
+        s.rstd_f = ctx_.buf(Nr, true);
+        s.xf = ctx_.act(Nr * C);
+        s.logits = ctx_.buf(N * ctx_.d.Vl(), true);
     } else {
-        s.dout = buf(Nr * C, true);
+        s.dout = ctx_.buf(Nr * C, true);
     }
-    s.dres = buf(Nr * C, true);
+    s.dres = ctx_.buf(Nr * C, true);
     if (plan_.first) s.ids = be_.alloc_i32(N);
+    // Positions within each sample: 0 .. T-1.
+    s.pos = be_.alloc_i32(N);
+    std::vector<int32_t> pos(N);
+    for (size_t n = 0; n < N; ++n) pos[n] = int32_t(n % size_t(ctx_.T));
+    be_.from_host_i32(s.pos, pos.data(), N);
+    s.tok.pos = s.pos;
+    slot_floats_ = ctx_.slot_floats - before;
     slots_.push_back(std::move(s));
     return int(slots_.size()) - 1;
 }
 
 void ModelChunk::set_tokens(Slot& s, const int32_t* ids, const int32_t* targets) {
     // Ids and targets relative to this rank's vocabulary rows; -1 where another tp rank owns them.
-    auto local = [&](int32_t x) { return x >= d_.v0 && x < d_.v1 ? x - d_.v0 : -1; };
+    const ModelDims& d = ctx_.d;
+    const int N = ctx_.N;
+    auto local = [&](int32_t x) { return x >= d.v0 && x < d.v1 ? x - d.v0 : -1; };
     if (ids) {
-        for (int n = 0; n < N_; ++n) host_ids_[n] = local(ids[n]);
-        be_.from_host_i32(s.ids, host_ids_.data(), N_);
+        for (int n = 0; n < N; ++n) host_ids_[size_t(n)] = local(ids[n]);
+        be_.from_host_i32(s.ids, host_ids_.data(), size_t(N));
     }
     if (targets) {
-        for (int n = 0; n < N_; ++n) host_tgt_[n] = local(targets[n]);
-        be_.from_host_i32(tgt_, host_tgt_.data(), N_);
+        for (int n = 0; n < N; ++n) host_tgt_[size_t(n)] = local(targets[n]);
+        be_.from_host_i32(tgt_, host_tgt_.data(), size_t(N));
     }
 }
 
-double ModelChunk::forward(int si, const float* params, const int32_t* ids, const int32_t* targets,
-                           float grad_scale, bool need_grad) {
-    const int N = N_, Nr = Nr_, C = d_.C, F = d_.Fl, QKV = d_.qkv_local(), NH = d_.NHl,
-              NKV = d_.NKVl, HD = d_.HD;
-    const int A = NH * HD;
-    const bool tp1 = tp_.size() == 1;
-    Slot& s = slots_[si];
-    QUINTET_CHECK(!bf16_ || params == master_, "bf16 chunk: params are not the arena set_bf16_weights named");
-    const ChunkView& w = view(wview_, wbase_, params);
-    set_tokens(s, plan_.first ? ids : nullptr, plan_.last ? targets : nullptr);
-    // out[Nr,C] = res[Nr,C] + (X[N,K] W[C,K]^T summed over tp): a row-parallel block + residual.
-    auto row_parallel_residual = [&](float* out, const float* res, Mat X, int K, const float* W) {
-        be_.copy(out, res, size_t(Nr) * C);
-        if (tp1) {
-            mm(false, true, N, C, K, X, K, weight(W), K, 1.0f, out, C);
-            return;
-        }
-        mm(false, true, N, C, K, X, K, weight(W), K, 0.0f, full_b_, C);
-        be_.add_inplace(out, tp_.reduce(full_b_, dshard_, N, C), size_t(Nr) * C);
-    };
+void ModelChunk::run_layers(Slot& s, const float* params, std::vector<std::unique_ptr<KvCache>>* caches) {
+    const int Nr = ctx_.Nr, C = ctx_.d.C, N = ctx_.N;
+    const int si = int(&s - slots_.data());
     if (plan_.first) {
-        if (tp1) {
-            be_.embedding_forward(s.res[0], s.ids, w.wte, N, C);
+        if (tp_.size() == 1) {
+            be_.embedding_forward(s.res[0], s.ids, params + wte_, N, C);
         } else {  // vocab-parallel: each rank looks up its rows, the sum over tp completes x
-            be_.embedding_forward(full_b_, s.ids, w.wte, N, C);
-            be_.copy(s.res[0], tp_.reduce(full_b_, dshard_, N, C), size_t(Nr) * C);
+            be_.embedding_forward(ctx_.full_b, s.ids, params + wte_, N, C);
+            be_.copy(s.res[0], tp_.reduce(ctx_.full_b, ctx_.dshard, N, C), size_t(Nr) * C);
         }
     }
-    for (size_t i = 0; i < s.layers.size(); ++i) {
-        const LayerView& p = w.layers[i];
-        Layer& l = s.layers[i];
-        // h = x + o_proj(attention(rope(q, k), v)) on RMSNorm(x). In bf16 mode the kernels
-        // write fp32 into scratch that is free during the forward (full_a_, datt_, dact_) and
-        // only the bf16 copy is kept.
-        float* xn1 = produce(l.xn1, full_a_);
-        be_.rmsnorm_forward(xn1, l.rstd1, s.res[i], p.ln1, Nr, C, eps_);
-        keep(l.xn1, xn1, size_t(Nr) * C);
-        mm(false, true, N, QKV, C, gathered(l.xn1, N, C), C, weight(p.wqkv), C, 0.0f, l.qkv, QKV);
-        be_.rope_forward(l.qkv, cos_, sin_, N, T_, NH + NKV, HD, QKV);
-        float* att = produce(l.att, datt_);
-        be_.attention_forward(att, l.lse, l.qkv, l.qkv + NH * HD, l.qkv + (NH + NKV) * HD, B_, T_,
-                              NH, NKV, HD, QKV, QKV, attn_scale_);
-        keep(l.att, att, size_t(N) * A);
-        row_parallel_residual(l.h, s.res[i], local(l.att), A, p.wo);
-        // y = h + down(silu(gate(z)) * up(z)), z = RMSNorm(h)
-        float* xn2 = produce(l.xn2, full_a_);
-        be_.rmsnorm_forward(xn2, l.rstd2, l.h, p.ln2, Nr, C, eps_);
-        keep(l.xn2, xn2, size_t(Nr) * C);
-        mm(false, true, N, 2 * F, C, gathered(l.xn2, N, C), C, weight(p.wgu), C, 0.0f, l.gu, 2 * F);
-        float* act = produce(l.act, dact_);
-        be_.swiglu_forward(act, l.gu, N, F);
-        keep(l.act, act, size_t(N) * F);
-        row_parallel_residual(s.res[i + 1], l.h, local(l.act), F, p.wdown);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+        Layer& layer = layers_[i];
+        LayerSaved& l = s.layers[i];
+        // h = x + attention(RMSNorm(x)). In bf16 mode the norm writes fp32 into scratch that is
+        // free during the forward and only the bf16 copy is kept.
+        float* xn1 = ctx_.produce(l.xn1, ctx_.full_a);
+        be_.rmsnorm_forward(xn1, l.rstd1, s.res[i], params + layer.ln1, Nr, C, eps_);
+        ctx_.keep(l.xn1, xn1, size_t(Nr) * C);
+        layer.attn->forward(si, s.tok, params, l.xn1, s.res[i], l.h,
+                            caches ? (*caches)[i].get() : nullptr);
+        // y = h + feed_forward(RMSNorm(h))
+        float* xn2 = ctx_.produce(l.xn2, ctx_.full_a);
+        be_.rmsnorm_forward(xn2, l.rstd2, l.h, params + layer.ln2, Nr, C, eps_);
+        ctx_.keep(l.xn2, xn2, size_t(Nr) * C);
+        layer.ffn->forward(si, params, l.xn2, l.h, s.res[i + 1]);
     }
-    if (!plan_.last) return 0.0;
-    const int Vl = d_.Vl();
-    float* xf = produce(s.xf, full_a_);
-    be_.rmsnorm_forward(xf, s.rstd_f, s.res.back(), w.norm, Nr, C, eps_);
-    keep(s.xf, xf, size_t(Nr) * C);
-    mm(false, true, N, Vl, C, gathered(s.xf, N, C), C, weight(w.head), C, 0.0f, s.logits, Vl);
-    if (tp1) {
+}
+
+double ModelChunk::loss(Slot& s, const float* params, float grad_scale, bool need_grad) {
+    const int N = ctx_.N, Nr = ctx_.Nr, C = ctx_.d.C, Vl = ctx_.d.Vl();
+    float* xf = ctx_.produce(s.xf, ctx_.full_a);
+    be_.rmsnorm_forward(xf, s.rstd_f, s.res.back(), params + norm_, Nr, C, eps_);
+    ctx_.keep(s.xf, xf, size_t(Nr) * C);
+    ctx_.mm(false, true, N, Vl, C, ctx_.gathered(s.xf, N, C), C, ctx_.weight(params + head_), C, 0.0f,
+            s.logits, Vl);
+    if (tp_.size() == 1) {
         if (need_grad) be_.xent_forward_backward(s.logits, losses_.data(), tgt_, N, Vl, grad_scale);
         else be_.xent_forward(losses_.data(), s.logits, tgt_, N, Vl);
     } else {
@@ -224,78 +149,64 @@ double ModelChunk::forward(int si, const float* params, const int32_t* ids, cons
     return sum;
 }
 
+double ModelChunk::forward(int si, const float* params, const int32_t* ids, const int32_t* targets,
+                           float grad_scale, bool need_grad) {
+    Slot& s = slots_[size_t(si)];
+    QUINTET_CHECK(!ctx_.bf16() || params == ctx_.master(),
+                  "bf16 chunk: params are not the arena set_bf16_weights named");
+    set_tokens(s, plan_.first ? ids : nullptr, plan_.last ? targets : nullptr);
+    run_layers(s, params, nullptr);
+    if (!plan_.last) return 0.0;
+    return loss(s, params, grad_scale, need_grad);
+}
+
+double ModelChunk::aux_loss(int si) const {
+    double a = 0.0;
+    for (const auto& l : layers_) a += l.ffn->aux_loss(si);
+    return a;
+}
+
 void ModelChunk::backward(int si, const float* params, float* grads, GradReadyHook* hook) {
-    const int N = N_, Nr = Nr_, C = d_.C, F = d_.Fl, QKV = d_.qkv_local(), NH = d_.NHl,
-              NKV = d_.NKVl, HD = d_.HD;
-    const int A = NH * HD;
-    Slot& s = slots_[si];
-    QUINTET_CHECK(!bf16_ || params == master_, "bf16 chunk: params are not the arena set_bf16_weights named");
-    const ChunkView& w = view(wview_, wbase_, params);
-    const ChunkView& g = view(gview_, gbase_, grads);
+    const int N = ctx_.N, Nr = ctx_.Nr, C = ctx_.d.C;
+    Slot& s = slots_[size_t(si)];
+    QUINTET_CHECK(!ctx_.bf16() || params == ctx_.master(),
+                  "bf16 chunk: params are not the arena set_bf16_weights named");
+    ctx_.hook = hook;
     float* dres = s.dres;  // dL/d(residual stream), this rank's rows
-    auto done = [&](float* gt, size_t n) {
-        if (hook) hook->ready(gt, n);
-    };
     if (plan_.last) {
-        const int Vl = d_.Vl();
+        const int Vl = ctx_.d.Vl();
         // s.logits holds grad_scale * dL/dlogits (written by the loss).
-        Mat dlogits = lowp(s.logits, size_t(N) * Vl);
-        mm(true, false, Vl, C, N, dlogits, Vl, gathered(s.xf, N, C), C, 1.0f, g.head, C);
-        mm(false, false, N, C, Vl, dlogits, Vl, weight(w.head), C, 0.0f, full_b_, C);
-        const float* dxf = tp_.reduce(full_b_, dshard_, N, C);
+        Mat dlogits = ctx_.lowp(s.logits, size_t(N) * Vl);
+        ctx_.mm(true, false, Vl, C, N, dlogits, Vl, ctx_.gathered(s.xf, N, C), C, 1.0f, grads + head_, C);
+        ctx_.mm(false, false, N, C, Vl, dlogits, Vl, ctx_.weight(params + head_), C, 0.0f, ctx_.full_b, C);
+        const float* dxf = tp_.reduce(ctx_.full_b, ctx_.dshard, N, C);
         be_.zero(dres, size_t(Nr) * C);
-        be_.rmsnorm_backward(dres, g.norm, dxf, s.res.back(), w.norm, s.rstd_f, Nr, C);
+        be_.rmsnorm_backward(dres, grads + norm_, dxf, s.res.back(), params + norm_, s.rstd_f, Nr, C);
         // A head tied to this chunk's own embedding completes only with the embedding backward.
-        if (!(d_.tied && plan_.first)) done(g.head, size_t(Vl) * C);
-        done(g.norm, C);
+        if (!(ctx_.d.tied && plan_.first)) ctx_.done(grads + head_, size_t(Vl) * C);
+        ctx_.done(grads + norm_, size_t(C));
     } else {
         be_.copy(dres, s.dout, size_t(Nr) * C);
     }
-    for (int i = int(s.layers.size()) - 1; i >= 0; --i) {
-        const LayerView& p = w.layers[i];
-        const LayerView& gp = g.layers[i];
-        Layer& l = s.layers[i];
-        // MLP branch; dres flows straight through the residual. (bf16: an activation gradient
-        // is rounded once, into lowp_, for the two GEMMs that read it.)
-        Mat D = lowp(tp_.gather(dres, full_a_, N, C), size_t(N) * C);
-        mm(false, false, N, F, C, D, C, weight(p.wdown), F, 0.0f, dact_, F);
-        mm(true, false, C, F, N, D, C, local(l.act), F, 1.0f, gp.wdown, F);
-        be_.swiglu_backward(dgu_, dact_, l.gu, N, F);
-        Mat dgu = lowp(dgu_, size_t(N) * 2 * F);
-        // xn2 re-gathered, not kept (SP saves memory)
-        mm(true, false, 2 * F, C, N, dgu, 2 * F, gathered(l.xn2, N, C), C, 1.0f, gp.wgu, C);
-        mm(false, false, N, C, 2 * F, dgu, 2 * F, weight(p.wgu), C, 0.0f, full_b_, C);
-        be_.rmsnorm_backward(dres, gp.ln2, tp_.reduce(full_b_, dshard_, N, C), l.h, p.ln2, l.rstd2, Nr, C);
-        done(gp.wdown, size_t(C) * F);
-        done(gp.wgu, size_t(2) * F * C);
-        done(gp.ln2, C);
+    for (int i = int(layers_.size()) - 1; i >= 0; --i) {
+        Layer& layer = layers_[size_t(i)];
+        LayerSaved& l = s.layers[size_t(i)];
+        // Feed-forward branch; dres flows straight through the residual.
+        const float* dhn = layer.ffn->backward(si, params, grads, l.xn2, dres);
+        be_.rmsnorm_backward(dres, grads + layer.ln2, dhn, l.h, params + layer.ln2, l.rstd2, Nr, C);
+        ctx_.done(grads + layer.ln2, size_t(C));
         // Attention branch.
-        Mat Dh = lowp(tp_.gather(dres, full_a_, N, C), size_t(N) * C);
-        mm(false, false, N, A, C, Dh, C, weight(p.wo), A, 0.0f, datt_, A);
-        mm(true, false, C, A, N, Dh, C, local(l.att), A, 1.0f, gp.wo, A);
-        const float* att = l.att.f;
-        if (bf16_) {  // the backward's rowsum(dO * O) reads the stored (bf16) output, widened
-            be_.from_bf16(full_b_, l.att.b, size_t(N) * A);
-            att = full_b_;
-        }
-        be_.attention_backward(dqkv_, dqkv_ + NH * HD, dqkv_ + (NH + NKV) * HD, datt_, att, l.lse,
-                               l.qkv, l.qkv + NH * HD, l.qkv + (NH + NKV) * HD, B_, T_, NH, NKV, HD,
-                               QKV, QKV, attn_scale_);
-        be_.rope_backward(dqkv_, cos_, sin_, N, T_, NH + NKV, HD, QKV);
-        Mat dqkv = lowp(dqkv_, size_t(N) * QKV);
-        mm(true, false, QKV, C, N, dqkv, QKV, gathered(l.xn1, N, C), C, 1.0f, gp.wqkv, C);
-        mm(false, false, N, C, QKV, dqkv, QKV, weight(p.wqkv), C, 0.0f, full_b_, C);
-        be_.rmsnorm_backward(dres, gp.ln1, tp_.reduce(full_b_, dshard_, N, C), s.res[i], p.ln1,
+        const float* dxn = layer.attn->backward(si, s.tok, params, grads, l.xn1, dres);
+        be_.rmsnorm_backward(dres, grads + layer.ln1, dxn, s.res[size_t(i)], params + layer.ln1,
                              l.rstd1, Nr, C);
-        done(gp.wo, size_t(C) * A);
-        done(gp.wqkv, size_t(QKV) * C);
-        done(gp.ln1, C);
+        ctx_.done(grads + layer.ln1, size_t(C));
     }
     if (plan_.first) {
-        const float* D = tp_.gather(dres, full_a_, N, C);
-        be_.embedding_backward(g.wte, D, s.ids, N, C, d_.Vl());
-        done(g.wte, size_t(d_.Vl()) * C);
+        const float* D = tp_.gather(dres, ctx_.full_a, N, C);
+        be_.embedding_backward(grads + wte_, D, s.ids, N, C, ctx_.d.Vl());
+        ctx_.done(grads + wte_, size_t(ctx_.d.Vl()) * C);
     }
+    ctx_.hook = nullptr;
 }
 
 double ModelChunk::forward_backward(const float* params, float* grads, const int32_t* ids,
@@ -311,6 +222,34 @@ double ModelChunk::forward_loss(const float* params, const int32_t* ids, const i
     QUINTET_CHECK(plan_.first && plan_.last, "forward_loss needs the whole model in one chunk");
     if (slots_.empty()) add_slot();
     return forward(0, params, ids, targets, 1.0f, false);
+}
+
+std::vector<std::unique_ptr<KvCache>> ModelChunk::make_caches(int max_len) const {
+    std::vector<std::unique_ptr<KvCache>> out;
+    for (const auto& l : layers_) out.push_back(l.attn->make_cache(max_len));
+    return out;
+}
+
+const std::vector<float>& ModelChunk::forward_cached(const float* params, const int32_t* ids, int pos0,
+                                                     std::vector<std::unique_ptr<KvCache>>& caches) {
+    QUINTET_CHECK(plan_.first && plan_.last && tp_.size() == 1 && ctx_.B == 1,
+                  "generation needs the whole model on one rank, one sequence");
+    QUINTET_CHECK(pos0 + ctx_.T <= ctx_.max_positions, "generation past the RoPE tables");
+    if (slots_.empty()) add_slot();
+    Slot& s = slots_[0];
+    const int N = ctx_.N, C = ctx_.d.C, V = ctx_.d.V;
+    std::vector<int32_t> pos(static_cast<size_t>(N));
+    for (int n = 0; n < N; ++n) pos[size_t(n)] = pos0 + n;
+    be_.from_host_i32(s.pos, pos.data(), size_t(N));
+    set_tokens(s, ids, nullptr);
+    run_layers(s, params, &caches);
+    float* xf = ctx_.produce(s.xf, ctx_.full_a);
+    be_.rmsnorm_forward(xf, s.rstd_f, s.res.back(), params + norm_, N, C, eps_);
+    ctx_.keep(s.xf, xf, size_t(N) * C);
+    ctx_.mm(false, true, N, V, C, ctx_.local(s.xf), C, ctx_.weight(params + head_), C, 0.0f, s.logits, V);
+    logits_host_.resize(size_t(V));
+    be_.to_host(logits_host_.data(), s.logits + size_t(N - 1) * V, size_t(V));
+    return logits_host_;
 }
 
 }  // namespace quintet

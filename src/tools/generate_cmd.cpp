@@ -14,7 +14,7 @@
 #include "quintet/core/error.hpp"
 #include "quintet/core/rng.hpp"
 #include "quintet/io/checkpoint.hpp"
-#include "quintet/io/deck.hpp"
+#include "quintet/train/deck.hpp"
 #include "quintet/io/h5.hpp"
 #include "quintet/io/token_data.hpp"
 #include "quintet/kernels/backend.hpp"
@@ -94,7 +94,7 @@ int generate_main(int argc, char** argv) {
     ParamTable table = make_param_table(deck.model);
     checkpoint_inspect(ckpt, table);
     std::vector<float> params(table.total);
-    checkpoint_load(ckpt, table, params.data(), nullptr, nullptr, Range{});
+    checkpoint_load(ckpt, table, params.data(), nullptr, nullptr, {});
     std::vector<uint32_t> ids = tok.encode(prompt);
     if (ids.empty()) ids.push_back(uint32_t('\n') < uint32_t(tok.vocab_size()) ? '\n' : 0);
     auto be = make_cpu_backend(0);

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "quintet/core/error.hpp"
-#include "quintet/io/deck.hpp"
+#include "quintet/train/deck.hpp"
 #include "quintet/kernels/backend.hpp"
 #include "quintet/tools/commands.hpp"
 

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "quintet/core/error.hpp"
-#include "quintet/io/deck.hpp"
+#include "quintet/train/deck.hpp"
 #include "quintet/io/token_data.hpp"
 #include "quintet/kernels/backend.hpp"
 #include "quintet/parallel/process_grid.hpp"
@@ -96,20 +96,17 @@ int train_main(int argc, char** argv, MPI_Comm world) {
     } else {
         backend = make_cpu_backend(threads_per_rank(deck, world));
     }
+    const auto& par = deck.parallel;
+    const Layout layout = make_layout(size, par.tp, par.cp, par.pp, par.dp, par.ep);
     // Store the resolved layout, not "auto", so a checkpoint says what it was written with.
-    deck.parallel.dp = size / (deck.parallel.tp * deck.parallel.cp * deck.parallel.pp);
+    deck.parallel.dp = layout.size[kDP];
     std::string text = deck_to_text(deck);
     if (rank == 0) {
         std::printf("quintet train %s on %d rank(s)\n--- resolved deck ---\n%s---------------------\n",
                     deck_path.c_str(), size, text.c_str());
         std::fflush(stdout);
     }
-    Layout layout;
-    layout.size[kTP] = deck.parallel.tp;
-    layout.size[kCP] = deck.parallel.cp;
-    layout.size[kPP] = deck.parallel.pp;
-    layout.size[kDP] = size / (deck.parallel.tp * deck.parallel.cp * deck.parallel.pp);
-    ProcessGrid grid(world, layout);
+    ProcessGrid grid(world, layout, deck.train.collective_timeout_s);
     install_stop_signals();
     Trainer trainer(deck, text, grid, *backend, data.tokens);
     return trainer.run();

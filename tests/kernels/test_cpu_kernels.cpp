@@ -1,5 +1,5 @@
-// Every CPU kernel's backward against central differences of its forward, and the tiled
-// attention against a naive double-precision softmax(QK^T)V.
+// Every CPU kernel's backward against central differences of its forward (attention and RoPE:
+// tests/kernels/test_attention.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,7 +8,6 @@
 
 #include "quintet/core/bf16.hpp"
 #include "quintet/kernels/backend.hpp"
-#include "quintet/model/rope.hpp"
 #include "support/gradcheck.hpp"
 
 using namespace quintet;
@@ -51,97 +50,6 @@ TEST(CpuKernels, SwigluBackwardMatchesFiniteDifferences) {
     };
     b->swiglu_backward(dgu.data(), R.data(), gu.data(), N, F);
     EXPECT_LT(gradcheck(gu, dgu, f, 1e-2f, 80).rel(), 1e-2);
-}
-
-TEST(CpuKernels, RopeBackwardIsTheTransposeAndPreservesRelativePosition) {
-    auto b = be();
-    const int T = 9, NHR = 3, HD = 8, stride = NHR * HD + 4, N = 2 * T;
-    RopeConfig rc;
-    std::vector<float> cs, sn;
-    rope_tables(cs, sn, T, rope_inv_freq(rc, HD, T), 1.0);
-    auto x = randn(N * stride, 6), R = randn(N * stride, 7);
-    std::vector<float> y;
-    auto f = [&] {
-        y = x;
-        b->rope_forward(y.data(), cs.data(), sn.data(), N, T, NHR, HD, stride);
-        return dot(y, R);
-    };
-    std::vector<float> dx = R;
-    b->rope_backward(dx.data(), cs.data(), sn.data(), N, T, NHR, HD, stride);
-    EXPECT_LT(gradcheck(x, dx, f, 1e-2f, 200).rel(), 1e-3);
-    // <R(m) q, R(n) k> depends on m - n only.
-    std::vector<float> q = randn(HD, 8), k = randn(HD, 9);
-    auto rotdot = [&](int m, int n) {
-        std::vector<float> qq = q, kk = k;
-        b->rope_forward(qq.data(), cs.data() + m * HD / 2, sn.data() + m * HD / 2, 1, 1, 1, HD, HD);
-        b->rope_forward(kk.data(), cs.data() + n * HD / 2, sn.data() + n * HD / 2, 1, 1, 1, HD, HD);
-        return dot(qq, kk);
-    };
-    EXPECT_NEAR(rotdot(5, 2), rotdot(7, 4), 1e-5);
-    EXPECT_NEAR(rotdot(3, 3), dot(q, k), 1e-5);
-}
-
-// Naive causal attention in double.
-void attention_reference(std::vector<double>& out, const std::vector<float>& q,
-                         const std::vector<float>& k, const std::vector<float>& v, int B, int T,
-                         int NH, int NKV, int HD, int qs, int kvs, double scale) {
-    out.assign(size_t(B) * T * NH * HD, 0.0);
-    for (int b = 0; b < B; ++b)
-        for (int h = 0; h < NH; ++h) {
-            int g = h / (NH / NKV);
-            for (int t = 0; t < T; ++t) {
-                std::vector<double> s(t + 1);
-                double mx = -1e300, sum = 0;
-                for (int u = 0; u <= t; ++u) {
-                    double d = 0;
-                    for (int i = 0; i < HD; ++i)
-                        d += double(q[(b * T + t) * qs + h * HD + i]) * k[(b * T + u) * kvs + g * HD + i];
-                    s[u] = d * scale;
-                    mx = std::max(mx, s[u]);
-                }
-                for (int u = 0; u <= t; ++u) sum += (s[u] = std::exp(s[u] - mx));
-                for (int u = 0; u <= t; ++u)
-                    for (int i = 0; i < HD; ++i)
-                        out[((b * T + t) * NH + h) * HD + i] += s[u] / sum * v[(b * T + u) * kvs + g * HD + i];
-            }
-        }
-}
-
-TEST(CpuKernels, TiledAttentionMatchesNaiveAcrossTileBoundaries) {
-    auto b = make_cpu_backend(2);
-    // T = 150 spans three 64-row tiles; GQA with 2 query heads per kv head.
-    const int B = 2, T = 150, NH = 4, NKV = 2, HD = 16, qs = NH * HD, kvs = NKV * HD;
-    auto q = randn(B * T * qs, 10), k = randn(B * T * kvs, 11), v = randn(B * T * kvs, 12);
-    std::vector<float> out(B * T * NH * HD), lse(B * NH * T);
-    const float scale = 1.0f / std::sqrt(float(HD));
-    b->attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD,
-                         qs, kvs, scale);
-    std::vector<double> ref;
-    attention_reference(ref, q, k, v, B, T, NH, NKV, HD, qs, kvs, scale);
-    double maxerr = 0;
-    for (size_t i = 0; i < ref.size(); ++i) maxerr = std::max(maxerr, std::abs(ref[i] - out[i]));
-    EXPECT_LT(maxerr, 2e-5);
-}
-
-TEST(CpuKernels, AttentionBackwardMatchesFiniteDifferences) {
-    auto b = be();
-    const int B = 1, T = 70, NH = 4, NKV = 2, HD = 8, qs = NH * HD, kvs = NKV * HD;
-    auto q = randn(B * T * qs, 13), k = randn(B * T * kvs, 14), v = randn(B * T * kvs, 15);
-    auto R = randn(B * T * NH * HD, 16);
-    std::vector<float> out(B * T * NH * HD), lse(B * NH * T);
-    const float scale = 1.0f / std::sqrt(float(HD));
-    auto f = [&] {
-        b->attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, NH, NKV,
-                             HD, qs, kvs, scale);
-        return dot(out, R);
-    };
-    f();
-    std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
-    b->attention_backward(dq.data(), dk.data(), dv.data(), R.data(), out.data(), lse.data(),
-                          q.data(), k.data(), v.data(), B, T, NH, NKV, HD, qs, kvs, scale);
-    EXPECT_LT(gradcheck(q, dq, f, 1e-2f, 100).rel(), 1e-2);
-    EXPECT_LT(gradcheck(k, dk, f, 1e-2f, 100).rel(), 1e-2);
-    EXPECT_LT(gradcheck(v, dv, f, 1e-2f, 100).rel(), 1e-2);
 }
 
 TEST(CpuKernels, CrossEntropyGradientMatchesFiniteDifferences) {

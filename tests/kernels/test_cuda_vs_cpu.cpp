@@ -5,6 +5,7 @@
 // gradchecks): fp32 ops must agree to 1e-5 (only the summation order differs), bf16 as stated.
 // Without a usable GPU every test skips with the reason, and a marker line lets ctest report
 // the suite as skipped (tests/tests.cmake), never as passed.
+// ctest: labels=gpu requires=cuda skip_regex=QUINTET_GPU_TESTS_SKIPPED
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -21,6 +22,7 @@
 #include "quintet/model/params.hpp"
 #include "quintet/model/rope.hpp"
 #include "quintet/model/transformer.hpp"
+#include "support/attention_ref.hpp"
 #include "support/compare.hpp"
 #include "support/gradcheck.hpp"
 #ifdef QUINTET_WITH_NCCL
@@ -199,67 +201,98 @@ TEST_F(CudaVsCpu, RmsnormForwardBackwardDeterministic) {
 }
 
 TEST_F(CudaVsCpu, RopeForwardBackward) {
-    const int T = 9, NHR = 3, HD = 8, stride = 4 * HD + 4, N = 2 * T;
+    // A sub-range of each head's columns at explicit positions (MLA's decoupled RoPE).
+    const int N = 18, heads = 3, head_stride = 12, col0 = 4, dim = 8, stride = heads * head_stride + 4;
     RopeConfig rc;
     std::vector<float> cs, sn;
-    rope_tables(cs, sn, T, rope_inv_freq(rc, HD, T), 1.0);
+    rope_tables(cs, sn, 64, rope_inv_freq(rc, dim, 64), 1.0);
+    std::vector<int32_t> pos(N);
+    for (int n = 0; n < N; ++n) pos[size_t(n)] = (n * 7) % 64;
+    const RopeArgs a{N, heads, head_stride, col0, dim, stride};
     auto x = randn(size_t(N) * stride, 15);
     float *dx = dev(x), *dcs = dev(cs), *dsn = dev(sn);
+    int32_t* dpos = dev_i32(pos);
     std::vector<float> y = x;
-    cpu_->rope_forward(y.data(), cs.data(), sn.data(), N, T, NHR, HD, stride);
-    gpu_->rope_forward(dx, dcs, dsn, N, T, NHR, HD, stride);
+    cpu_->rope_forward(y.data(), cs.data(), sn.data(), pos.data(), a);
+    gpu_->rope_forward(dx, dcs, dsn, dpos, a);
     EXPECT_LT(rel_err(host(dx, x.size()), y), kTol);
-    cpu_->rope_backward(y.data(), cs.data(), sn.data(), N, T, NHR, HD, stride);
-    gpu_->rope_backward(dx, dcs, dsn, N, T, NHR, HD, stride);
+    cpu_->rope_backward(y.data(), cs.data(), sn.data(), pos.data(), a);
+    gpu_->rope_backward(dx, dcs, dsn, dpos, a);
     EXPECT_LT(rel_err(host(dx, x.size()), y), kTol);
     EXPECT_LT(rel_err(y, x), 1e-5);  // the transpose undoes the rotation
 }
 
-struct AttnCase {
-    int B, T, NH, NKV, HD;
-};
-
-TEST_F(CudaVsCpu, AttentionForwardBackwardAcrossTilesAndGqa) {
-    // Tiles are 32 rows on the GPU and 64 on the CPU: T crosses both; GQA, MHA and MQA; the
-    // head dims the kernels size their shared memory for, up to the 256 limit.
-    const AttnCase cases[] = {
-        {2, 100, 4, 2, 16}, {1, 70, 2, 2, 64}, {2, 33, 8, 1, 128}, {1, 40, 2, 1, 256}, {3, 5, 2, 1, 4}};
+TEST_F(CudaVsCpu, GeneralAttentionForwardMergeBackward) {
+    // Tiles are 32 rows on the GPU and 64 on the CPU: the lengths cross both; GQA, MHA and MQA;
+    // mixed head dims up to the 256 limit; Tq != Tk at offsets; documents; rows that see nothing.
+    struct Case {
+        int B, Tq, Tk, NH, NKV, Dqk, Dv, q0, k0;
+        bool causal;
+        int doc;
+    };
+    const Case cases[] = {{2, 100, 100, 4, 2, 16, 16, 0, 0, true, 0},
+                          {1, 70, 70, 2, 2, 64, 64, 0, 0, true, 0},
+                          {2, 33, 33, 8, 1, 128, 128, 0, 0, true, 0},
+                          {1, 40, 40, 2, 1, 256, 256, 0, 0, true, 0},
+                          {1, 40, 90, 4, 2, 24, 16, 50, 0, true, 0},
+                          {2, 64, 64, 2, 1, 32, 16, 0, 0, true, 21},
+                          {1, 30, 50, 2, 2, 16, 16, 10, 20, true, 0},
+                          {3, 5, 9, 2, 1, 4, 8, 0, 0, false, 0}};
     for (const auto& c : cases) {
-        const int N = c.B * c.T, QKV = (c.NH + 2 * c.NKV) * c.HD, A = c.NH * c.HD;
-        const float scale = 1.0f / std::sqrt(float(c.HD));
-        auto qkv = randn(size_t(N) * QKV, 20), dout = randn(size_t(N) * A, 21);
-        std::vector<float> out(size_t(N) * A), lse(size_t(c.B) * c.NH * c.T);
-        std::vector<float> dqkv(size_t(N) * QKV, 7.0f);  // overwritten by the callee
-        const float* q = qkv.data();
-        cpu_->attention_forward(out.data(), lse.data(), q, q + A, q + (c.NH + c.NKV) * c.HD, c.B,
-                                c.T, c.NH, c.NKV, c.HD, QKV, QKV, scale);
-        cpu_->attention_backward(dqkv.data(), dqkv.data() + A, dqkv.data() + (c.NH + c.NKV) * c.HD,
-                                 dout.data(), out.data(), lse.data(), q, q + A,
-                                 q + (c.NH + c.NKV) * c.HD, c.B, c.T, c.NH, c.NKV, c.HD, QKV, QKV,
-                                 scale);
-        float *dq = dev(qkv), *ddout = dev(dout);
-        float *dout_att = dev(std::vector<float>(out.size())), *dlse = dev(std::vector<float>(lse.size()));
-        gpu_->attention_forward(dout_att, dlse, dq, dq + A, dq + (c.NH + c.NKV) * c.HD, c.B, c.T,
-                                c.NH, c.NKV, c.HD, QKV, QKV, scale);
-        const std::string what = "B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
-                                 " NH=" + std::to_string(c.NH) + " NKV=" + std::to_string(c.NKV) +
-                                 " HD=" + std::to_string(c.HD);
-        EXPECT_LT(rel_err(host(dout_att, out.size()), out), kTol) << what;
-        EXPECT_LT(rel_err(host(dlse, lse.size()), lse), kTol) << what;
+        auto p = quintet::testing::make_problem(c.B, c.Tq, c.Tk, c.NH, c.NKV, c.Dqk, c.Dv, c.q0,
+                                                c.k0, c.causal, c.doc, 20);
+        const std::string what = "B=" + std::to_string(c.B) + " Tq=" + std::to_string(c.Tq) +
+                                 " Tk=" + std::to_string(c.Tk) + " NH=" + std::to_string(c.NH) +
+                                 " NKV=" + std::to_string(c.NKV) + " D=" + std::to_string(c.Dqk) +
+                                 "/" + std::to_string(c.Dv);
+        auto dout = randn(p.out_size(), 21);
+        std::vector<float> out(p.out_size()), lse(p.lse_size());
+        std::vector<float> dq(p.q.size(), 0.5f), dk(p.k.size(), 0.5f), dv(p.v.size(), 0.5f);  // accumulated into
+        cpu_->attention_forward(out.data(), lse.data(), p.q.data(), p.k.data(), p.v.data(), p.a);
+        cpu_->attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(),
+                                 p.q.data(), p.k.data(), p.v.data(), p.a);
+        AttentionArgs g = p.a;
+        g.q_pos = dev_i32(p.qpos);
+        g.k_pos = dev_i32(p.kpos);
+        if (!p.qdoc.empty()) {
+            g.q_doc = dev_i32(p.qdoc);
+            g.k_doc = dev_i32(p.kdoc);
+        }
+        float *gq = dev(p.q), *gk = dev(p.k), *gv = dev(p.v), *gdout = dev(dout);
+        float *gout = dev(std::vector<float>(out.size())), *glse = dev(std::vector<float>(lse.size()));
+        gpu_->attention_forward(gout, glse, gq, gk, gv, g);
+        EXPECT_LT(rel_err(host(gout, out.size()), out), kTol) << what;
+        auto hl = host(glse, lse.size());
+        for (size_t i = 0; i < lse.size(); ++i)
+            if (std::isinf(lse[i])) ASSERT_TRUE(std::isinf(hl[i])) << what << " row " << i;
+            else ASSERT_NEAR(hl[i], lse[i], 1e-4) << what << " row " << i;
         std::vector<float> g_first;
         for (int rep = 0; rep < 2; ++rep) {
-            float* ddqkv = dev(std::vector<float>(dqkv.size(), 7.0f));
-            gpu_->attention_backward(ddqkv, ddqkv + A, ddqkv + (c.NH + c.NKV) * c.HD, ddout, dout_att,
-                                     dlse, dq, dq + A, dq + (c.NH + c.NKV) * c.HD, c.B, c.T, c.NH,
-                                     c.NKV, c.HD, QKV, QKV, scale);
-            auto g = host(ddqkv, dqkv.size());
+            float *gdq = dev(std::vector<float>(dq.size(), 0.5f)), *gdk = dev(std::vector<float>(dk.size(), 0.5f)),
+                  *gdv = dev(std::vector<float>(dv.size(), 0.5f));
+            gpu_->attention_backward(gdq, gdk, gdv, gdout, gout, glse, gq, gk, gv, g);
+            auto hq = host(gdq, dq.size()), hk = host(gdk, dk.size()), hv = host(gdv, dv.size());
             if (rep == 0) {
-                EXPECT_LT(rel_err(g, dqkv), kTol) << what;
-                g_first = g;
+                EXPECT_LT(rel_err(hq, dq), kTol) << what;
+                EXPECT_LT(rel_err(hk, dk), kTol) << what;
+                EXPECT_LT(rel_err(hv, dv), kTol) << what;
+                g_first = hq;
             } else {
-                EXPECT_TRUE(same_bits(g, g_first)) << what << ": backward is not deterministic";
+                EXPECT_TRUE(same_bits(hq, g_first)) << what << ": backward is not deterministic";
             }
         }
+        // Merge: the forward over the keys' two halves, merged, against the whole.
+        std::vector<float> o2 = out, l2 = lse;
+        float *gm = dev(out), *gml = dev(lse), *go2 = dev(o2), *gl2 = dev(l2);
+        for (auto& x : l2) x = -INFINITY;  // merging nothing changes nothing
+        float* gnone = dev(l2);
+        gpu_->attention_merge(gm, gml, go2, gnone, g);
+        EXPECT_TRUE(same_bits(host(gm, out.size()), out)) << what;
+        gpu_->attention_merge(gm, gml, go2, gl2, g);  // the same set twice: out unchanged, lse + ln 2
+        EXPECT_LT(rel_err(host(gm, out.size()), out), kTol) << what;
+        auto ml = host(gml, lse.size());
+        for (size_t i = 0; i < lse.size(); ++i)
+            if (!std::isinf(lse[i])) ASSERT_NEAR(ml[i], lse[i] + std::log(2.0f), 1e-4) << what;
     }
 }
 
@@ -440,8 +473,8 @@ void twenty_steps(Backend& cpu, CudaBackend& gpu, Precision prec) {
     MpiCommunicator self(MPI_COMM_SELF);
     TensorParallel tp(self, false);
     const ChunkPlan plan = stage_chunks(m.n_layers, 1, 1, 0, "")[0];
-    ModelChunk model_c(cpu, m, rope, table, plan, tp, B, T, prec);
-    ModelChunk model_g(gpu, m, rope, table, plan, tp, B, T, prec);
+    ModelChunk model_c(cpu, m, rope, table, plan, tp, B, T, ChunkOptions{prec});
+    ModelChunk model_g(gpu, m, rope, table, plan, tp, B, T, ChunkOptions{prec});
     ModelChunk model_ref(cpu, m, rope, table, plan, tp, B, T);  // fp32 on the CPU
 
     std::vector<float> p(table.total), gr(table.total), mo(table.total, 0.0f), ve(table.total, 0.0f);
@@ -539,7 +572,8 @@ TEST_F(CudaVsCpu, NcclCommunicatorOnOneRank) {
     // point-to-point with itself: the deferred isend joins the recv in one group
     float* rv = dev(std::vector<float>(n));
     const int h = comm.isend(d, n, 0, 7);
-    comm.recv(rv, n, 0, 7, 30.0, "self recv");
+    comm.set_deadline(30.0);
+    comm.recv(rv, n, 0, 7, "self recv");
     comm.wait(h);
     EXPECT_TRUE(same_bits(host(rv, n), x));
     const int h2 = comm.isend(d, n, 0, 8);

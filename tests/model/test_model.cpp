@@ -95,7 +95,7 @@ TEST(Model, Bf16FollowsFp32ToBf16Precision) {
         TensorParallel tp(self, false);
         const ChunkPlan plan = stage_chunks(c.m.n_layers, 1, 1, 0, "")[0];
         ModelChunk f32(*be, c.m, c.rope, table, plan, tp, B, T);
-        ModelChunk b16(*be, c.m, c.rope, table, plan, tp, B, T, Precision::bf16);
+        ModelChunk b16(*be, c.m, c.rope, table, plan, tp, B, T, ChunkOptions{Precision::bf16});
         std::vector<float> params(table.total), g32(table.total, 0.0f), g16(table.total, 0.0f);
         init_params(params.data(), table, c.m, c.init, 42, 0, table.total);
         std::vector<bf16_bits> shadow(table.total);

@@ -1,6 +1,7 @@
 // The vocab-parallel cross-entropy (max and sum-exp reduced over tp, the full logits never
 // gathered) against the unsharded fused kernel, on random logits, with an uneven vocabulary
 // split (50 rows over 3 ranks) and targets on every rank.
+// ctest: labels=mpi ranks=3
 #include <gtest/gtest.h>
 #include <mpi.h>
 

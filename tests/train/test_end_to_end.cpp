@@ -2,6 +2,7 @@
 // without ZeRO-1) gives the single-rank loss curve; step-0 checkpoints are bit-identical
 // across layouts; an interrupted run resumes to the same curve bit for bit, also on another
 // layout; and bad inputs stop with a clear message and leave nothing on disk.
+// ctest: labels=mpi timeout=900 launches_mpirun
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>

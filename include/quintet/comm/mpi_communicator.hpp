@@ -1,12 +1,17 @@
 // Communicator over an MPI communicator, for host memory. Errors are returned, not fatal
 // (MPI_ERRORS_RETURN), so every call is checked and reported with its text and file:line.
+// Deadlines (communicator.hpp): blocking collectives are timed by a Watchdog (they are much
+// faster than MPI's non-blocking ones); point-to-point waits and overlapped reductions poll with
+// the deadline. Each communicator numbers its operations (seq()), for the fault report.
 #pragma once
 #include <mpi.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "quintet/comm/communicator.hpp"
+#include "quintet/comm/watchdog.hpp"
 
 namespace quintet {
 
@@ -16,12 +21,15 @@ void check_mpi(int rc, const char* what, const char* file, int line);
 class MpiCommunicator final : public Communicator {
 public:
     // Takes ownership of `comm` (freed in the destructor unless it is MPI_COMM_WORLD/SELF).
-    explicit MpiCommunicator(MPI_Comm comm);
+    // `watchdog` (may be null: then blocking collectives have no deadline) times blocking calls.
+    explicit MpiCommunicator(MPI_Comm comm, std::string name = "world", double deadline_s = 0,
+                             std::shared_ptr<Watchdog> watchdog = nullptr);
     ~MpiCommunicator() override;
     MpiCommunicator(const MpiCommunicator&) = delete;
     MpiCommunicator& operator=(const MpiCommunicator&) = delete;
 
     MPI_Comm handle() const { return comm_; }
+    uint64_t seq() const { return seq_; }  // operations started on this communicator so far
     int rank() const override { return rank_; }
     int size() const override { return size_; }
     void all_reduce_sum(float* buf, size_t n) const override;
@@ -32,16 +40,18 @@ public:
     void all_gather(const float* send, float* recv, size_t count) const override;
     void all_to_allv(const float* send, const int* sc, const int* sd, float* recv, const int* rc,
                      const int* rd) const override;
+    void all_to_allv(const int32_t* send, const int* sc, const int* sd, int32_t* recv,
+                     const int* rc, const int* rd) const override;
+    void all_to_all_counts(const int* send_counts, int* recv_counts) const override;
+    void broadcast(void* buf, size_t bytes, int root) const override;
+    void barrier() const override;
     void send(const float* buf, size_t n, int peer, int tag) const override;
-    void recv(float* buf, size_t n, int peer, int tag, double timeout_s = 0,
-              const char* what = "recv") const override;
+    void recv(float* buf, size_t n, int peer, int tag, const char* what = "recv") const override;
     int isend(const float* buf, size_t n, int peer, int tag) const override;
     void wait(int handle) const override;
     bool test(int handle) const override;
     int irecv(float* buf, size_t n, int peer, int tag) const override;
-    void wait_recv(int handle, double timeout_s = 0, const char* what = "recv") const override;
-    void broadcast(void* buf, size_t bytes, int root) const override;
-    void barrier() const override;
+    void wait_recv(int handle, const char* what = "recv") const override;
     int iall_reduce_sum(float* buf, size_t n) const override;
     void wait_reduce(int handle) const override;
     void progress() const override;
@@ -49,9 +59,21 @@ public:
 private:
     MPI_Comm comm_;
     int rank_ = 0, size_ = 1;
+    std::shared_ptr<Watchdog> watchdog_;
+    mutable uint64_t seq_ = 0;
+    // Marks a blocking operation for the watchdog (RAII).
+    struct Timed {
+        Timed(const MpiCommunicator& c, const char* op);
+        ~Timed();
+        const MpiCommunicator& c;
+    };
+    // Completes `req` within the deadline, else throws DeadlineError naming `op` (and `peer`
+    // for point-to-point waits; -1 for collectives).
+    void complete(MPI_Request& req, const char* op, int peer = -1) const;
+    void all_reduce(void* buf, size_t n, MPI_Datatype type, MPI_Op op, const char* what) const;
     int new_handle() const;
     mutable std::vector<MPI_Request> requests_;  // isend/irecv handles index this
-    mutable std::vector<int> peer_of_;           // source rank of each irecv handle
+    mutable std::vector<int> peer_of_;           // peer rank of each isend/irecv handle
     // iall_reduce_sum handles index this (apart from requests_: progress() completes these
     // requests, and a completed slot of requests_ may be handed to the next isend)
     mutable std::vector<MPI_Request> reductions_;

@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "quintet/comm/communicator.hpp"
@@ -27,7 +28,8 @@ public:
     // Collective over `comm`. `be` gives the device (already chosen, e.g. from
     // cuda_local_device), the comm stream the collectives run on and the compute stream they are
     // ordered with. `comm` is not kept (nor freed): NCCL needs it only for the bootstrap.
-    NcclCommunicator(MPI_Comm comm, CudaBackend& be);
+    NcclCommunicator(MPI_Comm comm, CudaBackend& be, std::string name = "nccl",
+                     double deadline_s = 0);
     ~NcclCommunicator() override;
     NcclCommunicator(const NcclCommunicator&) = delete;
     NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -48,6 +50,10 @@ public:
     // ncclSend/ncclRecv pairs.
     void all_to_allv(const float* send, const int* send_counts, const int* send_displs,
                      float* recv, const int* recv_counts, const int* recv_displs) const override;
+    void all_to_allv(const int32_t* send, const int* send_counts, const int* send_displs,
+                     int32_t* recv, const int* recv_counts, const int* recv_displs) const override;
+    // Host counts (staged through the device; blocks the host until they arrived).
+    void all_to_all_counts(const int* send_counts, int* recv_counts) const override;
     // Point-to-point: NCCL has no tags (`tag` is ignored); messages between two ranks match in
     // the order they are posted. A send completes on the device only when its receive is
     // posted, so isend() is deferred: it joins the next recv/send/wait in one ncclGroup, which
@@ -55,10 +61,9 @@ public:
     // stream-ordered: compute work queued after recv()/wait() sees the data / may reuse the
     // buffer; the host is not blocked unless recv has a timeout.
     void send(const float* buf, size_t n, int peer, int tag) const override;
-    // timeout_s > 0: the host polls until the data arrived; past the deadline the NCCL
-    // communicator is aborted and a RankError names `what` and the peer.
-    void recv(float* buf, size_t n, int peer, int tag, double timeout_s = 0,
-              const char* what = "recv") const override;
+    // With a deadline the host polls until the data arrived; past it the NCCL communicator is
+    // aborted and a DeadlineError names `what` and the peer.
+    void recv(float* buf, size_t n, int peer, int tag, const char* what = "recv") const override;
     int isend(const float* buf, size_t n, int peer, int tag) const override;
     void wait(int handle) const override;
     // Queues a deferred isend if needed, then polls its completion on the device (true: done,
@@ -89,6 +94,11 @@ private:
     void leave() const;                  // compute stream waits for the comm work queued so far
     void* staging(size_t bytes) const;   // device scratch for host-buffer collectives
     void host_all_reduce(void* buf, size_t n, size_t elem, int dtype, int op) const;
+    // The host waits for the comm stream's work so far, within the deadline (then the NCCL
+    // communicator is aborted and DeadlineError names `op`).
+    void host_wait(const char* op, int peer = -1) const;
+    void alltoallv(const void* send, const int* sc, const int* sd, void* recv, const int* rc,
+                   const int* rd, int dtype, size_t elem) const;
     void device_all_reduce(void* buf, size_t n, int dtype, int op) const;
     // Queue the deferred isends (and `extra`, a send or recv, when given) as one ncclGroup on
     // the comm stream, then mark their handles complete at that point of the stream.

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "quintet/model/params.hpp"
 #include "quintet/parallel/layout.hpp"
@@ -16,6 +17,13 @@ namespace quintet {
 
 constexpr int64_t kCheckpointFormatVersion = 1;
 
+// A range of the local arena and where the AdamW moments of its first element sit in the
+// moment arrays (moment of arena element i = state_index + (i - arena.lo)).
+struct ArenaRange {
+    Range arena;
+    size_t state_index = 0;
+};
+
 struct CheckpointMeta {
     int64_t step = 0;
     int64_t tokens_seen = 0;
@@ -23,13 +31,13 @@ struct CheckpointMeta {
     std::string layout;  // e.g. "tp=1 cp=1 dp=2 pp=1 zero=1"
 };
 
-// Collective over `comm` (every rank of the job). params: this rank's local arena; `owned` = the
-// flat range of it this rank writes (tensors it holds as a non-writer replica are skipped);
-// exp_avg/exp_avg_sq hold at least `owned` (element i of the arena is exp_avg[i - opt_base]).
-// Returns the final path. Old checkpoints beyond `keep` are removed.
+// Collective over `comm` (every rank of the job). params: this rank's local arena; `writes`:
+// the ranges of it this rank writes, with their moments (tensors it holds as a non-writer replica
+// are skipped; buffers have no moments). Small tensors go with independent I/O, large ones with
+// one collective write each. Returns the final path. Old checkpoints beyond `keep` are removed.
 std::string checkpoint_save(MPI_Comm comm, const std::string& run_dir, const CheckpointMeta& meta,
                             const ParamTable& table, const float* params, const float* exp_avg,
-                            const float* exp_avg_sq, size_t opt_base, Range owned, int keep);
+                            const float* exp_avg_sq, const std::vector<ArenaRange>& writes, int keep);
 
 // The path named by run_dir/checkpoints/latest, or "" when there is none.
 std::string checkpoint_latest(const std::string& run_dir);
@@ -39,8 +47,8 @@ std::string checkpoint_latest(const std::string& run_dir);
 CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& table);
 
 // Reads this rank's shard of every tensor into the local arena `params`, and (when exp_avg is
-// given) the moments of the local range `opt` into exp_avg[i - opt.lo]. Independent per rank.
+// given) the moments of the ranges `state` of trainable tensors. Independent per rank.
 void checkpoint_load(const std::string& path, const ParamTable& table, float* params,
-                     float* exp_avg, float* exp_avg_sq, Range opt);
+                     float* exp_avg, float* exp_avg_sq, const std::vector<ArenaRange>& state);
 
 }  // namespace quintet

@@ -33,6 +33,11 @@ public:
     hid_t get() const { return id_; }
     operator hid_t() const { return id_; }
     bool valid() const { return id_ >= 0; }
+    hid_t release() {  // gives up ownership: the caller closes (and checks) the id
+        hid_t id = id_;
+        id_ = -1;
+        return id;
+    }
     void reset() {
         if (id_ >= 0 && close_) close_(id_);
         id_ = -1;

@@ -3,7 +3,7 @@
 // The CPU backend (OpenBLAS + OpenMP) is the reference every other backend is tested against.
 //
 // Dimension letters (docs/architecture.md): N = B*T tokens of a microbatch, C = d_model,
-// NH/NKV query/key-value heads, HD head dim, F ffn hidden width, V vocabulary.
+// NH/NKV query/key-value heads, Dqk/Dv head dims, F ffn hidden width, V vocabulary.
 // Conventions (llm.c style): outputs first, then saved values, then inputs, then weights, then
 // dims. Parameter gradients accumulate (+=); activation gradients overwrite (=) unless the
 // function says it accumulates (the residual stream).
@@ -19,6 +19,30 @@ enum class Device { cpu, cuda };
 
 // bf16 values are stored as their 16-bit patterns (the upper half of the fp32 pattern).
 using bf16_bits = uint16_t;
+
+// Where RoPE rotates inside each row (Backend::rope_forward).
+struct RopeArgs {
+    int N = 0;            // rows
+    int n_heads = 0;      // heads rotated per row
+    int head_stride = 0;  // columns from one head to the next
+    int col0 = 0;         // first rotated column inside a head
+    int dim = 0;          // rotated columns per head (even); the tables have dim/2 columns
+    int row_stride = 0;   // columns per row
+};
+
+// The shape of one attention call (Backend::attention_forward).
+struct AttentionArgs {
+    int B = 0, Tq = 0, Tk = 0;  // sequences; query rows and key rows per sequence
+    int NH = 0, NKV = 0;        // query heads; kv heads (NH % NKV == 0: GQA groups)
+    int Dqk = 0, Dv = 0;        // head dims of q.k and of v (and the output)
+    int q_stride = 0, k_stride = 0, v_stride = 0, o_stride = 0;  // row strides in floats
+    float scale = 1.0f;         // softmax scale (MLA under YaRN folds mscale^2 in here)
+    bool causal = true;
+    const int32_t* q_pos = nullptr;  // [B*Tq] global positions (backend memory, required)
+    const int32_t* k_pos = nullptr;  // [B*Tk]
+    const int32_t* q_doc = nullptr;  // [B*Tq] document ids, or null: no document mask
+    const int32_t* k_doc = nullptr;  // [B*Tk] (both or neither)
+};
 
 class Backend {
 public:
@@ -37,6 +61,7 @@ public:
     virtual int32_t* alloc_i32(size_t n) = 0;
     virtual void release_i32(int32_t* p) = 0;
     virtual void from_host_i32(int32_t* dst, const int32_t* host, size_t n) = 0;
+    virtual void to_host_i32(int32_t* host, const int32_t* src, size_t n) = 0;
 
     // ---- dense algebra, row-major ----
     // C[M,N] = alpha * op(A) op(B) + beta * C; op = transpose when the flag is set.
@@ -67,24 +92,35 @@ public:
     // dinp[N,C] += d(out)/d(inp)^T dout (accumulates: the residual stream); dw[C] += ...
     virtual void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
                                   const float* w, const float* rstd, int N, int C) = 0;
-    // In place on x[N, row_stride]: heads [0, n_rot_heads) of HD each, starting at column 0, are
-    // rotated by position t = n % T with tables cos/sin [T, HD/2] (rotate-half convention).
-    virtual void rope_forward(float* x, const float* cos, const float* sin, int N, int T,
-                              int n_rot_heads, int HD, int row_stride) = 0;
+    // RoPE (rotate-half, DESIGN §2) in place on rows x[N, row_stride]: in each of heads
+    // [0, n_heads) (head h starts at column h*head_stride) the columns [col0, col0 + dim) are
+    // split in halves and rotated by the angle of position pos[n] (backend int32 memory [N]),
+    // read from tables cos/sin [positions, dim/2]. MLA rotates a sub-range of each head.
+    virtual void rope_forward(float* x, const float* cos, const float* sin, const int32_t* pos,
+                              const RopeArgs& a) = 0;
     // The transpose rotation, in place on dx.
-    virtual void rope_backward(float* dx, const float* cos, const float* sin, int N, int T,
-                               int n_rot_heads, int HD, int row_stride) = 0;
-    // Causal attention, tiled with an online softmax (never a T x T matrix).
-    // q: head h at q[(b*T+t)*q_stride + h*HD]; k, v: kv head g at [(b*T+t)*kv_stride + g*HD];
-    // out[N, NH*HD] (row stride NH*HD); lse[B, NH, T] saved for backward.
+    virtual void rope_backward(float* dx, const float* cos, const float* sin, const int32_t* pos,
+                               const RopeArgs& a) = 0;
+
+    // ---- attention: one general operation (DESIGN §1, derivation in docs/math.md) ----
+    // Tiled with an online softmax (never a Tq x Tk matrix). Query head h of query row
+    // (b, t) is at q[(b*Tq + t)*q_stride + h*Dqk]; kv head g = h / (NH/NKV) of key row (b, s) at
+    // k[(b*Tk + s)*k_stride + g*Dqk] and v[(b*Tk + s)*v_stride + g*Dv]. Key s is visible to
+    // query t when (not causal or k_pos <= q_pos) and (no document ids or k_doc == q_doc).
+    // out[(b*Tq + t)*o_stride + h*Dv]; lse[B, NH, Tq] = log-sum-exp of the scaled logits (a row
+    // that sees no key gets out = 0, lse = -inf). Fully masked tiles are skipped.
     virtual void attention_forward(float* out, float* lse, const float* q, const float* k,
-                                   const float* v, int B, int T, int NH, int NKV, int HD,
-                                   int q_stride, int kv_stride, float scale) = 0;
-    // dq, dk, dv laid out like q, k, v (overwritten: zeroed by the callee).
+                                   const float* v, const AttentionArgs& a) = 0;
+    // (out, lse) <- the softmax over the union of two disjoint key sets, from (out, lse) over
+    // one and (out2, lse2) over the other (same layout as attention_forward's outputs).
+    virtual void attention_merge(float* out, float* lse, const float* out2, const float* lse2,
+                                 const AttentionArgs& a) = 0;
+    // From the final out and lse (which may span more keys than k, v: ring attention), dq, dk,
+    // dv ACCUMULATE (+=) the gradients of these keys' share; laid out like q, k, v (same
+    // strides); dout like out.
     virtual void attention_backward(float* dq, float* dk, float* dv, const float* dout,
                                     const float* out, const float* lse, const float* q,
-                                    const float* k, const float* v, int B, int T, int NH, int NKV,
-                                    int HD, int q_stride, int kv_stride, float scale) = 0;
+                                    const float* k, const float* v, const AttentionArgs& a) = 0;
     // gu[N, 2F] = [gate | up]; out[N,F] = silu(gate) * up
     virtual void swiglu_forward(float* out, const float* gu, int N, int F) = 0;
     // dgu[N, 2F] from dout[N,F] (overwrites)

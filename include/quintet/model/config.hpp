@@ -1,4 +1,5 @@
-// Model hyper-parameters. Field name = deck key: `model.d_model` is ModelConfig::d_model.
+// Model hyper-parameters. Field name = deck key: `model.d_model` is ModelConfig::d_model, and
+// `moe.experts` is ModelConfig::moe.experts (the [moe] section belongs to the model).
 // Defaults and help texts live in the option table (src/io/deck.cpp), the single source for
 // --help, docs/deck.md and inputs/reference.deck.
 #pragma once
@@ -6,6 +7,15 @@
 #include <string>
 
 namespace quintet {
+
+struct MoeConfig {
+    int experts = 0;  // E; 0 = dense FFN
+    int top_k = 2, shared_experts = 0, ffn_dim = 0;
+    std::string layers = "all";
+    bool norm_topk = true;
+    std::string balance = "aux_loss";  // aux_loss | aux_free | none
+    double aux_coef = 0.01, bias_rate = 0.001;
+};
 
 struct ModelConfig {
     int d_model = 256;            // C: width of the residual stream
@@ -17,6 +27,7 @@ struct ModelConfig {
     bool tie_embeddings = false;  // lm_head shares model.embed_tokens
     std::string attention = "mha";  // mha | mla
     int kv_lora_rank = 0, q_lora_rank = 0, qk_nope_dim = 0, qk_rope_dim = 0, v_head_dim = 0;
+    MoeConfig moe;       // the [moe] section (which layers are MoE, and how)
     int vocab_size = 0;  // V: not a deck key; taken from the data file
     int head_dim() const { return d_model / n_heads; }  // HD
 };
@@ -29,13 +40,11 @@ struct RopeConfig {
     double beta_fast = 32.0, beta_slow = 1.0;
 };
 
-struct MoeConfig {
-    int experts = 0;  // E; 0 = dense FFN
-    int top_k = 2, shared_experts = 0, ffn_dim = 0;
-    std::string layers = "all";
-    bool norm_topk = true;
-    std::string balance = "aux_loss";  // aux_loss | aux_free | none
-    double aux_coef = 0.01, bias_rate = 0.001;
+
+// Parameter initialisation (the [init] section; DESIGN §2 "Initialisation").
+struct InitConfig {
+    std::string scheme = "scaled";  // normal | scaled | fan_in
+    double std = 0.02;
 };
 
 }  // namespace quintet

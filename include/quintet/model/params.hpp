@@ -1,33 +1,53 @@
 // The parameter table: every tensor of the whole model (Hugging Face name, logical shape
 // [out, in]) and, for this rank, the shard it holds -- which layers (its pipeline chunks), which
-// rows or columns (its tensor-parallel slice) -- and where that shard sits in the flat local
-// arena. Gradients and AdamW moments use the same layout. q/k/v are adjacent (one fused GEMM),
-// as are gate/up. Sharding rules: docs/parallelism.md.
+// rows or columns (its tensor-parallel slice, later its experts) -- where that shard sits in the
+// flat local arena, and the replica group its gradient is summed over. Gradients and AdamW
+// moments use the same layout. Each layer module adds its own tensors (model/mha.cpp,
+// model/swiglu.cpp, ...) through ParamBuilder; the sharding rules are in docs/parallelism.md.
+//
+// The arena is cut into regions, one per replica group (DESIGN §1 "Replica groups"): dense
+// tensors (gradients summed over dp x cp), then expert tensors (summed over edp), then buffers
+// (not trained: no gradient, no decay, checkpointed). Each region is padded to a multiple of its
+// group's size, so ZeRO-1 can shard it evenly.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "quintet/model/config.hpp"
 #include "quintet/parallel/layout.hpp"
-#include "quintet/train/train_config.hpp"
 
 namespace quintet {
 
-enum class InitRule { normal, out_proj, ones, embedding };
+enum class InitRule { normal, out_proj, ones, zeros, embedding };
 
-// How this rank's copy of a tensor relates to the other ranks' copies, beyond DP.
+// Partial gradients to complete inside the model-parallel ranks before the replica-group sum.
 enum class GradSync {
     none,      // a disjoint shard, or a replica whose gradient is already complete
-    tp,        // replicated over tp with partial gradients (norm weights under sequence parallel)
+    tp,        // replicated over tp with partial gradients (norm weights under SP, MLA's down-projections)
     kv_group,  // a KV head replicated over the tp ranks that share it (tp > n_kv_heads)
     tied,      // the embedding copy held by the first and the last pipeline stage
 };
 
+// Which ranks hold other replicas of a tensor (and sum its gradient with this one).
+enum class Replicas {
+    dense,   // dp x cp (Group::dp_cp)
+    expert,  // the expert-data-parallel group (Group::edp)
+    none,    // a buffer: not trained
+};
+constexpr int kNumRegions = 3;  // one arena region per Replicas value, in this order
+Group replica_group(Replicas r);  // dp_cp, edp; world for none (unused)
+
+// The axis a tensor is split over (rows or columns), beyond the pipeline.
+enum class Shard { none, tp, ep };
+
 struct LogicalTensor {
     std::string name;
     int rows = 0, cols = 1, ndim = 2;
+    bool trainable = true;
     size_t numel() const { return size_t(rows) * cols; }
 };
 
@@ -38,10 +58,14 @@ struct ParamSpec {
     int lrows = 0, lcols = 1;  // this rank's shard shape
     int row0 = 0, col0 = 0;    // shard offset in the logical tensor
     InitRule init = InitRule::normal;
+    Shard shard = Shard::none;
     GradSync sync = GradSync::none;
+    Replicas replicas = Replicas::dense;
     bool writer = true;     // this copy is the one written to checkpoints and counted in norms
+    bool matmul = false;    // multiplies every token: counts in P of 6·N·P
     size_t offset = 0;      // into the local arena, in floats
     size_t numel() const { return size_t(lrows) * lcols; }
+    bool trainable() const { return replicas != Replicas::none; }
     bool decay() const { return ndim >= 2; }  // weight decay on rank >= 2 only (DESIGN §3)
 };
 
@@ -55,6 +79,7 @@ struct ModelDims {
     int Vl() const { return v1 - v0; }
     int qkv_local() const { return (NHl + 2 * NKVl) * HD; }
     int kv_group() const { return tp > NKV ? tp / NKV : 1; }  // ranks sharing one kv head
+    int kv_head0() const { return tp <= NKV ? tp_rank * NKVl : tp_rank / kv_group(); }
 };
 ModelDims model_dims(const ModelConfig& m, int tp = 1, int tp_rank = 0);
 
@@ -68,40 +93,63 @@ struct ChunkPlan {
 // `pp_layers` (comma list, v = 1 only) overrides the even split.
 std::vector<ChunkPlan> stage_chunks(int n_layers, int pp, int v, int stage, const std::string& pp_layers);
 
+// What this rank holds of the model, and how its regions are padded.
+struct ShardPlan {
+    int tp = 1, tp_rank = 0;
+    bool sequence_parallel = false;
+    int pp = 1;
+    std::vector<ChunkPlan> chunks;  // this rank's pipeline chunks
+    int ep = 1, ep_rank = 0;
+    int pad[kNumRegions] = {1, 1, 1};  // region r is padded to a multiple of pad[r] floats
+};
+ShardPlan whole_model_plan(const ModelConfig& m);  // one rank, tp = pp = 1
+
 struct ParamTable {
     std::vector<LogicalTensor> logical;  // the whole model, in checkpoint order
-    std::vector<ParamSpec> specs;        // this rank's shards
-    size_t total = 0;                    // floats in the local arena
+    std::vector<ParamSpec> specs;        // this rank's shards, in arena order
+    Range region[kNumRegions];           // each region's floats in the arena, padded
+    size_t region_used[kNumRegions] = {0, 0, 0};  // floats of tensors at the start of each region
+    size_t total = 0;                    // floats in the local arena (all regions, padded)
     size_t matmul_params = 0;            // P of 6·N·P over the whole model
     const ParamSpec* find(const std::string& name) const;  // nullptr when not held here
+    size_t offset_of(const std::string& name) const;       // fails when not held here
+    const ParamSpec* writer_spec(const std::string& name) const;  // the writer copy, or null
+    std::unordered_map<std::string, size_t> index;         // name -> index in specs
 };
 
-// The whole model on one rank (tp = pp = 1).
-ParamTable make_param_table(const ModelConfig& m);
-// This rank's shards: tensor-parallel slice `tp_rank` of `tp`, the given pipeline chunks.
-ParamTable make_param_table(const ModelConfig& m, int tp, int tp_rank,
-                            const std::vector<ChunkPlan>& chunks, bool sequence_parallel, int pp);
+// Collects the tensors of a model as its modules describe them, then lays out the arena.
+class ParamBuilder {
+public:
+    ParamBuilder(const ModelDims& d, const ShardPlan& plan);
+    const ModelDims& dims() const { return d_; }
+    const ShardPlan& plan() const { return plan_; }
+    bool holds_layer(int layer) const;
+    // A tensor of the whole model, also held here when `held`: its shard fields (lrows, ...)
+    // describe this rank's part. Tensors are laid out in the order they are added, per region.
+    void add(const ParamSpec& spec, bool held, bool matmul);
+    // Shorthands for the common shards: the whole tensor; rows [row0, row0+lrows); columns.
+    static ParamSpec whole(const std::string& name, int rows, int cols, InitRule init);
+    static ParamSpec vector(const std::string& name, int n, InitRule init);
+    static ParamSpec row_shard(const std::string& name, int rows, int cols, int lrows, int row0,
+                               InitRule init);
+    static ParamSpec col_shard(const std::string& name, int rows, int cols, int lcols, int col0,
+                               InitRule init);
+    ParamTable finish();
+
+private:
+    ModelDims d_;
+    ShardPlan plan_;
+    ParamTable t_;
+    std::unordered_set<std::string> listed_;
+};
+
+// This rank's shards of the model (modules from the deck's model.attention and feed-forward kinds).
+ParamTable make_param_table(const ModelConfig& m, const ShardPlan& plan);
+ParamTable make_param_table(const ModelConfig& m);  // the whole model on one rank
 
 // Fill `arena` with the layout-invariant initial values of local elements [lo, hi):
 // logical element i of tensor `name` = N(0,1) from Philox(seed, name, i) times the rule's std.
 void init_params(float* arena, const ParamTable& table, const ModelConfig& m,
                  const InitConfig& init, uint64_t seed, size_t lo, size_t hi);
-
-// Views of one layer's local tensors in an arena with this table's layout.
-struct LayerView {
-    float* ln1;     // [C]                       input_layernorm
-    float* wqkv;    // [(NHl+2NKVl)*HD, C]      q_proj ; k_proj ; v_proj (local rows)
-    float* wo;      // [C, NHl*HD]               (local columns)
-    float* ln2;     // [C]                       post_attention_layernorm
-    float* wgu;     // [2Fl, C]                  gate_proj ; up_proj (local rows)
-    float* wdown;   // [C, Fl]                   (local columns)
-};
-struct ChunkView {
-    float* wte = nullptr;        // [Vl, C] (first chunk)
-    std::vector<LayerView> layers;
-    float* norm = nullptr;       // [C] (last chunk)
-    float* head = nullptr;       // [Vl, C] (last chunk; the embedding copy when tied)
-};
-ChunkView chunk_view(const ParamTable& table, const ChunkPlan& chunk, float* arena);
 
 }  // namespace quintet

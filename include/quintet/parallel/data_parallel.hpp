@@ -1,27 +1,34 @@
-// Data parallelism over the gradient arena: bucketed all-reduce, or with ZeRO-1 a
-// reduce-scatter into this rank's shard of the optimizer state and an all-gather of the
-// updated parameters. Shards are contiguous ranges of the flat arena (padded to a multiple
-// of dp so every shard has the same size S).
+// Data parallelism over one region of the gradient arena (the tensors of one replica group:
+// dense tensors over dp x cp, expert tensors over edp): bucketed all-reduce, or with ZeRO-1 a
+// reduce-scatter into this rank's shard of the optimizer state and an all-gather of the updated
+// parameters. Shards are contiguous ranges of the region, which the parameter table pads to a
+// multiple of the group size so every shard has the same size S. All indices are absolute
+// arena indices.
 #pragma once
 #include <cstddef>
 #include <vector>
 
 #include "quintet/comm/communicator.hpp"
+#include "quintet/kernels/backend.hpp"
 #include "quintet/parallel/layout.hpp"
 
 namespace quintet {
 
 class DataParallel {
 public:
-    DataParallel(const Communicator& dp, size_t total, double bucket_mb, bool zero);
+    // The region [lo, lo + used) of the arena (tensors), padded to [lo, lo + padded()).
+    DataParallel(const Communicator& group, Backend& be, size_t lo, size_t used, double bucket_mb,
+                 bool zero);
+    const Communicator& comm() const { return group_; }
     bool zero() const { return zero_; }
-    size_t padded() const { return shard_size_ * dp_.size(); }  // arena floats incl. padding
+    size_t padded() const { return shard_size_ * size_t(group_.size()); }  // region floats incl. padding
     size_t shard_size() const { return shard_size_; }
-    // [r*S, min((r+1)*S, total)): the optimizer shard under ZeRO-1 and, in every mode, the part
-    // of each tensor this rank writes into a checkpoint.
+    Range region() const { return {lo_, lo_ + used_}; }
+    // [lo + r*S, min(lo + (r+1)*S, lo + used)): the optimizer shard under ZeRO-1 and, in every
+    // mode, the part of each tensor this rank writes into a checkpoint.
     Range owned() const;
-    // collective over dp. Without ZeRO: grads[0, total) summed in place, bucket by bucket.
-    // With ZeRO: shard_out[0, S) = sum over dp of grads[owned].
+    // collective over the group. Without ZeRO: grads[region] summed in place, bucket by bucket.
+    // With ZeRO: shard_out[0, S) = sum over the group of grads[owned].
     void reduce_grads(float* grads, float* shard_out) const;
 
     // Overlapped reduction (without ZeRO), the same sums as reduce_grads: begin_overlap at the
@@ -34,17 +41,16 @@ public:
     void finish_overlap();
     size_t buckets_started_early() const { return early_; }  // last step, before finish_overlap
 
-    // collective over dp (ZeRO only): every rank's owned params gathered into all ranks.
+    // collective over the group (ZeRO only): every rank's owned params gathered into all ranks.
     void gather_params(float* params) const;
-    // collective over dp: sum of a double across replicas.
-    double sum(double x) const;
 
 private:
-    const Communicator& dp_;
-    size_t total_, shard_size_, bucket_;
+    const Communicator& group_;
+    Backend& be_;
+    size_t lo_, used_, shard_size_, bucket_;
     bool zero_;
-    // Bucket k = [max(0, total - (k+1)*bucket), total - k*bucket): from the end of the arena,
-    // where the backward finishes first.
+    // Bucket k = [lo + max(0, used - (k+1)*bucket), lo + used - k*bucket): from the end of the
+    // region, where the backward finishes first.
     size_t nbuckets_ = 0;
     std::vector<size_t> filled_;   // floats reported ready, per bucket
     std::vector<char> started_;
@@ -52,8 +58,8 @@ private:
     float* grads_ = nullptr;
     size_t early_ = 0;
     void start(size_t k);
-    size_t bucket_lo(size_t k) const { return total_ > (k + 1) * bucket_ ? total_ - (k + 1) * bucket_ : 0; }
-    size_t bucket_hi(size_t k) const { return total_ - k * bucket_; }
+    size_t bucket_lo(size_t k) const { return lo_ + (used_ > (k + 1) * bucket_ ? used_ - (k + 1) * bucket_ : 0); }
+    size_t bucket_hi(size_t k) const { return lo_ + used_ - k * bucket_; }
 };
 
 }  // namespace quintet

@@ -39,11 +39,7 @@ struct TrainConfig {
     double peak_tflops = 0.0;       // 0 = backend default (CPU: measured sgemm-bound peak)
     int threads = 0;                // OpenMP/BLAS threads per rank; 0 = OMP_NUM_THREADS or cores/ranks
     int exit_after = 0;             // stop (with a checkpoint) after this many steps of this run; 0 = never
-};
-
-struct InitConfig {
-    std::string scheme = "scaled";  // normal | scaled | fan_in
-    double std = 0.02;
+    double collective_timeout_s = 600;  // deadline of every communicator wait; 0 = none
 };
 
 struct EvalConfig {
@@ -66,7 +62,6 @@ struct OutputConfig {
 struct Deck {
     ModelConfig model;
     RopeConfig rope;
-    MoeConfig moe;
     ParallelConfig parallel;
     DataConfig data;
     TrainConfig train;

@@ -88,6 +88,9 @@ public:
     void from_host_i32(int32_t* dst, const int32_t* host, size_t n) override {
         upload(dst, host, n * sizeof(int32_t));
     }
+    void to_host_i32(int32_t* host, const int32_t* src, size_t n) override {
+        download(host, src, n * sizeof(int32_t));
+    }
 
     // ---- dense algebra ----
     void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
@@ -114,27 +117,27 @@ public:
         auto* s = static_cast<float*>(scratch(cuda::rmsnorm_backward_scratch_bytes(N, C)));
         cuda::rmsnorm_backward(compute_, dinp, dw, dout, inp, w, rstd, N, C, s);
     }
-    void rope_forward(float* x, const float* cs, const float* sn, int N, int T, int nh, int HD,
-                      int stride) override {
-        cuda::rope_apply(compute_, x, cs, sn, N, T, nh, HD, stride, 1.0f);
+    void rope_forward(float* x, const float* cs, const float* sn, const int32_t* pos,
+                      const RopeArgs& a) override {
+        cuda::rope_apply(compute_, x, cs, sn, pos, a, 1.0f);
     }
-    void rope_backward(float* dx, const float* cs, const float* sn, int N, int T, int nh, int HD,
-                       int stride) override {
-        cuda::rope_apply(compute_, dx, cs, sn, N, T, nh, HD, stride, -1.0f);
+    void rope_backward(float* dx, const float* cs, const float* sn, const int32_t* pos,
+                       const RopeArgs& a) override {
+        cuda::rope_apply(compute_, dx, cs, sn, pos, a, -1.0f);
     }
     void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                           int B, int T, int NH, int NKV, int HD, int qs, int kvs,
-                           float scale) override {
-        cuda::attention_forward(compute_, limits_, out, lse, q, k, v, B, T, NH, NKV, HD, qs, kvs,
-                                scale);
+                           const AttentionArgs& a) override {
+        cuda::attention_forward(compute_, limits_, out, lse, q, k, v, a);
+    }
+    void attention_merge(float* out, float* lse, const float* out2, const float* lse2,
+                         const AttentionArgs& a) override {
+        cuda::attention_merge(compute_, out, lse, out2, lse2, a);
     }
     void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                             const float* lse, const float* q, const float* k, const float* v,
-                            int B, int T, int NH, int NKV, int HD, int qs, int kvs,
-                            float scale) override {
-        auto* s = static_cast<float*>(scratch(cuda::attention_backward_scratch_bytes(B, T, NH)));
-        cuda::attention_backward(compute_, limits_, dq, dk, dv, dout, out, lse, q, k, v, B, T, NH,
-                                 NKV, HD, qs, kvs, scale, s);
+                            const AttentionArgs& a) override {
+        auto* s = static_cast<float*>(scratch(cuda::attention_backward_scratch_bytes(a)));
+        cuda::attention_backward(compute_, limits_, dq, dk, dv, dout, out, lse, q, k, v, a, s);
     }
     void swiglu_forward(float* out, const float* gu, int N, int F) override {
         cuda::swiglu_forward(compute_, out, gu, N, F);

@@ -9,6 +9,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "quintet/kernels/backend.hpp"  // RopeArgs, AttentionArgs
+#include "quintet/core/error.hpp"
+
 namespace quintet::cuda {
 
 // ---- embedding.cu ----  (ids[n] < 0: a token of another vocabulary shard: zero / skipped)
@@ -30,21 +33,21 @@ void rmsnorm_backward(cudaStream_t st, float* dinp, float* dw, const float* dout
                       float* scratch);
 
 // ---- rope.cu ----  (sign = +1 forward, -1 backward: the transpose rotation)
-void rope_apply(cudaStream_t st, float* x, const float* cos, const float* sin, int N, int T,
-                int n_rot_heads, int HD, int row_stride, float sign);
+void rope_apply(cudaStream_t st, float* x, const float* cos, const float* sin, const int32_t* pos,
+                const RopeArgs& a, float sign);
 
 // ---- attention.cu ----
 struct AttentionLimits {
     int max_smem_optin = 48 * 1024;  // cudaDevAttrMaxSharedMemoryPerBlockOptin
 };
 void attention_forward(cudaStream_t st, const AttentionLimits& lim, float* out, float* lse,
-                       const float* q, const float* k, const float* v, int B, int T, int NH,
-                       int NKV, int HD, int q_stride, int kv_stride, float scale);
-size_t attention_backward_scratch_bytes(int B, int T, int NH);
+                       const float* q, const float* k, const float* v, const AttentionArgs& a);
+void attention_merge(cudaStream_t st, float* out, float* lse, const float* out2, const float* lse2,
+                     const AttentionArgs& a);
+size_t attention_backward_scratch_bytes(const AttentionArgs& a);
 void attention_backward(cudaStream_t st, const AttentionLimits& lim, float* dq, float* dk,
                         float* dv, const float* dout, const float* out, const float* lse,
-                        const float* q, const float* k, const float* v, int B, int T, int NH,
-                        int NKV, int HD, int q_stride, int kv_stride, float scale,
+                        const float* q, const float* k, const float* v, const AttentionArgs& a,
                         float* scratch);
 
 // ---- elementwise.cu ----

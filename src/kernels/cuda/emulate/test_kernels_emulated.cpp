@@ -24,6 +24,7 @@
 #include "../xent_kernels.cuh"
 #include "quintet/kernels/backend.hpp"
 #include "quintet/model/rope.hpp"
+#include "support/attention_ref.hpp"
 #include "support/compare.hpp"
 #include "support/gradcheck.hpp"
 
@@ -103,74 +104,103 @@ TEST(EmulatedKernels, RmsnormForwardBackward) {
 
 TEST(EmulatedKernels, RopeForwardBackward) {
     auto be = cpu();
-    const int T = 9, NHR = 3, HD = 8, stride = 4 * HD + 4, N = 2 * T;
+    const int N = 18, heads = 3, head_stride = 10, col0 = 2, dim = 8, stride = heads * head_stride + 4;
     RopeConfig rc;
     std::vector<float> cs, sn;
-    rope_tables(cs, sn, T, rope_inv_freq(rc, HD, T), 1.0);
+    rope_tables(cs, sn, 40, rope_inv_freq(rc, dim, 40), 1.0);
+    std::vector<int32_t> pos(N);
+    for (int n = 0; n < N; ++n) pos[size_t(n)] = (n * 11) % 40;
+    const RopeArgs ra{N, heads, head_stride, col0, dim, stride};
+    const RopeShape rs{N, heads, head_stride, col0, dim, stride};
     auto x = randn(size_t(N) * stride, 15);
     std::vector<float> y = x, y_e = x;
-    const size_t total = size_t(N) * NHR * (HD / 2);
+    const size_t total = size_t(N) * heads * (dim / 2);
     for (float sign : {1.0f, -1.0f}) {
-        if (sign > 0) be->rope_forward(y.data(), cs.data(), sn.data(), N, T, NHR, HD, stride);
-        else be->rope_backward(y.data(), cs.data(), sn.data(), N, T, NHR, HD, stride);
-        launch(dim3(grid_for(total)), dim3(kThreads), 0, [&] {
-            rope_kernel(y_e.data(), cs.data(), sn.data(), N, T, NHR, HD, stride, sign);
-        });
+        if (sign > 0) be->rope_forward(y.data(), cs.data(), sn.data(), pos.data(), ra);
+        else be->rope_backward(y.data(), cs.data(), sn.data(), pos.data(), ra);
+        launch(dim3(grid_for(total)), dim3(kThreads), 0,
+               [&] { rope_kernel(y_e.data(), cs.data(), sn.data(), pos.data(), rs, sign); });
         EXPECT_LT(rel_err(y_e, y), kTol) << sign;
     }
 }
 
 struct AttnCase {
-    int B, T, NH, NKV, HD, max_smem;  // max_smem picks the backward tile (32 or 16 rows)
+    int B, Tq, Tk, NH, NKV, Dqk, Dv, q0, k0;
+    bool causal;
+    int doc, max_smem;  // max_smem picks the backward tile (32 or 16 rows)
 };
 
-TEST(EmulatedKernels, AttentionForwardBackward) {
+TEST(EmulatedKernels, GeneralAttentionForwardMergeBackward) {
     auto be = cpu();
-    const AttnCase cases[] = {{2, 70, 4, 2, 16, 232448},  {1, 45, 2, 2, 64, 232448},
-                              {1, 40, 4, 1, 8, 1000},     {2, 5, 2, 1, 4, 232448}};
+    const AttnCase cases[] = {{2, 70, 70, 4, 2, 16, 16, 0, 0, true, 0, 232448},
+                              {1, 45, 45, 2, 2, 64, 64, 0, 0, true, 0, 232448},
+                              {1, 40, 40, 4, 1, 8, 8, 0, 0, true, 0, 1000},
+                              {2, 5, 5, 2, 1, 4, 4, 0, 0, true, 0, 232448},
+                              {1, 20, 70, 4, 2, 12, 8, 50, 0, true, 0, 232448},
+                              {2, 40, 40, 2, 1, 8, 8, 0, 0, true, 13, 1000},
+                              {1, 30, 40, 2, 1, 8, 8, 10, 20, true, 0, 232448},
+                              {1, 9, 37, 2, 2, 4, 6, 0, 0, false, 0, 232448}};
     for (const auto& c : cases) {
-        const int N = c.B * c.T, QKV = (c.NH + 2 * c.NKV) * c.HD, A = c.NH * c.HD;
-        const int voff = (c.NH + c.NKV) * c.HD;
-        const float scale = 1.0f / std::sqrt(float(c.HD));
-        auto qkv = randn(size_t(N) * QKV, 20), dout = randn(size_t(N) * A, 21);
-        std::vector<float> out(size_t(N) * A), lse(size_t(c.B) * c.NH * c.T);
-        std::vector<float> dqkv(size_t(N) * QKV, 7.0f);
-        const float* q = qkv.data();
-        be->attention_forward(out.data(), lse.data(), q, q + A, q + voff, c.B, c.T, c.NH, c.NKV,
-                              c.HD, QKV, QKV, scale);
-        be->attention_backward(dqkv.data(), dqkv.data() + A, dqkv.data() + voff, dout.data(),
-                               out.data(), lse.data(), q, q + A, q + voff, c.B, c.T, c.NH, c.NKV,
-                               c.HD, QKV, QKV, scale);
-        const std::string what = "T=" + std::to_string(c.T) + " NH=" + std::to_string(c.NH) +
-                                 " NKV=" + std::to_string(c.NKV) + " HD=" + std::to_string(c.HD);
+        auto p = quintet::testing::make_problem(c.B, c.Tq, c.Tk, c.NH, c.NKV, c.Dqk, c.Dv, c.q0,
+                                                c.k0, c.causal, c.doc, 20);
+        const AttentionArgs& a = p.a;
+        const AttnShape sh{a.B, a.Tq, a.Tk, a.NH, a.NKV, a.Dqk, a.Dv, a.q_stride, a.k_stride,
+                           a.v_stride, a.o_stride, a.scale, a.causal ? 1 : 0, a.q_pos, a.k_pos,
+                           a.q_doc, a.k_doc};
+        auto dout = randn(p.out_size(), 21);
+        std::vector<float> out(p.out_size()), lse(p.lse_size());
+        std::vector<float> dq(p.q.size(), 0.5f), dk(p.k.size(), 0.5f), dv(p.v.size(), 0.5f);
+        be->attention_forward(out.data(), lse.data(), p.q.data(), p.k.data(), p.v.data(), a);
+        be->attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(),
+                               p.q.data(), p.k.data(), p.v.data(), a);
+        const std::string what = "Tq=" + std::to_string(c.Tq) + " Tk=" + std::to_string(c.Tk) +
+                                 " NH=" + std::to_string(c.NH) + " NKV=" + std::to_string(c.NKV) +
+                                 " D=" + std::to_string(c.Dqk) + "/" + std::to_string(c.Dv);
         // forward, as attention_forward() launches it
         std::vector<float> out_e(out.size()), lse_e(lse.size());
-        launch(dim3(unsigned((c.T + kFwdTile - 1) / kFwdTile), unsigned(c.NH), unsigned(c.B)),
-               dim3(kAttnThreads), fwd_smem_bytes(c.HD), [&] {
-                   attention_forward_kernel(out_e.data(), lse_e.data(), q, q + A, q + voff, c.T,
-                                            c.NH, c.NKV, c.HD, QKV, QKV, scale);
+        launch(dim3(unsigned((c.Tq + kFwdTile - 1) / kFwdTile), unsigned(c.NH), unsigned(c.B)),
+               dim3(kAttnThreads), fwd_smem_bytes(c.Dqk, c.Dv), [&] {
+                   attention_forward_kernel(out_e.data(), lse_e.data(), p.q.data(), p.k.data(),
+                                            p.v.data(), sh);
                });
         EXPECT_LT(rel_err(out_e, out), kTol) << what;
-        EXPECT_LT(rel_err(lse_e, lse), kTol) << what;
+        for (size_t i = 0; i < lse.size(); ++i)
+            if (std::isinf(lse[i])) ASSERT_TRUE(std::isinf(lse_e[i])) << what;
+            else ASSERT_NEAR(lse_e[i], lse[i], 1e-4) << what;
         // backward, as attention_backward() launches it
-        std::vector<float> dsum(lse.size()), dqkv_e(dqkv.size(), 7.0f);
+        std::vector<float> dsum(lse.size());
+        std::vector<float> dq_e(dq.size(), 0.5f), dk_e(dk.size(), 0.5f), dv_e(dv.size(), 0.5f);
         const size_t rows = lse.size();
         launch(dim3(unsigned((rows * 32 + kAttnThreads - 1) / kAttnThreads)), dim3(kAttnThreads), 0,
-               [&] { attention_dsum_kernel(dsum.data(), dout.data(), out_e.data(), rows, c.T, c.NH, c.HD); });
-        const int bt = backward_tile(c.HD, c.max_smem), ntiles = (c.T + bt - 1) / bt;
-        float* dq = dqkv_e.data();
-        launch(dim3(unsigned(ntiles), unsigned(c.NKV), unsigned(c.B)), dim3(kAttnThreads),
-               dkv_smem_bytes(c.HD, bt), [&] {
-                   attention_backward_dkv_kernel(dq + A, dq + voff, dout.data(), lse_e.data(),
-                                                 dsum.data(), q, q + A, q + voff, c.T, c.NH, c.NKV,
-                                                 c.HD, QKV, QKV, scale, bt);
+               [&] { attention_dsum_kernel(dsum.data(), dout.data(), out_e.data(), sh); });
+        const int bt = backward_tile(c.Dqk, c.Dv, c.max_smem);
+        launch(dim3(unsigned((c.Tk + bt - 1) / bt), unsigned(c.NKV), unsigned(c.B)), dim3(kAttnThreads),
+               dkv_smem_bytes(c.Dqk, c.Dv, bt), [&] {
+                   attention_backward_dkv_kernel(dk_e.data(), dv_e.data(), dout.data(), lse_e.data(),
+                                                 dsum.data(), p.q.data(), p.k.data(), p.v.data(), sh, bt);
                });
-        launch(dim3(unsigned(ntiles), unsigned(c.NH), unsigned(c.B)), dim3(kAttnThreads),
-               dq_smem_bytes(c.HD, bt), [&] {
-                   attention_backward_dq_kernel(dq, dout.data(), lse_e.data(), dsum.data(), q, q + A,
-                                                q + voff, c.T, c.NH, c.NKV, c.HD, QKV, QKV, scale, bt);
+        launch(dim3(unsigned((c.Tq + bt - 1) / bt), unsigned(c.NH), unsigned(c.B)), dim3(kAttnThreads),
+               dq_smem_bytes(c.Dqk, c.Dv, bt), [&] {
+                   attention_backward_dq_kernel(dq_e.data(), dout.data(), lse_e.data(), dsum.data(),
+                                                p.q.data(), p.k.data(), p.v.data(), sh, bt);
                });
-        EXPECT_LT(rel_err(dqkv_e, dqkv), kTol) << what << " bt=" << bt;
+        EXPECT_LT(rel_err(dq_e, dq), kTol) << what << " bt=" << bt;
+        EXPECT_LT(rel_err(dk_e, dk), kTol) << what << " bt=" << bt;
+        EXPECT_LT(rel_err(dv_e, dv), kTol) << what << " bt=" << bt;
+        // merge against the CPU's merge: the whole (out, lse) with a perturbed copy of itself
+        std::vector<float> o2 = randn(out.size(), 22), l2 = lse;
+        for (size_t i = 0; i < l2.size(); ++i) l2[i] = (i % 3 == 0) ? -INFINITY : l2[i] + 0.3f * float(i % 5);
+        std::vector<float> oc = out, lc = lse, oe = out, le = lse;
+        be->attention_merge(oc.data(), lc.data(), o2.data(), l2.data(), a);
+        const size_t total = size_t(a.B) * a.Tq * a.NH * a.Dv;
+        launch(dim3(grid_for(total)), dim3(kThreads), 0,
+               [&] { attention_merge_kernel(oe.data(), le.data(), o2.data(), l2.data(), sh); });
+        launch(dim3(grid_for(lse.size())), dim3(kThreads), 0,
+               [&] { attention_merge_lse_kernel(le.data(), l2.data(), lse.size()); });
+        EXPECT_LT(rel_err(oe, oc), kTol) << what;
+        for (size_t i = 0; i < lc.size(); ++i)
+            if (std::isinf(lc[i])) ASSERT_TRUE(std::isinf(le[i])) << what;
+            else ASSERT_NEAR(le[i], lc[i], 1e-5) << what;
     }
 }
 

@@ -1,4 +1,4 @@
-#include "quintet/io/deck.hpp"
+#include "quintet/train/deck.hpp"
 
 #include <boost/program_options.hpp>
 #include <cmath>
@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "quintet/core/error.hpp"
+#include "quintet/parallel/layout.hpp"
 #include "quintet/parallel/pipeline_schedule.hpp"
 
 namespace po = boost::program_options;
@@ -97,7 +98,7 @@ std::string section_of(const std::string& key) { return key.substr(0, key.find('
 }  // namespace
 
 std::vector<DeckOption> deck_options(Deck& d) {
-    auto& m = d.model; auto& r = d.rope; auto& e = d.moe; auto& p = d.parallel; auto& da = d.data;
+    auto& m = d.model; auto& r = d.rope; auto& e = d.model.moe; auto& p = d.parallel; auto& da = d.data;
     auto& t = d.train; auto& in = d.init; auto& ev = d.eval; auto& c = d.checkpoint; auto& o = d.output;
     const long big = 1L << 30;
     return {
@@ -164,6 +165,9 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("train.exit_after", &t.exit_after, 0, big,
                 "stop after this many steps of this run, with a checkpoint (time-limited jobs); 0 = never"),
         opt_int("train.threads", &t.threads, 0, 4096, "threads per rank; 0 = OMP_NUM_THREADS or cores/local ranks"),
+        opt_double("train.collective_timeout_s", &t.collective_timeout_s, 0, 1e7,
+                   "deadline of every collective and point-to-point wait in seconds; past it the "
+                   "job ends with exit status 4 naming the axis and operation; 0 = none"),
         opt_enum("init.scheme", &in.scheme, {"normal", "scaled", "fan_in"}, "weight initialisation"),
         opt_double("init.std", &in.std, 0, 10, "std of normal/scaled init", true),
         opt_int("eval.every", &ev.every, 0, big, "validation every N steps; 0 = never"),
@@ -302,8 +306,8 @@ void deck_validate(const Deck& d, int world) {
     // Features that belong to later work stop here, naming the key.
     if (m.attention != "mha")
         config_fail("model.attention", m.attention, "not yet supported in this build (valid: mha)");
-    if (d.moe.experts != 0)
-        config_fail("moe.experts", S(d.moe.experts), "MoE is not yet supported in this build (valid: 0)");
+    if (d.model.moe.experts != 0)
+        config_fail("moe.experts", S(d.model.moe.experts), "MoE is not yet supported in this build (valid: 0)");
     if (p.cp != 1) config_fail("parallel.cp", S(p.cp), "context parallelism is not yet supported (valid: 1)");
     if (p.ep != 1) config_fail("parallel.ep", S(p.ep), "expert parallelism is not yet supported (valid: 1)");
     if (d.train.device == "cuda") {
@@ -369,15 +373,8 @@ void deck_validate(const Deck& d, int world) {
     }
     std::string why = schedule_check(p.schedule, p.pp, p.microbatches, p.virtual_stages, m.n_layers);
     if (!why.empty()) throw ConfigError(why);
-    // Layout.
-    long axes = long(p.tp) * p.pp * p.cp;
-    if (world % axes != 0)
-        config_fail("parallel.tp*pp*cp", S(axes), "must divide the world size " + S(world));
-    int dp = p.dp == 0 ? int(world / axes) : p.dp;
-    if (long(dp) * axes != world)
-        config_fail("parallel.dp", S(p.dp),
-                    "dp*tp*pp*cp = " + S(long(dp) * axes) + " must equal the world size " + S(world) +
-                        " (valid: " + S(world / axes) + ", or 0 for auto)");
+    // Layout (the world size, dp, ep): checked where the layout is made.
+    make_layout(world, p.tp, p.cp, p.pp, p.dp, p.ep);
     if (d.train.lr_min > d.train.lr)
         config_fail("train.lr_min", std::to_string(d.train.lr_min), "must not exceed train.lr");
 }

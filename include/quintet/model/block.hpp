@@ -1,0 +1,190 @@
+// The two blocks of a decoder layer as modules (DESIGN §1 "Layers are modules"): an attention
+// block (model.attention: mha = GQA in model/mha.cpp; mla later) and a feed-forward block
+// (SwiGLU in model/swiglu.cpp; MoE later). Each block kind adds its own tensors to the parameter
+// table, allocates its own saved activations per microbatch slot, and owns an explicit forward
+// and backward with its collectives. ModelChunk (model/transformer.hpp) composes them per layer
+// from the deck, with the RMSNorms and the residual stream around them:
+//     h = x + Attention(RMSNorm(x)),   y = h + FeedForward(RMSNorm(h)).
+//
+// BlockContext is what the blocks of one chunk share: the backend, the tensor-parallel
+// communicator, the precision (fp32, or bf16 GEMM operands), scratch that one microbatch at a
+// time uses, and the hook told of finished gradients. Row counts: N = B*T tokens of a microbatch;
+// Nr = N/tp rows of the residual stream under sequence parallelism, else N.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "quintet/kernels/backend.hpp"
+#include "quintet/model/params.hpp"
+#include "quintet/parallel/tensor_parallel.hpp"
+
+namespace quintet {
+
+// fp32: everything in fp32. bf16 (docs/cuda.md "bf16"): every linear layer multiplies bf16
+// operands with fp32 accumulation -- a bf16 shadow of the fp32 master weights, and bf16
+// activations: the saved inputs of the linear layers are stored only in bf16; the residual
+// stream, norms' statistics, attention's softmax and the loss stay fp32; gradients are fp32.
+enum class Precision { fp32, bf16 };
+
+// Told, during a backward, that a parameter gradient g[0, n) in the gradient arena is final for
+// this step, so its data-parallel reduction can start while the backward goes on.
+struct GradReadyHook {
+    virtual ~GradReadyHook() = default;
+    virtual void ready(float* g, size_t n) = 0;
+};
+
+// A saved input of a linear layer: fp32 (f) or, in bf16 mode, bf16 only (b).
+struct Act {
+    float* f = nullptr;
+    bf16_bits* b = nullptr;
+};
+// A GEMM operand: its fp32 form (fp32 mode) or its bf16 form (bf16 mode).
+struct Mat {
+    const float* f = nullptr;
+    const bf16_bits* b = nullptr;
+};
+
+// The tokens of one microbatch as the blocks see them (backend int32 memory, [N] each).
+struct TokenInfo {
+    const int32_t* pos = nullptr;  // global position of each row in its sequence (RoPE, mask)
+    const int32_t* doc = nullptr;  // document id of each row, or null: no document mask
+};
+
+class BlockContext {
+public:
+    // max_positions: RoPE tables cover positions [0, max_positions); rope_seq_len stands in for
+    // rope.original_max_position when that is 0.
+    BlockContext(Backend& be, TensorParallel& tp, const ModelDims& d, int B, int T, Precision p,
+                 const RopeConfig& rope, int rope_seq_len, int max_positions);
+    ~BlockContext();
+    BlockContext(const BlockContext&) = delete;
+    BlockContext& operator=(const BlockContext&) = delete;
+
+    Backend& be;
+    TensorParallel& tp;
+    const ModelDims d;
+    const int B, T, N, Nr;
+    const RopeConfig rope;
+    const int rope_seq_len, max_positions;
+    bool bf16() const { return bf16_; }
+
+    // RoPE cos/sin tables [max_positions, dim/2] over `dim` rotated columns, shared by the
+    // blocks; `amplitude` multiplies both (MHA folds YaRN's mscale in here).
+    struct RopeTable {
+        const float* cos;
+        const float* sin;
+    };
+    RopeTable rope_table(int dim, double amplitude);
+
+    // ---- memory owned by the chunk (freed with it) ----
+    // per_slot: counted in slot_floats (the activation memory of one microbatch in flight).
+    float* buf(size_t n, bool per_slot);
+    bf16_bits* buf_bf16(size_t n, bool per_slot);
+    int32_t* buf_i32(size_t n);
+    Act act(size_t n);  // per slot, in this chunk's precision
+    size_t slot_floats = 0;
+    // Shared scratch: one microbatch computes at a time, so blocks reuse these.
+    float* full_a;  // [N, C] gathered rows (SP), fp32 staging of a saved value
+    float* full_b;  // [N, C] partial sums before the tp reduction
+    float* dshard;  // [Nr, C] reduce-scatter output
+    // Named scratch shared by all blocks of the chunk, sized by the largest request (made
+    // while the chunk is built, so the steady state allocates nothing).
+    float* scratch(const char* name, size_t n);
+
+    // ---- GEMMs in the chunk's precision ----
+    // Where a kernel writes a value to be saved as `a`: a.f, or fp32 scratch to be kept by keep().
+    float* produce(const Act& a, float* staging) const { return bf16_ ? staging : a.f; }
+    void keep(const Act& a, const float* staging, size_t n);
+    Mat local(const Act& a) const { return {a.f, a.b}; }
+    Mat gathered(const Act& a, size_t rows, size_t C);  // tp.gather in the stored precision
+    Mat lowp(const float* x, size_t n);                 // x, as a GEMM operand (bf16: into lowp_)
+    Mat weight(const float* w) const { return {w, bf16_ ? shadow_ + (w - master_) : nullptr}; }
+    // C[M,N] = op(A) op(B) + beta * C in the chunk's precision.
+    void mm(bool ta, bool tb, int M, int N, int K, Mat A, int lda, Mat B, int ldb, float beta,
+            float* C, int ldc);
+    // out[Nr,C] = res[Nr,C] + (X[N,K] W[C,K]^T summed over tp): a row-parallel block + residual.
+    // collective over tp
+    void row_parallel_residual(float* out, const float* res, Mat X, int K, const float* W);
+
+    // bf16 only: the GEMMs read shadow[i] = bf16(master[i]) for the arena `master`.
+    void set_bf16_weights(const float* master, const bf16_bits* shadow);
+    const float* master() const { return master_; }
+    void reserve_lowp(size_t n);  // the widest operand lowp() will round (bf16 only)
+
+    // The hook of the current backward (or null), told of each finished gradient.
+    GradReadyHook* hook = nullptr;
+    void done(float* g, size_t n) {
+        if (hook) hook->ready(g, n);
+    }
+
+private:
+    bool bf16_ = false;
+    const float* master_ = nullptr;  // bf16: the fp32 arena the shadow mirrors
+    const bf16_bits* shadow_ = nullptr;
+    bf16_bits *lowp_ = nullptr, *gather_bf16_ = nullptr;  // bf16 scratch: operands, SP gathers
+    size_t lowp_n_ = 0;
+    std::vector<float*> owned_;
+    std::vector<bf16_bits*> owned_bf16_;
+    std::vector<int32_t*> owned_i32_;
+    struct Named {
+        std::string name;
+        float* p;
+        size_t n;
+    };
+    std::vector<Named> named_;
+    struct Table {
+        int dim;
+        double amplitude;
+        RopeTable t;
+    };
+    std::vector<Table> tables_;
+};
+
+// A generation cache for one attention block (quintet generate): what the block keeps of every
+// past token so that each new token costs one row of work. Each attention kind has its own.
+struct KvCache {
+    virtual ~KvCache() = default;
+    virtual size_t bytes_per_token() const = 0;
+};
+
+// h[Nr, C] = x[Nr, C] + Attention(xn) for layer `layer`.
+class AttentionBlock {
+public:
+    virtual ~AttentionBlock() = default;
+    virtual void add_slot() = 0;  // saved activations for one more microbatch in flight
+    // xn: RMSNorm(x), this rank's rows, saved in the chunk's precision. With `cache` the rows
+    // are new tokens of one sequence (B = 1) at positions tok.pos, which are appended to the
+    // cache and attend to everything cached so far (no backward follows).
+    virtual void forward(int slot, const TokenInfo& tok, const float* params, const Act& xn,
+                         const float* x, float* h, KvCache* cache = nullptr) = 0;
+    // From dh[Nr, C] = dL/dh: parameter gradients accumulate into `grads` (and are reported to
+    // ctx.done); returns dL/dxn [Nr, C] (this rank's rows; scratch valid until the next call).
+    virtual const float* backward(int slot, const TokenInfo& tok, const float* params,
+                                  float* grads, const Act& xn, const float* dh) = 0;
+    virtual std::unique_ptr<KvCache> make_cache(int max_len) const = 0;
+};
+
+// y[Nr, C] = h[Nr, C] + FeedForward(hn) for layer `layer`.
+class FeedForwardBlock {
+public:
+    virtual ~FeedForwardBlock() = default;
+    virtual void add_slot() = 0;
+    virtual void forward(int slot, const float* params, const Act& hn, const float* h, float* y) = 0;
+    virtual const float* backward(int slot, const float* params, float* grads, const Act& hn,
+                                  const float* dy) = 0;
+    // This microbatch's auxiliary loss (MoE load balancing), already weighted; 0 for dense.
+    virtual double aux_loss(int slot) const { (void)slot; return 0.0; }
+};
+
+// The block kinds: their tensors (ParamBuilder) and their instances for one chunk.
+void attention_add_params(const ModelConfig& m, ParamBuilder& b, int layer);
+void feed_forward_add_params(const ModelConfig& m, ParamBuilder& b, int layer);
+std::unique_ptr<AttentionBlock> make_attention_block(BlockContext& ctx, const ModelConfig& m,
+                                                     const ParamTable& table, int layer);
+std::unique_ptr<FeedForwardBlock> make_feed_forward_block(BlockContext& ctx,
+                                                          const ModelConfig& m,
+                                                          const ParamTable& table, int layer);
+
+}  // namespace quintet

@@ -1,0 +1,61 @@
+// Runs one stage's pipeline action list (parallel/pipeline_schedule) on this rank's model
+// chunks: forward and backward per microbatch, activations of the microbatches in flight kept in
+// chunk slots, point-to-point sends and receives on the pp communicator. Receives are posted one
+// action ahead into a staging buffer, so the next message can land while this stage computes;
+// sends are non-blocking and a slot is reused only once its sends completed. Knows nothing of
+// data parallelism, optimizers or files.
+#pragma once
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "quintet/comm/communicator.hpp"
+#include "quintet/model/transformer.hpp"
+#include "quintet/parallel/pipeline_schedule.hpp"
+
+namespace quintet {
+
+class PipelineExecutor {
+public:
+    // chunks: this stage's chunks (chunk c = virtual stage c*pp + stage); all share B and T.
+    PipelineExecutor(std::vector<std::unique_ptr<ModelChunk>>& chunks, Backend& be,
+                     const Communicator& pp_comm, int stage, int virtual_stages,
+                     std::vector<Action> actions, int microbatches, int B, int T);
+    ~PipelineExecutor();
+
+    // Fills microbatch mb's tokens: ids[B*T], targets[B*T] (host).
+    using Data = std::function<void(int mb, int32_t* ids, int32_t* targets)>;
+    struct Result {
+        double ce_sum = 0;    // sum of token cross-entropies (last virtual stage; else 0)
+        double aux_sum = 0;   // sum over microbatches of the chunks' auxiliary losses
+        double t_wait = 0;    // seconds blocked in pipeline receives
+    };
+    // One step's schedule. Gradients accumulate into grads; `last_hook` is told of finished
+    // gradients during each chunk's last backward of the step (or null).
+    // collective over pp (and tp inside the chunks)
+    Result run(const float* params, float* grads, float grad_scale, const Data& data,
+               GradReadyHook* last_hook);
+    // Forward only of one microbatch through every virtual stage (evaluation); returns this
+    // stage's share of the cross-entropy sum. collective over pp
+    double forward_only(const float* params, const int32_t* ids, const int32_t* targets);
+
+    // Activation bytes of the microbatches in flight at this step's peak, over this stage's chunks.
+    size_t activation_bytes() const;
+
+private:
+    int acquire_slot(int chunk);
+    std::vector<std::unique_ptr<ModelChunk>>& chunks_;
+    Backend& be_;
+    const Communicator& comm_;
+    int pp_, stage_, v_, m_, B_, T_;
+    std::vector<Action> actions_;
+    float* recv_stage_ = nullptr;  // [Nr, C] the pre-posted receive lands here
+    std::vector<int32_t> ids_, tgt_;
+    // per chunk: free slots, the slot of each microbatch, sends in flight per slot
+    std::vector<std::vector<int>> free_slots_, slot_of_mb_;
+    std::vector<std::vector<std::vector<int>>> pending_;
+    std::vector<int> in_flight_, peak_in_flight_;
+    std::vector<int> backwards_left_;  // per chunk: backward actions still to run this step
+};
+
+}  // namespace quintet

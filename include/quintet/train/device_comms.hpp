@@ -1,0 +1,27 @@
+// The communicators that carry the backend's own buffers (activations, gradients, pipeline
+// messages): the grid's MPI communicators on the CPU backend, NCCL ones built from them on the
+// CUDA backend; plus the sub-groups of replicated tensors (the tp ranks sharing a kv head; the
+// first and last pipeline stages holding a tied embedding). Host scalars (loss sums, norms)
+// always go over the grid's MPI communicators.
+#pragma once
+#include <array>
+#include <memory>
+#include <vector>
+
+#include "quintet/comm/communicator.hpp"
+#include "quintet/kernels/backend.hpp"
+#include "quintet/model/params.hpp"
+#include "quintet/parallel/process_grid.hpp"
+
+namespace quintet {
+
+struct DeviceComms {
+    // collective over the grid
+    DeviceComms(const ProcessGrid& grid, Backend& be, const ModelDims& d);
+    const Communicator& group(Group g) const { return *groups[size_t(g)]; }
+    std::array<const Communicator*, kNumGroups> groups{};
+    std::unique_ptr<Communicator> kv_group, tied;  // sub-groups for replicated tensors (or null)
+    std::vector<std::unique_ptr<Communicator>> owned;
+};
+
+}  // namespace quintet

@@ -1,0 +1,60 @@
+// AdamW exactly as PyTorch's (DESIGN §3), global-norm clipping, and the optimizer state: per
+// trainable arena region, the moments of the whole region (plain data parallelism) or of this
+// rank's ZeRO-1 shard. Buffers (not trainable) get no moments, no decay, no update.
+#pragma once
+#include <vector>
+
+#include "quintet/comm/communicator.hpp"
+#include "quintet/io/checkpoint.hpp"
+#include "quintet/kernels/backend.hpp"
+#include "quintet/model/params.hpp"
+#include "quintet/train/grad_sync.hpp"
+#include "quintet/train/train_config.hpp"
+
+namespace quintet {
+
+class AdamW {
+public:
+    AdamW(const ParamTable& table, Backend& be, const GradientSync& sync, const TrainConfig& cfg);
+    ~AdamW();
+    AdamW(const AdamW&) = delete;
+    AdamW& operator=(const AdamW&) = delete;
+
+    // Where the reduced gradient of region r lives: its ZeRO shard, or the gradient arena.
+    float* shard(int r) const { return shards_[size_t(r)]; }
+    float* const* shards() const { return shards_; }
+    // Global L2 norm of the gradients, each parameter element counted exactly once in the whole
+    // job (writer copies only; each region's group rank 0, or each rank's ZeRO shard).
+    // collective over `world`
+    double grad_norm(const float* grads, const Communicator& world) const;
+    // Scale by max_norm / (norm + 1e-6) when norm > max_norm (max_norm > 0).
+    void clip(float* grads, double norm);
+    // One AdamW step s (0-based) at learning rate lr on this rank's share; then (ZeRO) the
+    // updated shards are all-gathered into every replica. collective over the regions' groups
+    void update(float* params, const float* grads, int64_t s, double lr);
+
+    // For checkpoints, per trainable region r: the part this rank writes (its dp-owned slice of
+    // every tensor), and the part whose moments it holds (its ZeRO shard, or the whole region),
+    // each with the index of its first element in exp_avg()/exp_avg_sq().
+    ArenaRange write_range(int r) const;
+    ArenaRange state_range(int r) const;
+    float* exp_avg() const { return m_; }
+    float* exp_avg_sq() const { return v_; }
+    size_t state_floats() const { return state_; }
+
+private:
+    // The range of region r this rank updates (its ZeRO shard, or the whole region) and the
+    // index of its first element in the moments.
+    Range updated(int r) const;
+    const ParamTable& table_;
+    Backend& be_;
+    const GradientSync& sync_;
+    TrainConfig cfg_;
+    float *m_ = nullptr, *v_ = nullptr;
+    size_t state_ = 0;
+    size_t state_at_[kNumRegions] = {0, 0, 0};
+    float* shards_[kNumRegions] = {nullptr, nullptr, nullptr};
+    std::vector<float*> owned_;
+};
+
+}  // namespace quintet

@@ -1,0 +1,396 @@
+// The CPU attention kernels (Backend's one general attention operation) and RoPE.
+//
+// Work split. Forward: one task per (batch, head, query tile), each writing its own rows of out
+// and lse. Backward: the same tasks, assigned to threads by cost (visible key tiles) so that no
+// thread idles, whatever B x NKV is; dQ rows belong to one task, while dK/dV rows are shared by
+// the tasks of a kv head, so thread 0 accumulates straight into dk/dv and the other threads into
+// private buffers, added afterwards in thread order. The assignment is a pure function of the
+// shapes and the thread count, so a given thread count gives the same bits every run; with one
+// thread the order of every sum is that of a plain loop over (b, head, query tile, key tile).
+#include "cpu_backend.hpp"
+
+namespace quintet::cpu {
+
+namespace {
+
+constexpr int kBq = 64;  // query rows per attention tile
+constexpr int kBk = 64;  // key rows per attention tile
+
+// Per (b, tile) bounds of positions and documents: [pmin, pmax, dmin, dmax].
+void tile_bounds(std::vector<int32_t>& out, const int32_t* pos, const int32_t* doc, int B, int T,
+                 int tile) {
+    const int nt = (T + tile - 1) / tile;
+    out.resize(size_t(B) * nt * 4);
+    for (int b = 0; b < B; ++b)
+        for (int t = 0; t < nt; ++t) {
+            int32_t pmin = INT32_MAX, pmax = INT32_MIN, dmin = INT32_MAX, dmax = INT32_MIN;
+            for (int i = t * tile; i < std::min(T, (t + 1) * tile); ++i) {
+                const size_t r = size_t(b) * T + i;
+                pmin = std::min(pmin, pos[r]);
+                pmax = std::max(pmax, pos[r]);
+                if (doc) {
+                    dmin = std::min(dmin, doc[r]);
+                    dmax = std::max(dmax, doc[r]);
+                }
+            }
+            int32_t* o = out.data() + (size_t(b) * nt + t) * 4;
+            o[0] = pmin, o[1] = pmax, o[2] = dmin, o[3] = dmax;
+        }
+}
+
+// What one (query tile, key tile) pair needs: skip, a full tile, or per-element masks.
+enum class TileKind { skip, full, masked };
+
+struct Masker {
+    const AttentionArgs& a;
+    const int32_t *qb, *kb;  // tile bounds
+    int nqt, nkt;
+    TileKind kind(int b, int qt, int kt) const {
+        const int32_t* Q = qb + (size_t(b) * nqt + qt) * 4;
+        const int32_t* K = kb + (size_t(b) * nkt + kt) * 4;
+        if (a.causal && K[0] > Q[1]) return TileKind::skip;
+        if (a.q_doc && (K[3] < Q[2] || K[2] > Q[3])) return TileKind::skip;
+        const bool causal_full = !a.causal || K[1] <= Q[0];
+        const bool doc_full = !a.q_doc || (Q[2] == Q[3] && K[2] == K[3] && Q[2] == K[2]);
+        return causal_full && doc_full ? TileKind::full : TileKind::masked;
+    }
+    // Keys of the tile at s0 past the last one any query of tile qt can see (causal) are dropped from
+    // the tile's GEMMs: the causal frontier, as a plain loop over visible keys would have it.
+    int keys(int b, int qt, int s0, int nk) const {
+        if (!a.causal) return nk;
+        const int32_t qmax = qb[(size_t(b) * nqt + qt) * 4 + 1];
+        const int32_t* kp = a.k_pos + size_t(b) * a.Tk + s0;
+        int n = nk;
+        while (n > 0 && kp[n - 1] > qmax) --n;
+        return n;
+    }
+    bool visible(size_t qrow, size_t krow) const {
+        if (a.causal && a.k_pos[krow] > a.q_pos[qrow]) return false;
+        if (a.q_doc && a.k_doc[krow] != a.q_doc[qrow]) return false;
+        return true;
+    }
+};
+
+AttentionScratch::Tile& tile_of(AttentionScratch& sc, int thread) {
+    AttentionScratch::Tile& t = sc.tiles[size_t(thread)];
+    if (t.s.size() < size_t(kBq) * kBk) {
+        t.s.resize(size_t(kBq) * kBk);
+        t.dp.resize(size_t(kBq) * kBk);
+        t.m.resize(kBq);
+        t.l.resize(kBq);
+        t.d.resize(kBq);
+    }
+    return t;
+}
+
+void check_args(const AttentionArgs& a) {
+    QUINTET_CHECK(a.NKV > 0 && a.NH % a.NKV == 0, "attention: NH must be a multiple of NKV");
+    QUINTET_CHECK(a.q_pos && a.k_pos, "attention: query and key positions are required");
+    QUINTET_CHECK((a.q_doc == nullptr) == (a.k_doc == nullptr),
+                  "attention: document ids for both queries and keys, or neither");
+}
+
+}  // namespace
+
+void CpuBackend::rope_apply(float* x, const float* cs, const float* sn, const int32_t* pos,
+                            const RopeArgs& a, float sign) {
+    const int half = a.dim / 2;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < a.N; ++n) {
+        const float* c = cs + size_t(pos[n]) * half;
+        const float* s = sn + size_t(pos[n]) * half;
+        for (int h = 0; h < a.n_heads; ++h) {
+            float* x1 = x + size_t(n) * a.row_stride + size_t(h) * a.head_stride + a.col0;
+            float* x2 = x1 + half;
+#pragma omp simd
+            for (int i = 0; i < half; ++i) {
+                float p = x1[i], q = x2[i];
+                float si = sign * s[i];
+                x1[i] = p * c[i] - q * si;
+                x2[i] = q * c[i] + p * si;
+            }
+        }
+    }
+}
+
+// Forward: for each (b, h, query tile) an online softmax over the visible key tiles.
+void CpuBackend::attention_forward(float* out, float* lse, const float* q, const float* k,
+                                   const float* v, const AttentionArgs& a) {
+    if (a.B <= 0 || a.Tq <= 0 || a.NH <= 0) return;
+    check_args(a);
+    const int group = a.NH / a.NKV, Dqk = a.Dqk, Dv = a.Dv;
+    const int nqt = (a.Tq + kBq - 1) / kBq, nkt = (a.Tk + kBk - 1) / kBk;
+    tile_bounds(att_.qb, a.q_pos, a.q_doc, a.B, a.Tq, kBq);
+    tile_bounds(att_.kb, a.k_pos, a.k_doc, a.B, a.Tk, kBk);
+    att_.tiles.resize(size_t(threads_));
+    const Masker mk{a, att_.qb.data(), att_.kb.data(), nqt, nkt};
+    const long tasks = long(a.B) * a.NH * nqt;
+#pragma omp parallel
+    {
+        AttentionScratch::Tile& sc = tile_of(att_, omp_get_thread_num());
+        float* S = sc.s.data();
+        float* mrow = sc.m.data();
+        float* lrow = sc.l.data();
+#pragma omp for schedule(dynamic, 1)
+        for (long task = 0; task < tasks; ++task) {
+            // The last query tiles (the most keys) first.
+            const int qt = nqt - 1 - int(task % nqt);
+            const int h = int((task / nqt) % a.NH);
+            const int b = int(task / (long(nqt) * a.NH));
+            const int g = h / group;
+            const int t0 = qt * kBq, nq = std::min(kBq, a.Tq - t0);
+            const size_t qrow0 = size_t(b) * a.Tq + t0;
+            const float* Q = q + qrow0 * a.q_stride + size_t(h) * Dqk;
+            float* O = out + qrow0 * a.o_stride + size_t(h) * Dv;
+            for (int i = 0; i < nq; ++i) {
+                mrow[i] = -INFINITY;
+                lrow[i] = 0.0f;
+                std::memset(O + size_t(i) * a.o_stride, 0, size_t(Dv) * 4);
+            }
+            for (int kt = 0; kt < nkt; ++kt) {
+                const TileKind kind = mk.kind(b, qt, kt);
+                if (kind == TileKind::skip) continue;
+                const int s0 = kt * kBk;
+                const int nk = mk.keys(b, qt, s0, std::min(kBk, a.Tk - s0));
+                if (nk == 0) continue;
+                const size_t krow0 = size_t(b) * a.Tk + s0;
+                const float* K = k + krow0 * a.k_stride + size_t(g) * Dqk;
+                const float* Vt = v + krow0 * a.v_stride + size_t(g) * Dv;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, Dqk, a.scale, Q,
+                            a.q_stride, K, a.k_stride, 0.0f, S, kBk);
+                for (int i = 0; i < nq; ++i) {
+                    float* srow = S + size_t(i) * kBk;
+                    float mx = mrow[i];
+                    if (kind == TileKind::full) {
+                        for (int j = 0; j < nk; ++j) mx = std::max(mx, srow[j]);
+                    } else {
+                        for (int j = 0; j < nk; ++j)
+                            if (mk.visible(qrow0 + i, krow0 + j)) mx = std::max(mx, srow[j]);
+                            else srow[j] = -INFINITY;
+                    }
+                    if (mx == -INFINITY) {  // nothing visible yet in this row
+                        for (int j = 0; j < nk; ++j) srow[j] = 0.0f;
+                        continue;
+                    }
+                    const float corr = std::exp(mrow[i] - mx);
+                    float sum = 0.0f;
+                    for (int j = 0; j < nk; ++j) {
+                        float p = srow[j] == -INFINITY ? 0.0f : std::exp(srow[j] - mx);
+                        srow[j] = p;
+                        sum += p;
+                    }
+                    lrow[i] = lrow[i] * corr + sum;
+                    mrow[i] = mx;
+                    if (corr != 1.0f) {
+                        float* orow = O + size_t(i) * a.o_stride;
+                        for (int d = 0; d < Dv; ++d) orow[d] *= corr;
+                    }
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, Dv, nk, 1.0f, S, kBk,
+                            Vt, a.v_stride, 1.0f, O, a.o_stride);
+            }
+            float* L = lse + (size_t(b) * a.NH + h) * a.Tq + t0;
+            for (int i = 0; i < nq; ++i) {
+                if (lrow[i] == 0.0f) {  // no visible key: out stays 0
+                    L[i] = -INFINITY;
+                    continue;
+                }
+                float inv = 1.0f / lrow[i];
+                float* orow = O + size_t(i) * a.o_stride;
+                for (int d = 0; d < Dv; ++d) orow[d] *= inv;
+                L[i] = mrow[i] + std::log(lrow[i]);
+            }
+        }
+    }
+}
+
+void CpuBackend::attention_merge(float* out, float* lse, const float* out2, const float* lse2,
+                                 const AttentionArgs& a) {
+    const long rows = long(a.B) * a.Tq;
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < rows; ++r) {
+        const long b = r / a.Tq, t = r % a.Tq;
+        for (int h = 0; h < a.NH; ++h) {
+            const size_t li = (size_t(b) * a.NH + h) * a.Tq + t;
+            const float la = lse[li], lb = lse2[li];
+            float* o = out + size_t(r) * a.o_stride + size_t(h) * a.Dv;
+            const float* o2 = out2 + size_t(r) * a.o_stride + size_t(h) * a.Dv;
+            if (lb == -INFINITY) continue;
+            if (la == -INFINITY) {
+                std::memcpy(o, o2, size_t(a.Dv) * 4);
+                lse[li] = lb;
+                continue;
+            }
+            const float m = std::max(la, lb);
+            const float wa = std::exp(la - m), wb = std::exp(lb - m), s = wa + wb;
+            const float ca = wa / s, cb = wb / s;
+            for (int d = 0; d < a.Dv; ++d) o[d] = ca * o[d] + cb * o2[d];
+            lse[li] = m + std::log(s);
+        }
+    }
+}
+
+namespace {
+
+// One backward task: query tile qt of head h of sequence b, over every visible key tile. dQ of
+// its rows accumulates into dq; dK/dV of the keys it sees into dK0/dV0 (row strides lk, lv).
+void backward_task(long task, const AttentionArgs& a, const Masker& mk, int nqt, int nkt,
+                   AttentionScratch::Tile& sc, float* dq, float* dK0, size_t lk, float* dV0,
+                   size_t lv, const float* dout, const float* out, const float* lse,
+                   const float* q, const float* k, const float* v) {
+    const int Dqk = a.Dqk, Dv = a.Dv, group = a.NH / a.NKV;
+    float* P = sc.s.data();
+    float* dP = sc.dp.data();
+    float* D = sc.d.data();
+    const int qt = int(task % nqt);
+    const int h = int((task / nqt) % a.NH);
+    const int b = int(task / (long(nqt) * a.NH));
+    const int g = h / group;
+    const int t0 = qt * kBq, nq = std::min(kBq, a.Tq - t0);
+    const size_t qrow0 = size_t(b) * a.Tq + t0;
+    const float* Q = q + qrow0 * a.q_stride + size_t(h) * Dqk;
+    const float* dO = dout + qrow0 * a.o_stride + size_t(h) * Dv;
+    const float* O = out + qrow0 * a.o_stride + size_t(h) * Dv;
+    float* dQ = dq + qrow0 * a.q_stride + size_t(h) * Dqk;
+    const float* L = lse + (size_t(b) * a.NH + h) * a.Tq + t0;
+    for (int i = 0; i < nq; ++i) {
+        float s = 0.0f;
+        for (int d = 0; d < Dv; ++d) s += dO[size_t(i) * a.o_stride + d] * O[size_t(i) * a.o_stride + d];
+        D[i] = s;
+    }
+    for (int kt = 0; kt < nkt; ++kt) {
+        const TileKind kind = mk.kind(b, qt, kt);
+        if (kind == TileKind::skip) continue;
+        const int s0 = kt * kBk;
+        const int nk = mk.keys(b, qt, s0, std::min(kBk, a.Tk - s0));
+        if (nk == 0) continue;
+        const size_t krow0 = size_t(b) * a.Tk + s0;
+        const float* K = k + krow0 * a.k_stride + size_t(g) * Dqk;
+        const float* Vt = v + krow0 * a.v_stride + size_t(g) * Dv;
+        float* dK = dK0 + krow0 * lk + size_t(g) * Dqk;
+        float* dV = dV0 + krow0 * lv + size_t(g) * Dv;
+        // P = exp(scale * Q K^T - lse), masked
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, Dqk, a.scale, Q, a.q_stride, K,
+                    a.k_stride, 0.0f, P, kBk);
+        for (int i = 0; i < nq; ++i) {
+            float* prow = P + size_t(i) * kBk;
+            if (L[i] == -INFINITY) {
+                for (int j = 0; j < nk; ++j) prow[j] = 0.0f;
+            } else if (kind == TileKind::full) {
+                for (int j = 0; j < nk; ++j) prow[j] = std::exp(prow[j] - L[i]);
+            } else {
+                for (int j = 0; j < nk; ++j)
+                    prow[j] = mk.visible(qrow0 + i, krow0 + j) ? std::exp(prow[j] - L[i]) : 0.0f;
+            }
+        }
+        // dV += P^T dO
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, Dv, nq, 1.0f, P, kBk, dO,
+                    a.o_stride, 1.0f, dV, int(lv));
+        // dP = dO V^T
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, Dv, 1.0f, dO, a.o_stride, Vt,
+                    a.v_stride, 0.0f, dP, kBk);
+        // dS = P * (dP - D), stored in dP
+        for (int i = 0; i < nq; ++i) {
+            float* prow = P + size_t(i) * kBk;
+            float* drow = dP + size_t(i) * kBk;
+            for (int j = 0; j < nk; ++j) drow[j] = prow[j] * (drow[j] - D[i]);
+        }
+        // dQ += scale * dS K ; dK += scale * dS^T Q
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, Dqk, nk, a.scale, dP, kBk, K,
+                    a.k_stride, 1.0f, dQ, a.q_stride);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, Dqk, nq, a.scale, dP, kBk, Q,
+                    a.q_stride, 1.0f, dK, int(lk));
+    }
+}
+
+}  // namespace
+
+// Backward: P is recomputed from the saved lse; D = rowsum(dO * O); dS = P * (dO V^T - D).
+void CpuBackend::attention_backward(float* dq, float* dk, float* dv, const float* dout,
+                                    const float* out, const float* lse, const float* q,
+                                    const float* k, const float* v, const AttentionArgs& a) {
+    if (a.B <= 0 || a.Tq <= 0 || a.Tk <= 0 || a.NH <= 0) return;
+    check_args(a);
+    const int nqt = (a.Tq + kBq - 1) / kBq, nkt = (a.Tk + kBk - 1) / kBk;
+    tile_bounds(att_.qb, a.q_pos, a.q_doc, a.B, a.Tq, kBq);
+    tile_bounds(att_.kb, a.k_pos, a.k_doc, a.B, a.Tk, kBk);
+    const Masker mk{a, att_.qb.data(), att_.kb.data(), nqt, nkt};
+    const int nth = threads_;
+    att_.tiles.resize(size_t(nth));
+    // Tasks (b, h, query tile) in canonical order, dealt to nth lists by cost: the most expensive
+    // first, each to the least-loaded list (lowest index on ties); each list then runs in
+    // canonical order.
+    const long ntasks = long(a.B) * a.NH * nqt;
+    att_.tasks.resize(size_t(nth));
+    for (auto& l : att_.tasks) l.clear();  // capacity kept: no allocation once warm
+    if (nth == 1) {
+        for (long t = 0; t < ntasks; ++t) att_.tasks[0].push_back(t);
+    } else {
+        auto& cost = att_.cost;
+        cost.resize(size_t(ntasks));
+        for (long t = 0; t < ntasks; ++t) {
+            const int qt = int(t % nqt), b = int(t / (long(nqt) * a.NH));
+            int c = 0;
+            for (int kt = 0; kt < nkt; ++kt) c += mk.kind(b, qt, kt) != TileKind::skip;
+            cost[size_t(t)] = {c, t};
+        }
+        std::sort(cost.begin(), cost.end(), [](const auto& x, const auto& y) {
+            return x.first != y.first ? x.first > y.first : x.second < y.second;
+        });
+        att_.load.assign(size_t(nth), 0.0);
+        for (const auto& [c, t] : cost) {
+            const size_t l = size_t(std::min_element(att_.load.begin(), att_.load.end()) - att_.load.begin());
+            att_.load[l] += c + 0.01;  // + per-task overhead: spreads empty tasks too
+            att_.tasks[l].push_back(t);
+        }
+        for (auto& l : att_.tasks) std::sort(l.begin(), l.end());
+    }
+    // List 0 accumulates into dk/dv; list l > 0 into private buffers [B*Tk, NKV*D], zeroed here
+    // and added in list order afterwards.
+    const size_t ldk = size_t(a.NKV) * a.Dqk, ldv = size_t(a.NKV) * a.Dv;
+    const size_t nk_rows = size_t(a.B) * a.Tk;
+    att_.dk.resize(size_t(nth));
+    att_.dv.resize(size_t(nth));
+    for (int l = 1; l < nth; ++l) {
+        if (att_.tasks[size_t(l)].empty()) continue;
+        auto& bk = att_.dk[size_t(l)];
+        auto& bv = att_.dv[size_t(l)];
+        if (bk.size() < nk_rows * ldk) bk.resize(nk_rows * ldk);
+        if (bv.size() < nk_rows * ldv) bv.resize(nk_rows * ldv);
+    }
+#pragma omp parallel num_threads(nth)
+    {
+        const int th = omp_get_thread_num(), nt = omp_get_num_threads();
+        AttentionScratch::Tile& sc = tile_of(att_, th);
+        for (int l = th; l < nth; l += nt) {  // one list per thread, unless fewer threads came
+            const auto& tasks = att_.tasks[size_t(l)];
+            if (tasks.empty()) continue;
+            float *dK0 = dk, *dV0 = dv;
+            size_t lk = size_t(a.k_stride), lv = size_t(a.v_stride);
+            if (l > 0) {
+                auto& bk = att_.dk[size_t(l)];
+                auto& bv = att_.dv[size_t(l)];
+                std::fill(bk.begin(), bk.begin() + long(nk_rows * ldk), 0.0f);
+                std::fill(bv.begin(), bv.begin() + long(nk_rows * ldv), 0.0f);
+                dK0 = bk.data(), dV0 = bv.data(), lk = ldk, lv = ldv;
+            }
+            for (long task : tasks)
+                backward_task(task, a, mk, nqt, nkt, sc, dq, dK0, lk, dV0, lv, dout, out, lse, q, k, v);
+        }
+#pragma omp barrier
+        // dk/dv += the private buffers: rows split over threads, lists added in order.
+#pragma omp for schedule(static)
+        for (long r = 0; r < long(nk_rows); ++r)
+            for (int l = 1; l < nth; ++l) {
+                if (att_.tasks[size_t(l)].empty()) continue;
+                const float* pk = att_.dk[size_t(l)].data() + size_t(r) * ldk;
+                const float* pv = att_.dv[size_t(l)].data() + size_t(r) * ldv;
+                float* ok = dk + size_t(r) * a.k_stride;
+                float* ov = dv + size_t(r) * a.v_stride;
+                for (size_t c = 0; c < ldk; ++c) ok[c] += pk[c];
+                for (size_t c = 0; c < ldv; ++c) ov[c] += pv[c];
+            }
+    }
+}
+
+}  // namespace quintet::cpu

@@ -1,0 +1,40 @@
+// Which block kind each layer runs, from the deck: model.attention (mha; mla is not built yet)
+// and the feed-forward kind (SwiGLU; MoE on the layers moe.layers names, not built yet).
+#include "layer_kinds.hpp"
+
+#include "quintet/core/error.hpp"
+
+namespace quintet {
+
+namespace {
+void require_mha(const ModelConfig& m) {
+    QUINTET_CHECK(m.attention == "mha", "model.attention = " + m.attention + " is not built");
+}
+void require_dense(const ModelConfig& m) {
+    QUINTET_CHECK(m.moe.experts == 0, "moe.experts > 0 is not built");
+}
+}  // namespace
+
+void attention_add_params(const ModelConfig& m, ParamBuilder& b, int layer) {
+    require_mha(m);
+    mha_add_params(b, layer);
+}
+
+void feed_forward_add_params(const ModelConfig& m, ParamBuilder& b, int layer) {
+    require_dense(m);
+    swiglu_add_params(b, layer);
+}
+
+std::unique_ptr<AttentionBlock> make_attention_block(BlockContext& ctx, const ModelConfig& m,
+                                                     const ParamTable& table, int layer) {
+    require_mha(m);
+    return make_mha_attention(ctx, table, layer);
+}
+
+std::unique_ptr<FeedForwardBlock> make_feed_forward_block(BlockContext& ctx, const ModelConfig& m,
+                                                          const ParamTable& table, int layer) {
+    require_dense(m);
+    return make_swiglu_feed_forward(ctx, table, layer);
+}
+
+}  // namespace quintet

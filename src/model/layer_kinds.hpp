@@ -1,0 +1,18 @@
+// The block kinds the deck can choose (private to model/): each kind's tensors and instances.
+// Adding a kind = one file (model/<kind>.cpp) with these two functions, and a case in
+// layer_kinds.cpp.
+#pragma once
+#include <memory>
+
+#include "quintet/model/block.hpp"
+
+namespace quintet {
+
+void mha_add_params(ParamBuilder& b, int layer);
+std::unique_ptr<AttentionBlock> make_mha_attention(BlockContext& ctx, const ParamTable& table, int layer);
+
+void swiglu_add_params(ParamBuilder& b, int layer);
+std::unique_ptr<FeedForwardBlock> make_swiglu_feed_forward(BlockContext& ctx, const ParamTable& table,
+                                                           int layer);
+
+}  // namespace quintet

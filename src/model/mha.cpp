@@ -1,0 +1,191 @@
+// model.attention = mha: multi-head attention with grouped KV heads (GQA when n_kv_heads <
+// n_heads), RoPE on every q/k dim (YaRN's mscale folded into cos/sin), one fused q|k|v GEMM.
+// Tensor parallelism (docs/parallelism.md): q|k|v column-parallel by head, o_proj row-parallel;
+// with tp > n_kv_heads each kv head is replicated over the tp/n_kv_heads ranks that use it.
+#include <cmath>
+
+#include "quintet/core/error.hpp"
+#include "quintet/model/block.hpp"
+#include "quintet/model/rope.hpp"
+
+namespace quintet {
+
+namespace {
+
+std::string prefix(int layer) { return "model.layers." + std::to_string(layer) + ".self_attn."; }
+
+// The K/V of every past token of one sequence, per layer: [max_len, NKV*HD] each.
+struct MhaCache final : KvCache {
+    Backend& be;
+    float *k = nullptr, *v = nullptr;
+    int32_t* pos = nullptr;  // [max_len] 0, 1, 2, ...
+    int len = 0, max_len = 0, row = 0;
+    MhaCache(Backend& b, int max_len_, int row_) : be(b), max_len(max_len_), row(row_) {
+        k = be.alloc(size_t(max_len) * row);
+        v = be.alloc(size_t(max_len) * row);
+        pos = be.alloc_i32(size_t(max_len));
+        std::vector<int32_t> p(static_cast<size_t>(max_len));
+        for (int i = 0; i < max_len; ++i) p[size_t(i)] = i;
+        be.from_host_i32(pos, p.data(), p.size());
+    }
+    ~MhaCache() override {
+        be.release(k);
+        be.release(v);
+        be.release_i32(pos);
+    }
+    size_t bytes_per_token() const override { return size_t(2) * row * sizeof(float); }
+};
+
+class MhaAttention final : public AttentionBlock {
+public:
+    MhaAttention(BlockContext& ctx, const ParamTable& table, int layer) : c_(ctx) {
+        const ModelDims& d = c_.d;
+        NH_ = d.NHl, NKV_ = d.NKVl, HD_ = d.HD, QKV_ = d.qkv_local(), A_ = NH_ * HD_;
+        scale_ = float(1.0 / std::sqrt(double(HD_)));
+        const std::string p = prefix(layer);
+        wqkv_ = table.offset_of(p + "q_proj.weight");  // k_proj, v_proj follow contiguously
+        QUINTET_CHECK(table.offset_of(p + "k_proj.weight") == wqkv_ + size_t(A_) * d.C &&
+                          table.offset_of(p + "v_proj.weight") == wqkv_ + size_t(QKV_ - NKV_ * HD_) * d.C,
+                      "q_proj, k_proj, v_proj are not adjacent in the arena");
+        wo_ = table.offset_of(p + "o_proj.weight");
+        // MHA/GQA rotate every q/k dim, so YaRN's mscale^2 on the logits = mscale on cos and sin.
+        rope_ = c_.rope_table(HD_, rope_mscale(c_.rope));
+        const size_t N = size_t(c_.N);
+        datt_ = c_.scratch("attention.datt", N * A_);
+        dqkv_ = c_.scratch("attention.dqkv", N * QKV_);
+        lse_scratch_ = c_.scratch("attention.lse", size_t(c_.B) * NH_ * c_.T);
+        c_.reserve_lowp(N * QKV_);
+    }
+
+    void add_slot() override {
+        const size_t N = size_t(c_.N);
+        Saved s;
+        s.qkv = c_.buf(N * QKV_, true);
+        s.att = c_.act(N * A_);
+        s.lse = c_.buf(size_t(c_.B) * NH_ * c_.T, true);
+        slots_.push_back(s);
+    }
+
+    void forward(int slot, const TokenInfo& tok, const float* params, const Act& xn, const float* x,
+                 float* h, KvCache* cache) override {
+        const int N = c_.N, C = c_.d.C;
+        Saved& s = slots_[size_t(slot)];
+        c_.mm(false, true, N, QKV_, C, c_.gathered(xn, N, C), C, c_.weight(params + wqkv_), C, 0.0f,
+              s.qkv, QKV_);
+        RopeArgs r{N, NH_ + NKV_, HD_, 0, HD_, QKV_};
+        c_.be.rope_forward(s.qkv, rope_.cos, rope_.sin, tok.pos, r);
+        float* att = c_.produce(s.att, datt_);
+        AttentionArgs a = args(tok);
+        if (cache) {
+            auto& kc = static_cast<MhaCache&>(*cache);
+            QUINTET_CHECK(c_.B == 1 && kc.len + N <= kc.max_len, "KV cache: one sequence, within max_len");
+            const int kvw = NKV_ * HD_;
+            for (int n = 0; n < N; ++n) {
+                c_.be.copy(kc.k + size_t(kc.len + n) * kvw, s.qkv + size_t(n) * QKV_ + A_, size_t(kvw));
+                c_.be.copy(kc.v + size_t(kc.len + n) * kvw, s.qkv + size_t(n) * QKV_ + A_ + kvw, size_t(kvw));
+            }
+            kc.len += N;
+            a.Tk = kc.len;
+            a.k_stride = a.v_stride = kvw;
+            a.k_pos = kc.pos;
+            a.q_doc = a.k_doc = nullptr;
+            c_.be.attention_forward(att, lse_scratch_, s.qkv, kc.k, kc.v, a);
+        } else {
+            c_.be.attention_forward(att, s.lse, s.qkv, s.qkv + A_, s.qkv + A_ + NKV_ * HD_, a);
+        }
+        c_.keep(s.att, att, size_t(N) * A_);
+        c_.row_parallel_residual(h, x, c_.local(s.att), A_, params + wo_);
+    }
+
+    const float* backward(int slot, const TokenInfo& tok, const float* params, float* grads,
+                          const Act& xn, const float* dh) override {
+        const int N = c_.N, C = c_.d.C;
+        Saved& s = slots_[size_t(slot)];
+        // (bf16: an activation gradient is rounded once, into the lowp scratch, for the two
+        // GEMMs that read it.)
+        Mat Dh = c_.lowp(c_.tp.gather(dh, c_.full_a, N, C), size_t(N) * C);
+        c_.mm(false, false, N, A_, C, Dh, C, c_.weight(params + wo_), A_, 0.0f, datt_, A_);
+        c_.mm(true, false, C, A_, N, Dh, C, c_.local(s.att), A_, 1.0f, grads + wo_, A_);
+        const float* att = s.att.f;
+        if (c_.bf16()) {  // the backward's rowsum(dO * O) reads the stored (bf16) output, widened
+            c_.be.from_bf16(c_.full_b, s.att.b, size_t(N) * A_);
+            att = c_.full_b;
+        }
+        const float* q = s.qkv;
+        const float* k = q + A_;
+        const float* v = k + NKV_ * HD_;
+        c_.be.zero(dqkv_, size_t(N) * QKV_);
+        c_.be.attention_backward(dqkv_, dqkv_ + A_, dqkv_ + A_ + NKV_ * HD_, datt_, att, s.lse, q, k,
+                                 v, args(tok));
+        RopeArgs r{N, NH_ + NKV_, HD_, 0, HD_, QKV_};
+        c_.be.rope_backward(dqkv_, rope_.cos, rope_.sin, tok.pos, r);
+        Mat dqkv = c_.lowp(dqkv_, size_t(N) * QKV_);
+        c_.mm(true, false, QKV_, C, N, dqkv, QKV_, c_.gathered(xn, N, C), C, 1.0f, grads + wqkv_, C);
+        c_.mm(false, false, N, C, QKV_, dqkv, QKV_, c_.weight(params + wqkv_), C, 0.0f, c_.full_b, C);
+        const float* dxn = c_.tp.reduce(c_.full_b, c_.dshard, N, C);
+        c_.done(grads + wo_, size_t(C) * A_);
+        c_.done(grads + wqkv_, size_t(QKV_) * C);
+        return dxn;
+    }
+
+    std::unique_ptr<KvCache> make_cache(int max_len) const override {
+        QUINTET_CHECK(c_.d.tp == 1, "generation runs on one rank (tp = 1)");
+        return std::make_unique<MhaCache>(c_.be, max_len, NKV_ * HD_);
+    }
+
+private:
+    struct Saved {
+        float* qkv;  // [N, QKV] q | k | v after RoPE
+        Act att;     // [N, A] attention output
+        float* lse;  // [B, NH, T]
+    };
+    AttentionArgs args(const TokenInfo& tok) const {
+        AttentionArgs a;
+        a.B = c_.B, a.Tq = c_.T, a.Tk = c_.T;
+        a.NH = NH_, a.NKV = NKV_, a.Dqk = HD_, a.Dv = HD_;
+        a.q_stride = a.k_stride = a.v_stride = QKV_;
+        a.o_stride = A_;
+        a.scale = scale_;
+        a.causal = true;
+        a.q_pos = a.k_pos = tok.pos;
+        a.q_doc = a.k_doc = tok.doc;
+        return a;
+    }
+    BlockContext& c_;
+    int NH_, NKV_, HD_, QKV_, A_;
+    float scale_;
+    size_t wqkv_ = 0, wo_ = 0;
+    BlockContext::RopeTable rope_{};
+    float *datt_, *dqkv_, *lse_scratch_;
+    std::vector<Saved> slots_;
+};
+
+}  // namespace
+
+void mha_add_params(ParamBuilder& b, int layer) {
+    const ModelDims& d = b.dims();
+    const bool held = b.holds_layer(layer);
+    const std::string p = prefix(layer);
+    const int h0 = d.tp_rank * d.NHl;
+    b.add(ParamBuilder::row_shard(p + "q_proj.weight", d.NH * d.HD, d.C, d.NHl * d.HD, h0 * d.HD,
+                                  InitRule::normal),
+          held, true);
+    for (const char* kv : {"k_proj", "v_proj"}) {
+        ParamSpec s = ParamBuilder::row_shard(p + kv + ".weight", d.NKV * d.HD, d.C, d.NKVl * d.HD,
+                                              d.kv_head0() * d.HD, InitRule::normal);
+        if (d.tp > d.NKV) {  // one kv head shared by kv_group() tp ranks
+            s.sync = GradSync::kv_group;
+            s.writer = d.tp_rank % d.kv_group() == 0;
+        }
+        b.add(s, held, true);
+    }
+    b.add(ParamBuilder::col_shard(p + "o_proj.weight", d.C, d.NH * d.HD, d.NHl * d.HD, h0 * d.HD,
+                                  InitRule::out_proj),
+          held, true);
+}
+
+std::unique_ptr<AttentionBlock> make_mha_attention(BlockContext& ctx, const ParamTable& table, int layer) {
+    return std::make_unique<MhaAttention>(ctx, table, layer);
+}
+
+}  // namespace quintet

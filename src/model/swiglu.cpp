@@ -1,0 +1,96 @@
+// The dense feed-forward block: down(silu(gate(x)) * up(x)), one fused gate|up GEMM.
+// Tensor parallelism (docs/parallelism.md): gate|up column-parallel, down_proj row-parallel.
+#include "quintet/core/error.hpp"
+#include "quintet/model/block.hpp"
+
+namespace quintet {
+
+namespace {
+
+std::string prefix(int layer) { return "model.layers." + std::to_string(layer) + ".mlp."; }
+
+class SwigluFeedForward final : public FeedForwardBlock {
+public:
+    SwigluFeedForward(BlockContext& ctx, const ParamTable& table, int layer) : c_(ctx) {
+        F_ = c_.d.Fl;
+        const std::string p = prefix(layer);
+        wgu_ = table.offset_of(p + "gate_proj.weight");  // up_proj follows contiguously
+        QUINTET_CHECK(table.offset_of(p + "up_proj.weight") == wgu_ + size_t(F_) * c_.d.C,
+                      "gate_proj and up_proj are not adjacent in the arena");
+        wdown_ = table.offset_of(p + "down_proj.weight");
+        const size_t N = size_t(c_.N);
+        dgu_ = c_.scratch("ffn.dgu", N * 2 * F_);
+        dact_ = c_.scratch("ffn.dact", N * F_);
+        c_.reserve_lowp(N * 2 * F_);
+    }
+
+    void add_slot() override {
+        const size_t N = size_t(c_.N);
+        Saved s;
+        s.gu = c_.buf(N * 2 * F_, true);
+        s.act = c_.act(N * F_);
+        slots_.push_back(s);
+    }
+
+    void forward(int slot, const float* params, const Act& hn, const float* h, float* y) override {
+        const int N = c_.N, C = c_.d.C, F = F_;
+        Saved& s = slots_[size_t(slot)];
+        c_.mm(false, true, N, 2 * F, C, c_.gathered(hn, N, C), C, c_.weight(params + wgu_), C, 0.0f,
+              s.gu, 2 * F);
+        float* act = c_.produce(s.act, dact_);
+        c_.be.swiglu_forward(act, s.gu, N, F);
+        c_.keep(s.act, act, size_t(N) * F);
+        c_.row_parallel_residual(y, h, c_.local(s.act), F, params + wdown_);
+    }
+
+    const float* backward(int slot, const float* params, float* grads, const Act& hn,
+                          const float* dy) override {
+        const int N = c_.N, C = c_.d.C, F = F_;
+        Saved& s = slots_[size_t(slot)];
+        Mat D = c_.lowp(c_.tp.gather(dy, c_.full_a, N, C), size_t(N) * C);
+        c_.mm(false, false, N, F, C, D, C, c_.weight(params + wdown_), F, 0.0f, dact_, F);
+        c_.mm(true, false, C, F, N, D, C, c_.local(s.act), F, 1.0f, grads + wdown_, F);
+        c_.be.swiglu_backward(dgu_, dact_, s.gu, N, F);
+        Mat dgu = c_.lowp(dgu_, size_t(N) * 2 * F);
+        // hn re-gathered, not kept (SP saves memory)
+        c_.mm(true, false, 2 * F, C, N, dgu, 2 * F, c_.gathered(hn, N, C), C, 1.0f, grads + wgu_, C);
+        c_.mm(false, false, N, C, 2 * F, dgu, 2 * F, c_.weight(params + wgu_), C, 0.0f, c_.full_b, C);
+        const float* dhn = c_.tp.reduce(c_.full_b, c_.dshard, N, C);
+        c_.done(grads + wdown_, size_t(C) * F);
+        c_.done(grads + wgu_, size_t(2) * F * C);
+        return dhn;
+    }
+
+private:
+    struct Saved {
+        float* gu;  // [N, 2F] gate | up
+        Act act;    // [N, F] silu(gate) * up
+    };
+    BlockContext& c_;
+    int F_;
+    size_t wgu_ = 0, wdown_ = 0;
+    float *dgu_, *dact_;
+    std::vector<Saved> slots_;
+};
+
+}  // namespace
+
+void swiglu_add_params(ParamBuilder& b, int layer) {
+    const ModelDims& d = b.dims();
+    const bool held = b.holds_layer(layer);
+    const std::string p = prefix(layer);
+    for (const char* gu : {"gate_proj", "up_proj"})
+        b.add(ParamBuilder::row_shard(p + gu + ".weight", d.F, d.C, d.Fl, d.tp_rank * d.Fl,
+                                      InitRule::normal),
+              held, true);
+    b.add(ParamBuilder::col_shard(p + "down_proj.weight", d.C, d.F, d.Fl, d.tp_rank * d.Fl,
+                                  InitRule::out_proj),
+          held, true);
+}
+
+std::unique_ptr<FeedForwardBlock> make_swiglu_feed_forward(BlockContext& ctx, const ParamTable& table,
+                                                           int layer) {
+    return std::make_unique<SwigluFeedForward>(ctx, table, layer);
+}
+
+}  // namespace quintet

@@ -1,0 +1,94 @@
+#include "quintet/train/optimizer.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace quintet {
+
+AdamW::AdamW(const ParamTable& table, Backend& be, const GradientSync& sync, const TrainConfig& cfg)
+    : table_(table), be_(be), sync_(sync), cfg_(cfg) {
+    for (int r = 0; r < kNumRegions; ++r) {
+        const DataParallel* dp = sync_.region(r);
+        if (!dp) continue;
+        state_at_[r] = state_;
+        // Under ZeRO the moments and the reduced gradient cover the shard (S floats, the last
+        // rank's partly padding); else the whole region.
+        state_ += sync_.zero() ? dp->shard_size() : dp->region().size();
+        if (sync_.zero()) {
+            shards_[r] = be_.alloc(std::max<size_t>(dp->shard_size(), 1));
+            owned_.push_back(shards_[r]);
+        }
+    }
+    m_ = be_.alloc(std::max<size_t>(state_, 1));
+    v_ = be_.alloc(std::max<size_t>(state_, 1));
+}
+
+AdamW::~AdamW() {
+    for (float* p : owned_) be_.release(p);
+    be_.release(m_);
+    be_.release(v_);
+}
+
+Range AdamW::updated(int r) const {
+    const DataParallel* dp = sync_.region(r);
+    return sync_.zero() ? dp->owned() : dp->region();
+}
+
+ArenaRange AdamW::write_range(int r) const {
+    const DataParallel* dp = sync_.region(r);
+    const Range own = dp->owned(), u = updated(r);
+    return {own, state_at_[r] + (own.lo - u.lo)};
+}
+
+ArenaRange AdamW::state_range(int r) const { return {updated(r), state_at_[r]}; }
+
+double AdamW::grad_norm(const float* grads, const Communicator& world) const {
+    double ss = 0.0;
+    for (const auto& spec : table_.specs) {
+        if (!spec.writer || !spec.trainable()) continue;
+        const int r = int(spec.replicas);
+        const DataParallel* dp = sync_.region(r);
+        // Counted once: the ZeRO shard of each rank, or the whole region on its group's rank 0.
+        Range u = updated(r);
+        if (!sync_.zero() && dp->comm().rank() != 0) continue;
+        const size_t a = std::max(u.lo, spec.offset), b = std::min(u.hi, spec.offset + spec.numel());
+        if (a >= b) continue;
+        const float* g = sync_.zero() ? shards_[r] + (a - u.lo) : grads + a;
+        ss += be_.sumsq(g, b - a);
+    }
+    world.all_reduce_sum(&ss, 1);
+    return std::sqrt(ss);
+}
+
+void AdamW::clip(float* grads, double norm) {
+    if (!(cfg_.grad_clip > 0 && norm > cfg_.grad_clip)) return;
+    const float s = float(cfg_.grad_clip / (norm + 1e-6));
+    for (int r = 0; r < kNumRegions; ++r) {
+        const DataParallel* dp = sync_.region(r);
+        if (!dp) continue;
+        if (sync_.zero()) be_.scale(shards_[r], dp->shard_size(), s);
+        else be_.scale(grads + dp->region().lo, dp->region().size(), s);
+    }
+}
+
+void AdamW::update(float* params, const float* grads, int64_t s, double lr) {
+    const auto& t = cfg_;
+    const double bc1 = 1.0 - std::pow(t.beta1, double(s + 1));
+    const double bc2 = 1.0 - std::pow(t.beta2, double(s + 1));
+    for (const auto& spec : table_.specs) {
+        if (!spec.trainable()) continue;
+        const int r = int(spec.replicas);
+        const Range u = updated(r);
+        const size_t a = std::max(u.lo, spec.offset), b = std::min(u.hi, spec.offset + spec.numel());
+        if (a >= b) continue;
+        const size_t o = state_at_[r] + (a - u.lo);
+        const float* g = sync_.zero() ? shards_[r] + (a - u.lo) : grads + a;
+        be_.adamw(params + a, g, m_ + o, v_ + o, b - a, float(lr), float(t.beta1), float(t.beta2),
+                  float(t.eps), spec.decay() ? float(t.weight_decay) : 0.0f, float(bc1), float(bc2));
+    }
+    if (sync_.zero())
+        for (int r = 0; r < kNumRegions; ++r)
+            if (const DataParallel* dp = sync_.region(r)) dp->gather_params(params);
+}
+
+}  // namespace quintet

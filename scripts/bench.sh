@@ -14,7 +14,11 @@
 #      steps as quintet's measured ones).
 # Then `build/quintet peak` (prints sgemm_gflops=<float>) REPEATS times.
 #
-# Environment: REPEATS (3), BENCH_DECKS ("small medium"), BENCH_THREADS (2),
+# With BASELINE=path/to/another/quintet, each round also runs that binary on the same deck right
+# after this one (side by side, interleaved) and the table adds its tok/s and the ratio: the
+# "no slower than the commit before" check of a refactor.
+#
+# Environment: REPEATS (3), BENCH_DECKS ("small medium"), BENCH_THREADS (2), BASELINE,
 #   BENCH_CORPUS (text for `quintet prepare`; default ../shared/data/tinyshakespeare.txt if
 #   present, else data/quickstart.txt), PYTHON (an interpreter with torch, numpy and h5py).
 # Output: the table on stdout; raw numbers, logs and the table under runs/bench_results/.
@@ -134,6 +138,17 @@ for deck in $DECKS; do
         record "$deck" "$r" quintet_tok_s "$q_tps"
         record "$deck" "$r" quintet_mfu "$q_mfu"
         echo "   quintet tokens/s=$q_tps mfu=$q_mfu" >&2
+        if [[ -n "${BASELINE:-}" ]]; then
+            echo "== $deck round $r/$REPEATS: baseline $BASELINE" >&2
+            rm -rf "runs/bench_${deck}_baseline"
+            env -u OMP_WAIT_POLICY OMP_NUM_THREADS="$THREADS" "$BASELINE" train "$deckfile" \
+                --output.run_dir="runs/bench_${deck}_baseline" --checkpoint.resume=none \
+                --checkpoint.every=0 > "$OUT/baseline_${deck}_r$r.log" 2>&1
+            b_line=$(quintet_metrics "runs/bench_${deck}_baseline/metrics.h5")
+            read -r b_tps b_mfu <<< "$b_line"
+            record "$deck" "$r" baseline_tok_s "$b_tps"
+            echo "   baseline tokens/s=$b_tps" >&2
+        fi
 
         for policy in PASSIVE default; do
             echo "== $deck round $r/$REPEATS: torch (OMP_WAIT_POLICY=$policy)" >&2
@@ -189,6 +204,9 @@ def word(deck, metric):
 sgemm = med("all", "sgemm_gflops")
 hdr = ["deck", "quintet tok/s", "torch tok/s (best)", "torch PASSIVE", "torch default",
        "quintet/torch", "quintet MFU", "model GFLOP/s", "sgemm GFLOP/s", "of sgemm"]
+baseline = any(m == "baseline_tok_s" for (_, m) in vals)
+if baseline:
+    hdr += ["baseline tok/s", "quintet/baseline"]
 rows = []
 for d in decks:
     q = med(d, "quintet_tok_s")
@@ -199,6 +217,9 @@ for d in decks:
     rows.append([d, f"{q:.1f}", f"{best:.1f} ({word(d, 'torch_runtime')},{pol})", f"{tp:.1f}",
                  f"{td:.1f}", f"{q / best:.3f}", f"{med(d, 'quintet_mfu'):.4g}", f"{gf:.2f}",
                  f"{sgemm:.2f}", f"{gf / sgemm:.3f}"])
+    if baseline:
+        b = med(d, "baseline_tok_s")
+        rows[-1] += [f"{b:.1f}", f"{q / b:.3f}"]
 w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(hdr)]
 print(f"# medians over {repeats} round(s); {threads} threads; torch "
       f"{word(decks[0], 'torch_version') if decks else '?'}; model GFLOP/s = quintet tok/s x "

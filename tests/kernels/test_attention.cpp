@@ -183,7 +183,7 @@ TEST(Attention, BackwardOverKeyBlocksSumsToTheWhole) {
 // (head, query tile) tasks and every thread count gives the same gradients, bit for bit per
 // thread count.
 TEST(Attention, BackwardSplitsOverThreadsDeterministically) {
-    AttnProblem p = make_problem(1, 200, 200, 4, 1, 16, 16, 0, 0, true, 0, 50);
+    AttnProblem p = make_problem(1, 200, 200, 4, 1, 16, 16, 0, 0, true, 0, 50);  // 1 pair
     auto R = randn(p.out_size(), 51);
     std::vector<float> out(p.out_size()), lse(p.lse_size());
     make_cpu_backend(1)->attention_forward(out.data(), lse.data(), p.q.data(), p.k.data(), p.v.data(), p.a);
@@ -204,6 +204,30 @@ TEST(Attention, BackwardSplitsOverThreadsDeterministically) {
         auto a = grads(threads), b = grads(threads);
         EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << threads;
         for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], g1[i], 1e-5 * m) << threads << " " << i;
+    }
+}
+
+// With as many (batch, kv head) pairs as threads (or many more), one task per pair: every thread
+// count gives the bits of one thread.
+TEST(Attention, BackwardOverPairsIsBitIdenticalForAnyThreadCount) {
+    AttnProblem p = make_problem(2, 150, 150, 4, 2, 16, 16, 0, 0, true, 0, 60);  // 4 pairs
+    auto R = randn(p.out_size(), 61);
+    std::vector<float> out(p.out_size()), lse(p.lse_size());
+    make_cpu_backend(1)->attention_forward(out.data(), lse.data(), p.q.data(), p.k.data(), p.v.data(), p.a);
+    auto grads = [&](int threads) {
+        auto be = make_cpu_backend(threads);
+        std::vector<float> g(p.q.size() + p.k.size() + p.v.size(), 0.0f);
+        float* dq = g.data();
+        float* dk = dq + p.q.size();
+        float* dv = dk + p.k.size();
+        be->attention_backward(dq, dk, dv, R.data(), out.data(), lse.data(), p.q.data(), p.k.data(),
+                               p.v.data(), p.a);
+        return g;
+    };
+    auto g1 = grads(1);
+    for (int threads : {2, 4}) {
+        auto g = grads(threads);
+        EXPECT_EQ(0, std::memcmp(g.data(), g1.data(), g.size() * 4)) << threads;
     }
 }
 

@@ -1,12 +1,15 @@
 // The CPU attention kernels (Backend's one general attention operation) and RoPE.
 //
 // Work split. Forward: one task per (batch, head, query tile), each writing its own rows of out
-// and lse. Backward: the same tasks, assigned to threads by cost (visible key tiles) so that no
-// thread idles, whatever B x NKV is; dQ rows belong to one task, while dK/dV rows are shared by
-// the tasks of a kv head, so thread 0 accumulates straight into dk/dv and the other threads into
-// private buffers, added afterwards in thread order. The assignment is a pure function of the
-// shapes and the thread count, so a given thread count gives the same bits every run; with one
-// thread the order of every sum is that of a plain loop over (b, head, query tile, key tile).
+// and lse, scheduled dynamically. Backward: dQ rows belong to one (batch, head, query tile) task,
+// dK/dV rows to all the tasks of a (batch, kv head) pair. With enough pairs for the threads, one
+// dynamically scheduled task per pair (one writer per dK/dV row, the bits of a plain loop for any
+// thread count); with few pairs (fewer than the threads, or an uneven split: one sequence of MQA
+// on 2 threads, say) the
+// (batch, head, query tile) tasks are dealt to threads by cost so that none idles, thread 0
+// accumulating straight into dk/dv and the others into private buffers added afterwards in
+// thread order -- a pure function of the shapes and the thread count, so a given thread count
+// gives the same bits every run.
 #include "cpu_backend.hpp"
 
 namespace quintet::cpu {
@@ -174,10 +177,18 @@ void CpuBackend::attention_forward(float* out, float* lse, const float* q, const
                     }
                     const float corr = std::exp(mrow[i] - mx);
                     float sum = 0.0f;
-                    for (int j = 0; j < nk; ++j) {
-                        float p = srow[j] == -INFINITY ? 0.0f : std::exp(srow[j] - mx);
-                        srow[j] = p;
-                        sum += p;
+                    if (kind == TileKind::full) {
+                        for (int j = 0; j < nk; ++j) {
+                            float p = std::exp(srow[j] - mx);
+                            srow[j] = p;
+                            sum += p;
+                        }
+                    } else {
+                        for (int j = 0; j < nk; ++j) {
+                            float p = srow[j] == -INFINITY ? 0.0f : std::exp(srow[j] - mx);
+                            srow[j] = p;
+                            sum += p;
+                        }
                     }
                     lrow[i] = lrow[i] * corr + sum;
                     mrow[i] = mx;
@@ -317,36 +328,54 @@ void CpuBackend::attention_backward(float* dq, float* dk, float* dv, const float
     const Masker mk{a, att_.qb.data(), att_.kb.data(), nqt, nkt};
     const int nth = threads_;
     att_.tiles.resize(size_t(nth));
-    // Tasks (b, h, query tile) in canonical order, dealt to nth lists by cost: the most expensive
-    // first, each to the least-loaded list (lowest index on ties); each list then runs in
-    // canonical order.
+    const int group = a.NH / a.NKV;
+    // Enough (sequence, kv head) pairs to keep every thread busy -- as many as threads, or so
+    // many that an uneven split costs under 25% -- one task per pair, scheduled dynamically
+    // (robust to a core being busy elsewhere); a pair's dK/dV have one writer, so every thread
+    // count gives the same bits, those of a plain loop.
+    const long pairs = long(a.B) * a.NKV;
+    if (nth == 1 || pairs % nth == 0 || pairs >= 4L * nth) {
+#pragma omp parallel num_threads(nth)
+        {
+            AttentionScratch::Tile& sc = tile_of(att_, omp_get_thread_num());
+#pragma omp for schedule(dynamic, 1)
+            for (long pr = 0; pr < pairs; ++pr) {
+                const long b = pr / a.NKV, g = pr % a.NKV;
+                for (long h = g * group; h < (g + 1) * group; ++h)
+                    for (int qt = 0; qt < nqt; ++qt)
+                        backward_task((b * a.NH + h) * nqt + qt, a, mk, nqt, nkt, sc, dq, dk,
+                                      size_t(a.k_stride), dv, size_t(a.v_stride), dout, out, lse, q, k, v);
+            }
+        }
+        return;
+    }
+    // Few pairs (one sequence of MQA, say): tasks (sequence, head, query tile), dealt to nth
+    // lists by cost -- the most expensive first, each to the least-loaded list (lowest index on
+    // ties) -- each list then run in canonical order by its thread. List 0 accumulates into
+    // dk/dv; list l > 0 into private buffers, added in list order afterwards. The assignment is
+    // a function of the shapes and the thread count only, so the bits are too.
     const long ntasks = long(a.B) * a.NH * nqt;
     att_.tasks.resize(size_t(nth));
     for (auto& l : att_.tasks) l.clear();  // capacity kept: no allocation once warm
-    if (nth == 1) {
-        for (long t = 0; t < ntasks; ++t) att_.tasks[0].push_back(t);
-    } else {
-        auto& cost = att_.cost;
-        cost.resize(size_t(ntasks));
-        for (long t = 0; t < ntasks; ++t) {
-            const int qt = int(t % nqt), b = int(t / (long(nqt) * a.NH));
-            int c = 0;
-            for (int kt = 0; kt < nkt; ++kt) c += mk.kind(b, qt, kt) != TileKind::skip;
-            cost[size_t(t)] = {c, t};
-        }
-        std::sort(cost.begin(), cost.end(), [](const auto& x, const auto& y) {
-            return x.first != y.first ? x.first > y.first : x.second < y.second;
-        });
-        att_.load.assign(size_t(nth), 0.0);
-        for (const auto& [c, t] : cost) {
-            const size_t l = size_t(std::min_element(att_.load.begin(), att_.load.end()) - att_.load.begin());
-            att_.load[l] += c + 0.01;  // + per-task overhead: spreads empty tasks too
-            att_.tasks[l].push_back(t);
-        }
-        for (auto& l : att_.tasks) std::sort(l.begin(), l.end());
+    auto& cost = att_.cost;
+    cost.resize(size_t(ntasks));
+    for (long t = 0; t < ntasks; ++t) {
+        const int qt = int(t % nqt), b = int(t / (long(nqt) * a.NH));
+        int c = 0;
+        for (int kt = 0; kt < nkt; ++kt) c += mk.kind(b, qt, kt) != TileKind::skip;
+        cost[size_t(t)] = {c, t};
     }
-    // List 0 accumulates into dk/dv; list l > 0 into private buffers [B*Tk, NKV*D], zeroed here
-    // and added in list order afterwards.
+    std::sort(cost.begin(), cost.end(), [](const auto& x, const auto& y) {
+        return x.first != y.first ? x.first > y.first : x.second < y.second;
+    });
+    att_.load.assign(size_t(nth), 0.0);
+    for (const auto& [c, t] : cost) {
+        const size_t l = size_t(std::min_element(att_.load.begin(), att_.load.end()) - att_.load.begin());
+        att_.load[l] += c + 0.01;  // + per-task overhead: spreads empty tasks too
+        att_.tasks[l].push_back(t);
+    }
+    for (auto& l : att_.tasks) std::sort(l.begin(), l.end());
+    // Private buffers [B*Tk, NKV*D] of lists 1..
     const size_t ldk = size_t(a.NKV) * a.Dqk, ldv = size_t(a.NKV) * a.Dv;
     const size_t nk_rows = size_t(a.B) * a.Tk;
     att_.dk.resize(size_t(nth));

@@ -215,7 +215,7 @@ Tokenizer read_tokenizer(const std::string& path, hid_t file, hid_t tokens, int&
 }  // namespace
 
 void token_file_write(const std::string& path, const std::vector<uint32_t>& tokens,
-                      const Tokenizer& tok) {
+                      const Tokenizer& tok, int eos_id) {
     const int64_t vocab = tok.vocab_size();
     QUINTET_CHECK(tok.kind == "byte" || tok.kind == "bpe",
                   "token_file_write: tokenizer kind '" + tok.kind + "' is not byte or bpe");
@@ -242,6 +242,10 @@ void token_file_write(const std::string& path, const std::vector<uint32_t>& toke
         };
         write_int("format_version", kTokenFileFormatVersion);
         write_int("vocab_size", vocab);
+        if (eos_id >= 0) {
+            QUINTET_CHECK(eos_id < vocab, "token_file_write: eos_id >= vocab_size");
+            write_int("eos_id", eos_id);
+        }
         {
             H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
             H5Tset_size(type.get(), tok.kind.size());
@@ -303,6 +307,14 @@ TokenFile token_file_read(const std::string& path) {
     H5Id ds = open_tokens(path, file.get());
     TokenFile out;
     out.tokenizer = read_tokenizer(path, file.get(), ds.get(), out.vocab_size);
+    bool has_eos = false;
+    const int64_t eos = read_int_attr(path, file.get(), ds.get(), "eos_id", has_eos);
+    if (has_eos) {
+        if (eos < 0 || eos >= out.vocab_size)
+            bad_file(path, "eos_id = " + std::to_string(eos) + " is not a token id (vocab_size = " +
+                               std::to_string(out.vocab_size) + ")");
+        out.eos_id = int(eos);
+    }
 
     H5Id type(H5Dget_type(ds.get()), H5Tclose);
     H5Id space(H5Dget_space(ds.get()), H5Sclose);

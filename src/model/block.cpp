@@ -9,9 +9,9 @@ namespace quintet {
 
 BlockContext::BlockContext(Backend& be_, TensorParallel& tp_, const ModelDims& d_, int B_, int T_,
                            Precision p, const RopeConfig& rope_, int rope_seq_len_,
-                           int max_positions_)
+                           int max_positions_, ContextParallel* cp_)
     : be(be_), tp(tp_), d(d_), B(B_), T(T_), N(B_ * T_), Nr(tp_.sp() ? B_ * T_ / tp_.size() : B_ * T_),
-      rope(rope_), rope_seq_len(rope_seq_len_), max_positions(max_positions_),
+      rope(rope_), rope_seq_len(rope_seq_len_), max_positions(max_positions_), cp(cp_),
       bf16_(p == Precision::bf16) {
     const size_t C = size_t(d.C);
     full_a = buf(size_t(N) * C, false);

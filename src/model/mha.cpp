@@ -73,7 +73,7 @@ public:
         c_.mm(false, true, N, QKV_, C, c_.gathered(xn, N, C), C, c_.weight(params + wqkv_), C, 0.0f,
               s.qkv, QKV_);
         RopeArgs r{N, NH_ + NKV_, HD_, 0, HD_, QKV_};
-        c_.be.rope_forward(s.qkv, rope_.cos, rope_.sin, tok.pos, r);
+        c_.be.rope_forward(s.qkv, rope_.cos, rope_.sin, tok.rope_pos, r);
         float* att = c_.produce(s.att, datt_);
         AttentionArgs a = args(tok);
         if (cache) {
@@ -90,6 +90,9 @@ public:
             a.k_pos = kc.pos;
             a.q_doc = a.k_doc = nullptr;
             c_.be.attention_forward(att, lse_scratch_, s.qkv, kc.k, kc.v, a);
+        } else if (c_.cp) {  // ring attention over the cp group
+            c_.cp->attention_forward(att, s.lse, s.qkv, s.qkv + A_, s.qkv + A_ + NKV_ * HD_, a,
+                                     tok.pos_all, tok.doc_all);
         } else {
             c_.be.attention_forward(att, s.lse, s.qkv, s.qkv + A_, s.qkv + A_ + NKV_ * HD_, a);
         }
@@ -115,10 +118,14 @@ public:
         const float* k = q + A_;
         const float* v = k + NKV_ * HD_;
         c_.be.zero(dqkv_, size_t(N) * QKV_);
-        c_.be.attention_backward(dqkv_, dqkv_ + A_, dqkv_ + A_ + NKV_ * HD_, datt_, att, s.lse, q, k,
-                                 v, args(tok));
+        if (c_.cp)
+            c_.cp->attention_backward(dqkv_, dqkv_ + A_, dqkv_ + A_ + NKV_ * HD_, datt_, att, s.lse,
+                                      q, k, v, args(tok), tok.pos_all, tok.doc_all);
+        else
+            c_.be.attention_backward(dqkv_, dqkv_ + A_, dqkv_ + A_ + NKV_ * HD_, datt_, att, s.lse,
+                                     q, k, v, args(tok));
         RopeArgs r{N, NH_ + NKV_, HD_, 0, HD_, QKV_};
-        c_.be.rope_backward(dqkv_, rope_.cos, rope_.sin, tok.pos, r);
+        c_.be.rope_backward(dqkv_, rope_.cos, rope_.sin, tok.rope_pos, r);
         Mat dqkv = c_.lowp(dqkv_, size_t(N) * QKV_);
         c_.mm(true, false, QKV_, C, N, dqkv, QKV_, c_.gathered(xn, N, C), C, 1.0f, grads + wqkv_, C);
         c_.mm(false, false, N, C, QKV_, dqkv, QKV_, c_.weight(params + wqkv_), C, 0.0f, c_.full_b, C);

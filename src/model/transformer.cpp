@@ -10,10 +10,15 @@ namespace quintet {
 ModelChunk::ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope,
                        const ParamTable& table, const ChunkPlan& plan, TensorParallel& tp, int B,
                        int T, ChunkOptions opt)
-    : be_(be), tp_(tp),
-      ctx_(be, tp, model_dims(m, tp.size(), tp.rank()), B, T, opt.precision, rope,
-           opt.rope_seq_len > 0 ? opt.rope_seq_len : T, opt.max_positions > 0 ? opt.max_positions : T),
+    : be_(be), tp_(tp), cp_(opt.cp), T_global_(T), cp_size_(opt.cp ? opt.cp->size() : 1),
+      cp_rank_(opt.cp ? opt.cp->rank() : 0), docs_(opt.document_mask),
+      doc_positions_(opt.document_positions), eos_id_(opt.eos_id),
+      ctx_(be, tp, model_dims(m, tp.size(), tp.rank()), B, T / (opt.cp ? opt.cp->size() : 1),
+           opt.precision, rope, opt.rope_seq_len > 0 ? opt.rope_seq_len : T,
+           opt.max_positions > 0 ? opt.max_positions : T, opt.cp),
       plan_(plan) {
+    QUINTET_CHECK(T % cp_size_ == 0, "seq_len not divisible by cp");
+    QUINTET_CHECK(!(docs_ || doc_positions_) || eos_id_ >= 0, "document masks need an eos id");
     eps_ = float(m.norm_eps);
     const ModelDims& d = ctx_.d;
     if (plan_.first) wte_ = table.offset_of("model.embed_tokens.weight");
@@ -42,7 +47,9 @@ ModelChunk::~ModelChunk() {
     be_.release_i32(tgt_);
     for (auto& s : slots_) {
         if (s.ids) be_.release_i32(s.ids);
-        be_.release_i32(s.pos);
+        be_.release_i32(s.pos_all);
+        be_.release_i32(s.rope_pos);
+        if (s.doc_all) be_.release_i32(s.doc_all);
     }
 }
 
@@ -76,30 +83,79 @@ int ModelChunk::add_slot() {
     }
     s.dres = ctx_.buf(Nr * C, true);
     if (plan_.first) s.ids = be_.alloc_i32(N);
-    // Positions within each sample: 0 .. T-1.
-    s.pos = be_.alloc_i32(N);
-    std::vector<int32_t> pos(N);
-    for (size_t n = 0; n < N; ++n) pos[n] = int32_t(n % size_t(ctx_.T));
-    be_.from_host_i32(s.pos, pos.data(), N);
-    s.tok.pos = s.pos;
+    // Positions: each row's index in its sample (for every cp rank's rows), the same for RoPE;
+    // documents (when masked) are set per microbatch.
+    const size_t cp = size_t(cp_size_);
+    s.pos_all = be_.alloc_i32(cp * N);
+    s.rope_pos = be_.alloc_i32(N);
+    if (docs_) s.doc_all = be_.alloc_i32(cp * N);
+    std::vector<int32_t> pos(cp * N);
+    for (size_t j = 0; j < cp; ++j)
+        for (size_t n = 0; n < N; ++n)
+            pos[j * N + n] = global_position(int(j), int(n % size_t(ctx_.T)));
+    be_.from_host_i32(s.pos_all, pos.data(), cp * N);
+    be_.from_host_i32(s.rope_pos, pos.data() + size_t(cp_rank_) * N, N);
+    s.tok.pos = s.pos_all + size_t(cp_rank_) * N;
+    s.tok.rope_pos = s.rope_pos;
+    s.tok.pos_all = s.pos_all;
+    s.tok.doc_all = s.doc_all;
+    s.tok.doc = s.doc_all ? s.doc_all + size_t(cp_rank_) * N : nullptr;
     slot_floats_ = ctx_.slot_floats - before;
     slots_.push_back(std::move(s));
     return int(slots_.size()) - 1;
 }
 
+int ModelChunk::global_position(int rank, int t) const { return cp_ ? cp_->position(rank, t) : t; }
+
 void ModelChunk::set_tokens(Slot& s, const int32_t* ids, const int32_t* targets) {
-    // Ids and targets relative to this rank's vocabulary rows; -1 where another tp rank owns them.
+    // This cp rank's rows of each sample; ids and targets relative to this rank's vocabulary
+    // rows (-1 where another tp rank owns them).
     const ModelDims& d = ctx_.d;
-    const int N = ctx_.N;
+    const int N = ctx_.N, Tl = ctx_.T;
     auto local = [&](int32_t x) { return x >= d.v0 && x < d.v1 ? x - d.v0 : -1; };
+    auto at = [&](const int32_t* x, int n) {
+        return x[size_t(n / Tl) * T_global_ + global_position(cp_rank_, n % Tl)];
+    };
     if (ids) {
-        for (int n = 0; n < N; ++n) host_ids_[size_t(n)] = local(ids[n]);
+        for (int n = 0; n < N; ++n) host_ids_[size_t(n)] = local(at(ids, n));
         be_.from_host_i32(s.ids, host_ids_.data(), size_t(N));
     }
     if (targets) {
-        for (int n = 0; n < N; ++n) host_tgt_[size_t(n)] = local(targets[n]);
+        for (int n = 0; n < N; ++n) host_tgt_[size_t(n)] = local(at(targets, n));
         be_.from_host_i32(tgt_, host_tgt_.data(), size_t(N));
     }
+}
+
+void ModelChunk::set_positions(Slot& s, const int32_t* ids) {
+    // Document d of a sample = the tokens after the d-th eos (an eos ends, and belongs to, its
+    // document); RoPE positions restart at each document under document_positions.
+    const int B = ctx_.B, Tl = ctx_.T, N = ctx_.N, T = T_global_;
+    const size_t cp = size_t(cp_size_);
+    host_doc_.resize(cp * N);
+    host_rope_.resize(size_t(N));
+    host_pos_.resize(size_t(T) * 2);
+    int32_t* doc = host_pos_.data();        // [T] document of each position of one sample
+    int32_t* start = doc + T;               // [T] first position of that document
+    for (int b = 0; b < B; ++b) {
+        const int32_t* x = ids + size_t(b) * T;
+        int d = 0, st = 0;
+        for (int p = 0; p < T; ++p) {
+            doc[p] = d;
+            start[p] = st;
+            if (x[p] == eos_id_) {
+                ++d;
+                st = p + 1;
+            }
+        }
+        for (size_t j = 0; j < cp; ++j)
+            for (int t = 0; t < Tl; ++t) host_doc_[j * N + size_t(b) * Tl + t] = doc[global_position(int(j), t)];
+        for (int t = 0; t < Tl; ++t) {
+            const int p = global_position(cp_rank_, t);
+            host_rope_[size_t(b) * Tl + t] = doc_positions_ ? p - start[p] : p;
+        }
+    }
+    if (docs_) be_.from_host_i32(s.doc_all, host_doc_.data(), cp * N);
+    be_.from_host_i32(s.rope_pos, host_rope_.data(), size_t(N));
 }
 
 void ModelChunk::run_layers(Slot& s, const float* params, std::vector<std::unique_ptr<KvCache>>* caches) {
@@ -155,6 +211,10 @@ double ModelChunk::forward(int si, const float* params, const int32_t* ids, cons
     QUINTET_CHECK(!ctx_.bf16() || params == ctx_.master(),
                   "bf16 chunk: params are not the arena set_bf16_weights named");
     set_tokens(s, plan_.first ? ids : nullptr, plan_.last ? targets : nullptr);
+    if (docs_ || doc_positions_) {
+        QUINTET_CHECK(ids, "document masks: every chunk needs the microbatch's ids");
+        set_positions(s, ids);
+    }
     run_layers(s, params, nullptr);
     if (!plan_.last) return 0.0;
     return loss(s, params, grad_scale, need_grad);
@@ -232,7 +292,7 @@ std::vector<std::unique_ptr<KvCache>> ModelChunk::make_caches(int max_len) const
 
 const std::vector<float>& ModelChunk::forward_cached(const float* params, const int32_t* ids, int pos0,
                                                      std::vector<std::unique_ptr<KvCache>>& caches) {
-    QUINTET_CHECK(plan_.first && plan_.last && tp_.size() == 1 && ctx_.B == 1,
+    QUINTET_CHECK(plan_.first && plan_.last && tp_.size() == 1 && ctx_.B == 1 && !cp_ && !docs_,
                   "generation needs the whole model on one rank, one sequence");
     QUINTET_CHECK(pos0 + ctx_.T <= ctx_.max_positions, "generation past the RoPE tables");
     if (slots_.empty()) add_slot();
@@ -240,7 +300,8 @@ const std::vector<float>& ModelChunk::forward_cached(const float* params, const 
     const int N = ctx_.N, C = ctx_.d.C, V = ctx_.d.V;
     std::vector<int32_t> pos(static_cast<size_t>(N));
     for (int n = 0; n < N; ++n) pos[size_t(n)] = pos0 + n;
-    be_.from_host_i32(s.pos, pos.data(), size_t(N));
+    be_.from_host_i32(s.pos_all, pos.data(), size_t(N));  // the queries' positions, for the mask
+    be_.from_host_i32(s.rope_pos, pos.data(), size_t(N));
     set_tokens(s, ids, nullptr);
     run_layers(s, params, &caches);
     float* xf = ctx_.produce(s.xf, ctx_.full_a);

@@ -97,7 +97,7 @@ PipelineExecutor::Result PipelineExecutor::run(const float* params, float* grads
         }
         case Op::forward: {
             if (slot < 0) slot = acquire_slot(a.chunk);
-            if (chunk.plan().first || chunk.plan().last) data(a.microbatch, ids_.data(), tgt_.data());
+            if (chunk.needs_tokens()) data(a.microbatch, ids_.data(), tgt_.data());
             res.ce_sum += chunk.forward(slot, params, ids_.data(), tgt_.data(), grad_scale, true);
             res.aux_sum += chunk.aux_loss(slot);
             break;

@@ -75,6 +75,7 @@ int train_main(int argc, char** argv, MPI_Comm world) {
     // Every rank reads and checks the data header, so a bad file fails everywhere alike.
     TokenFile data = token_file_read(deck.data.path);
     deck.model.vocab_size = data.vocab_size;
+    if (deck.data.eos_id < 0) deck.data.eos_id = data.eos_id;  // resolved into the deck text
     deck_validate(deck, size);
     // The backend, before any output: a missing GPU must stop every rank alike (a ConfigError
     // on some ranks only would leave the others waiting in a collective).

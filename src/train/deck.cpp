@@ -122,6 +122,8 @@ std::vector<DeckOption> deck_options(Deck& d) {
                 "YaRN: context length L the model was trained at; 0 = data.seq_len"),
         opt_double("rope.beta_fast", &r.beta_fast, 0, 1e6, "YaRN: rotations above which a dim is left alone", true),
         opt_double("rope.beta_slow", &r.beta_slow, 0, 1e6, "YaRN: rotations below which a dim is fully interpolated", true),
+        opt_bool("rope.document_positions", &r.document_positions,
+                 "RoPE positions restart at each document of a packed sample (documents end at data.eos_id)"),
         opt_int("moe.experts", &e.experts, 0, 1 << 20, "routed experts E; 0 = dense FFN (MoE: not yet supported)"),
         opt_int("moe.top_k", &e.top_k, 1, 1 << 20, "experts chosen per token"),
         opt_int("moe.shared_experts", &e.shared_experts, 0, 1 << 20, "always-on shared experts"),
@@ -133,7 +135,7 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_double("moe.bias_rate", &e.bias_rate, 0, 1e3, "aux-free bias update rate"),
         opt_int("parallel.tp", &p.tp, 1, 1 << 20, "tensor-parallel ranks (Megatron-style column/row split)"),
         opt_int("parallel.pp", &p.pp, 1, 1 << 20, "pipeline stages"),
-        opt_int("parallel.cp", &p.cp, 1, 1 << 20, "context-parallel ranks (>1: not yet supported)"),
+        opt_int("parallel.cp", &p.cp, 1, 1 << 20, "context-parallel ranks: each sample's sequence in 2*cp chunks, ring attention"),
         opt_int("parallel.ep", &p.ep, 1, 1 << 20, "expert-parallel ranks (>1: not yet supported)"),
         opt_int("parallel.dp", &p.dp, 0, 1 << 20, "data-parallel replicas; 0 = world / (tp*pp*cp)"),
         opt_int("parallel.microbatches", &p.microbatches, 1, 1 << 20, "microbatches per DP replica per step"),
@@ -149,6 +151,10 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("data.micro_batch_size", &da.micro_batch_size, 1, 1 << 20, "samples per microbatch B"),
         opt_enum("data.order", &da.order, {"random", "sequential"}, "sample offsets"),
         opt_double("data.val_fraction", &da.val_fraction, 0, 0.9, "share of tokens held out for validation"),
+        opt_bool("data.document_mask", &da.document_mask,
+                 "a token attends only to earlier tokens of its own document (packed samples; documents end at data.eos_id)"),
+        opt_int("data.eos_id", &da.eos_id, -1, 1 << 30,
+                "the token that ends a document; -1 = the token file's eos_id (set by `quintet prepare --split-on` or several inputs)"),
         opt_int("train.steps", &t.steps, 0, big, "optimizer steps; 0 = write the step-0 checkpoint and stop"),
         opt_double("train.lr", &t.lr, 0, 10, "peak learning rate"),
         opt_double("train.lr_min", &t.lr_min, 0, 10, "final learning rate of the cosine"),
@@ -308,7 +314,6 @@ void deck_validate(const Deck& d, int world) {
         config_fail("model.attention", m.attention, "not yet supported in this build (valid: mha)");
     if (d.model.moe.experts != 0)
         config_fail("moe.experts", S(d.model.moe.experts), "MoE is not yet supported in this build (valid: 0)");
-    if (p.cp != 1) config_fail("parallel.cp", S(p.cp), "context parallelism is not yet supported (valid: 1)");
     if (p.ep != 1) config_fail("parallel.ep", S(p.ep), "expert parallelism is not yet supported (valid: 1)");
     if (d.train.device == "cuda") {
 #ifndef QUINTET_WITH_CUDA
@@ -344,9 +349,22 @@ void deck_validate(const Deck& d, int world) {
         config_fail("model.ffn_dim", S(F), "must be divisible by parallel.tp = " + S(p.tp));
     if (p.tp > m.vocab_size && m.vocab_size > 0)
         config_fail("parallel.tp", S(p.tp), "exceeds the vocabulary size " + S(m.vocab_size));
-    if (p.sequence_parallel && p.tp > 1 && d.data.seq_len % p.tp != 0)
+    // Context parallelism: 2*cp equal chunks per sample (DESIGN §2).
+    if (d.data.seq_len % (2 * p.cp) != 0)
         config_fail("data.seq_len", S(d.data.seq_len),
-                    "must be divisible by parallel.tp = " + S(p.tp) + " under parallel.sequence_parallel");
+                    "must be divisible by 2*parallel.cp = " + S(2 * p.cp) +
+                        " (each sample is cut into 2*cp equal chunks); valid e.g. " +
+                        S((d.data.seq_len / (2 * p.cp) + 1) * 2 * p.cp));
+    if (p.sequence_parallel && p.tp > 1 && (d.data.seq_len / p.cp) % p.tp != 0)
+        config_fail("data.seq_len", S(d.data.seq_len),
+                    "seq_len/cp must be divisible by parallel.tp = " + S(p.tp) +
+                        " under parallel.sequence_parallel (cp = " + S(p.cp) + ")");
+    if ((d.data.document_mask || d.rope.document_positions) && d.data.eos_id < 0)
+        config_fail(d.data.document_mask ? "data.document_mask" : "rope.document_positions", "true",
+                    "needs an end-of-document token: data.eos_id, or a token file that records "
+                    "one (quintet prepare with several --input files or --split-on)");
+    if (d.data.eos_id >= m.vocab_size && m.vocab_size > 0)
+        config_fail("data.eos_id", S(d.data.eos_id), "must be below the vocabulary size " + S(m.vocab_size));
     // Pipeline: layers per stage, and the schedule's own conditions.
     if (!p.pp_layers.empty()) {
         if (p.virtual_stages != 1)

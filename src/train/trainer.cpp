@@ -90,8 +90,14 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
     sync_ = std::make_unique<GradientSync>(table_, be_, comms_, tp_, deck.parallel.bucket_mb,
                                            deck.parallel.zero == 1, deck.parallel.overlap_dp);
     opt_ = std::make_unique<AdamW>(table_, be_, *sync_, deck.train);
+    if (grid.cp().size() > 1)
+        cp_ = std::make_unique<ContextParallel>(comms_.group(Group::cp), be_, dc.micro_batch_size, dc.seq_len);
     ChunkOptions opt;
     opt.precision = deck.train.precision == "bf16" ? Precision::bf16 : Precision::fp32;
+    opt.cp = cp_.get();
+    opt.document_mask = dc.document_mask;
+    opt.document_positions = deck.rope.document_positions;
+    opt.eos_id = dc.eos_id;
     if (opt.precision == Precision::bf16) params_bf16_ = be_.alloc_bf16(table_.total);
     for (const auto& plan : plans_) {
         chunks_.push_back(std::make_unique<ModelChunk>(be_, deck.model, deck.rope, table_, plan, tp_,
@@ -166,6 +172,7 @@ StepStats Trainer::step(int64_t s) {
     const int64_t gb = int64_t(grid_.dp().size()) * p.microbatches * mbs;
     const double t0 = now_s();
     tp_.reset_stats();
+    if (cp_) cp_->reset_stats();
     be_.zero(grads_, table_.total);
     sync_->begin_step(grads_);
     // 1. This replica's microbatches through the pipeline schedule: forward, backward.
@@ -207,6 +214,11 @@ StepStats Trainer::step(int64_t s) {
     st.step_time = t4 - t0;
     st.t_tp = tp_.seconds;
     st.tp_bytes = tp_.bytes;
+    if (cp_) {
+        st.t_cp = cp_->comm_s;
+        st.t_cp_exposed = cp_->exposed_s;
+        st.cp_bytes = cp_->bytes;
+    }
     return st;
 }
 
@@ -222,7 +234,7 @@ double Trainer::evaluate() {
         sum += exec_->forward_only(params_, ids.data(), tgt.data());
     }
     grid_.pp().all_reduce_sum(&sum, 1);
-    grid_.dp().all_reduce_sum(&sum, 1);
+    grid_.dp_cp().all_reduce_sum(&sum, 1);  // cp ranks hold disjoint tokens of each sample
     return sum / (double(deck_.eval.batches) * mbs * T);
 }
 
@@ -353,7 +365,9 @@ int Trainer::run() {
             metrics->append("/timing", {{"pipeline", st.t_pipeline}, {"pipeline_wait", st.t_wait},
                                         {"replica_sync", st.t_sync}, {"dp_reduce", st.t_dp},
                                         {"optimizer", st.t_optim}, {"tp_comm", st.t_tp},
-                                        {"tp_bytes", st.tp_bytes}, {"dp_buckets_overlapped", st.dp_early}});
+                                        {"tp_bytes", st.tp_bytes}, {"dp_buckets_overlapped", st.dp_early},
+                                        {"cp_comm", st.t_cp}, {"cp_exposed", st.t_cp_exposed},
+                                        {"cp_bytes", st.cp_bytes}});
             std::vector<std::pair<std::string, double>> row;
             for (int i = 0; i < pp; ++i) {
                 row.emplace_back("stage" + std::to_string(i) + "_idle_fraction", idle[i]);

@@ -74,6 +74,20 @@ TEST(CpuKernels, CrossEntropyGradientMatchesFiniteDifferences) {
     EXPECT_LT(gradcheck(z, g, f, 1e-2f, 66).rel(), 1e-2);
 }
 
+TEST(CpuKernels, Copy2dPacksAndAccumulatesStridedColumns) {
+    auto b = be();
+    const size_t rows = 300, cols = 7, ld_src = 19, ld_dst = 9;  // > 2^16 elements: threaded
+    auto src = randn(rows * ld_src * 40, 1);
+    std::vector<float> dst(rows * ld_dst * 40, 5.0f);
+    const size_t R = rows * 40;
+    b->copy_2d(dst.data(), ld_dst, src.data() + 3, ld_src, R, cols, false);
+    for (size_t r = 0; r < R; ++r)
+        for (size_t c = 0; c < ld_dst; ++c)
+            ASSERT_EQ(dst[r * ld_dst + c], c < cols ? src[r * ld_src + 3 + c] : 5.0f) << r << "," << c;
+    b->copy_2d(dst.data(), ld_dst, src.data() + 3, ld_src, R, cols, true);
+    for (size_t r = 0; r < R; ++r) ASSERT_EQ(dst[r * ld_dst + 2], 2 * src[r * ld_src + 5]);
+}
+
 TEST(CpuKernels, EmbeddingBackwardSumsRepeatedIds) {
     auto b = be();
     const int N = 5, C = 3, V = 4;

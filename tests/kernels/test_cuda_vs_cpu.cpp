@@ -296,6 +296,18 @@ TEST_F(CudaVsCpu, GeneralAttentionForwardMergeBackward) {
     }
 }
 
+TEST_F(CudaVsCpu, Copy2d) {
+    const size_t rows = 50, cols = 11, ld_dst = 16, ld_src = 23;
+    auto dst = randn(rows * ld_dst, 40), src = randn(rows * ld_src, 41);
+    for (bool acc : {false, true}) {
+        std::vector<float> c = dst;
+        cpu_->copy_2d(c.data(), ld_dst, src.data(), ld_src, rows, cols, acc);
+        float* gd = dev(dst);
+        gpu_->copy_2d(gd, ld_dst, dev(src), ld_src, rows, cols, acc);
+        EXPECT_TRUE(same_bits(host(gd, dst.size()), c)) << acc;
+    }
+}
+
 TEST_F(CudaVsCpu, SwigluAddScale) {
     const int N = 19, F = 37;
     auto gu = randn(size_t(N) * 2 * F, 30, 2.0f), dy = randn(size_t(N) * F, 31);

@@ -19,12 +19,14 @@ struct TokenFile {
     std::vector<uint32_t> tokens;  // [n_tokens], every id < vocab_size
     Tokenizer tokenizer;           // tables built
     int vocab_size = 0;            // == tokenizer.vocab_size()
+    int eos_id = -1;               // the end-of-document token, or -1 (attribute eos_id)
 };
 
 // Writes `path` + ".tmp" and renames it over `path`, so a failed write never leaves a half file.
 // Throws RankError (naming the path) if the file cannot be written.
+// eos_id >= 0 is recorded as the attribute eos_id (the token that ends each document).
 void token_file_write(const std::string& path, const std::vector<uint32_t>& tokens,
-                      const Tokenizer& tok);
+                      const Tokenizer& tok, int eos_id = -1);
 
 // Reads and fully validates a token file. Throws ConfigError naming the path and the problem:
 // missing file, not HDF5 / corrupt, no or malformed /tokens, missing attributes, fewer than

@@ -127,6 +127,10 @@ public:
     virtual void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F) = 0;
     // a[n] += b[n]
     virtual void add_inplace(float* a, const float* b, size_t n) = 0;
+    // dst[r*ld_dst + c] = src[r*ld_src + c] (accumulate: +=) for r < rows, c < cols: packing
+    // strided columns (K|V blocks of the context-parallel ring) and adding them back.
+    virtual void copy_2d(float* dst, size_t ld_dst, const float* src, size_t ld_src, size_t rows,
+                         size_t cols, bool accumulate) = 0;
     // Fused softmax cross-entropy: logits[N,V] are replaced by grad_scale * (softmax - onehot);
     // losses[N] (host memory) gets each row's -log p(target). Targets < 0 are ignored (loss 0, grad 0).
     virtual void xent_forward_backward(float* logits, float* losses, const int32_t* targets, int N,

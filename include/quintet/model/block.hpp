@@ -18,6 +18,7 @@
 
 #include "quintet/kernels/backend.hpp"
 #include "quintet/model/params.hpp"
+#include "quintet/parallel/context_parallel.hpp"
 #include "quintet/parallel/tensor_parallel.hpp"
 
 namespace quintet {
@@ -46,18 +47,26 @@ struct Mat {
     const bf16_bits* b = nullptr;
 };
 
-// The tokens of one microbatch as the blocks see them (backend int32 memory, [N] each).
+// The tokens of one microbatch as the blocks see them (backend int32 memory). Under context
+// parallelism a rank holds N = B * T/cp rows; the *_all arrays hold every cp rank's rows,
+// rank-major [cp][N] (the keys of the ring), and equal the local ones when cp = 1.
 struct TokenInfo {
-    const int32_t* pos = nullptr;  // global position of each row in its sequence (RoPE, mask)
-    const int32_t* doc = nullptr;  // document id of each row, or null: no document mask
+    const int32_t* pos = nullptr;       // [N] each row's index in its sample: the causal mask
+    const int32_t* rope_pos = nullptr;  // [N] the position RoPE rotates by (restarts per document
+                                        //     under rope.document_positions)
+    const int32_t* doc = nullptr;       // [N] document id of each row, or null: no document mask
+    const int32_t* pos_all = nullptr;   // [cp][N]
+    const int32_t* doc_all = nullptr;   // [cp][N] or null
 };
 
 class BlockContext {
 public:
-    // max_positions: RoPE tables cover positions [0, max_positions); rope_seq_len stands in for
-    // rope.original_max_position when that is 0.
+    // T: rows per sample on this rank (seq_len / cp). max_positions: RoPE tables cover
+    // positions [0, max_positions); rope_seq_len stands in for rope.original_max_position when
+    // that is 0. cp: the context-parallel ring (null: cp = 1).
     BlockContext(Backend& be, TensorParallel& tp, const ModelDims& d, int B, int T, Precision p,
-                 const RopeConfig& rope, int rope_seq_len, int max_positions);
+                 const RopeConfig& rope, int rope_seq_len, int max_positions,
+                 ContextParallel* cp = nullptr);
     ~BlockContext();
     BlockContext(const BlockContext&) = delete;
     BlockContext& operator=(const BlockContext&) = delete;
@@ -68,6 +77,7 @@ public:
     const int B, T, N, Nr;
     const RopeConfig rope;
     const int rope_seq_len, max_positions;
+    ContextParallel* const cp;  // null without context parallelism
     bool bf16() const { return bf16_; }
 
     // RoPE cos/sin tables [max_positions, dim/2] over `dim` rotated columns, shared by the

@@ -38,6 +38,7 @@ struct RopeConfig {
     double factor = 1.0;           // YaRN scale s
     int original_max_position = 0; // YaRN L (0 = data.seq_len)
     double beta_fast = 32.0, beta_slow = 1.0;
+    bool document_positions = false;  // positions restart at each document (needs an eos id)
 };
 
 

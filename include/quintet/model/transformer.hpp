@@ -27,20 +27,30 @@ struct ChunkOptions {
     Precision precision = Precision::fp32;
     int max_positions = 0;  // RoPE tables cover [0, max_positions); 0 = T
     int rope_seq_len = 0;   // stands in for rope.original_max_position = 0; 0 = T
+    ContextParallel* cp = nullptr;  // the context-parallel ring (null: cp = 1)
+    // Packed documents (data.document_mask): a token attends only to earlier tokens of its own
+    // document; eos_id ends a document (and belongs to it). document_positions: RoPE positions
+    // restart at each document (rope.document_positions).
+    bool document_mask = false, document_positions = false;
+    int eos_id = -1;
 };
 
 class ModelChunk {
 public:
+    // B samples of T tokens per microbatch (under context parallelism this rank holds T/cp of
+    // each sample: chunks r and 2cp-1-r, DESIGN §2).
     ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope, const ParamTable& table,
                const ChunkPlan& plan, TensorParallel& tp, int B, int T, ChunkOptions opt = {});
     ~ModelChunk();
     ModelChunk(const ModelChunk&) = delete;
     ModelChunk& operator=(const ModelChunk&) = delete;
 
-    // Forward of one microbatch into `slot`. The first chunk embeds `ids` (host [N]); the others
-    // read input(slot). The last chunk computes the loss against `targets` (host [N]) and returns
-    // the sum of token cross-entropies (with need_grad it leaves grad_scale * dloss/dlogits for
-    // backward); the others leave output(slot) for the next stage and return 0.
+    // Forward of one microbatch into `slot`. ids and targets are the whole microbatch (host
+    // [B*T], every cp rank picks its rows); a chunk needs them when needs_tokens(). The first
+    // chunk embeds its rows; the others read input(slot). The last chunk computes the loss of
+    // its rows' targets and returns their sum of cross-entropies (with need_grad it leaves
+    // grad_scale * dloss/dlogits for backward); the others leave output(slot) for the next stage
+    // and return 0.
     // collective over tp
     double forward(int slot, const float* params, const int32_t* ids, const int32_t* targets,
                    float grad_scale, bool need_grad);
@@ -79,6 +89,7 @@ public:
     float* grad_input(int s) { return slots_[s].dres; }     // [Nr, C] to the previous stage
     size_t boundary_floats() const { return size_t(ctx_.Nr) * ctx_.d.C; }
     size_t slot_bytes() const { return slot_floats_ * sizeof(float); }
+    bool needs_tokens() const { return plan_.first || plan_.last || docs_; }
     const ChunkPlan& plan() const { return plan_; }
     const ModelDims& dims() const { return ctx_.d; }
 
@@ -99,15 +110,25 @@ private:
         Act xf;
         float *dout = nullptr, *dres = nullptr;
         int32_t* ids = nullptr;  // [N] the microbatch's local ids (first chunk: the embedding backward)
-        int32_t* pos = nullptr;  // [N] positions
+        int32_t* pos_all = nullptr;   // [cp][N] mask positions (this rank's at cp_rank)
+        int32_t* rope_pos = nullptr;  // [N] (= this rank's pos unless document_positions)
+        int32_t* doc_all = nullptr;   // [cp][N] document ids (document_mask)
         TokenInfo tok;
     };
+    // Row t of sample b on this rank <- position p of the sample (context parallelism).
+    int global_position(int rank, int t) const;
+    void set_positions(Slot& s, const int32_t* ids);
     void set_tokens(Slot& s, const int32_t* ids, const int32_t* targets);
     void run_layers(Slot& s, const float* params, std::vector<std::unique_ptr<KvCache>>* caches);
     double loss(Slot& s, const float* params, float grad_scale, bool need_grad);
 
     Backend& be_;
     TensorParallel& tp_;
+    ContextParallel* cp_;
+    int T_global_, cp_size_ = 1, cp_rank_ = 0;
+    bool docs_ = false, doc_positions_ = false;
+    int eos_id_ = -1;
+    std::vector<int32_t> host_pos_, host_rope_, host_doc_;  // staging for set_positions
     BlockContext ctx_;
     ChunkPlan plan_;
     float eps_;

@@ -26,6 +26,8 @@ struct DataConfig {
     int micro_batch_size = 8;    // B
     std::string order = "random";  // random | sequential
     double val_fraction = 0.05;
+    bool document_mask = false;  // attention stays inside a document (documents end at eos_id)
+    int eos_id = -1;             // -1: the token file's eos_id attribute
 };
 
 struct TrainConfig {

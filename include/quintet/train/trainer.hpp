@@ -11,6 +11,7 @@
 
 #include "quintet/kernels/backend.hpp"
 #include "quintet/model/transformer.hpp"
+#include "quintet/parallel/context_parallel.hpp"
 #include "quintet/parallel/pipeline_executor.hpp"
 #include "quintet/parallel/process_grid.hpp"
 #include "quintet/parallel/tensor_parallel.hpp"
@@ -27,6 +28,7 @@ struct StepStats {
     double t_pipeline = 0, t_wait = 0, t_sync = 0, t_dp = 0, t_optim = 0;
     double dp_early = 0;  // DP buckets whose reduction started during the backward
     double t_tp = 0, tp_bytes = 0;
+    double t_cp = 0, t_cp_exposed = 0, cp_bytes = 0;  // the context-parallel ring
 };
 
 class Trainer {
@@ -55,6 +57,7 @@ private:
     ModelDims dims_;
     DeviceComms comms_;
     TensorParallel tp_;
+    std::unique_ptr<ContextParallel> cp_;  // null when cp = 1
     std::vector<ChunkPlan> plans_;
     ParamTable table_;
     std::vector<std::unique_ptr<ModelChunk>> chunks_;

@@ -218,6 +218,20 @@ public:
             }
         }
     }
+    void copy_2d(float* dst, size_t ld_dst, const float* src, size_t ld_src, size_t rows,
+                 size_t cols, bool accumulate) override {
+#pragma omp parallel for schedule(static) if (rows * cols > (1 << 16))
+        for (size_t r = 0; r < rows; ++r) {
+            float* d = dst + r * ld_dst;
+            const float* s = src + r * ld_src;
+            if (accumulate) {
+#pragma omp simd
+                for (size_t c = 0; c < cols; ++c) d[c] += s[c];
+            } else {
+                std::memcpy(d, s, cols * sizeof(float));
+            }
+        }
+    }
     void add_inplace(float* a, const float* b, size_t n) override {
 #pragma omp parallel for simd schedule(static)
         for (size_t i = 0; i < n; ++i) a[i] += b[i];

@@ -145,6 +145,10 @@ public:
     void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F) override {
         cuda::swiglu_backward(compute_, dgu, dout, gu, N, F);
     }
+    void copy_2d(float* dst, size_t ld_dst, const float* src, size_t ld_src, size_t rows,
+                 size_t cols, bool accumulate) override {
+        cuda::copy_2d(compute_, dst, ld_dst, src, ld_src, rows, cols, accumulate);
+    }
     void add_inplace(float* a, const float* b, size_t n) override {
         cuda::add_inplace(compute_, a, b, n);
     }

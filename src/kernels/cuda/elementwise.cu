@@ -47,6 +47,18 @@ void add_inplace(cudaStream_t st, float* a, const float* b, size_t n) {
     QUINTET_CUDA_LAUNCHED();
 }
 
+void copy_2d(cudaStream_t st, float* dst, size_t ld_dst, const float* src, size_t ld_src,
+             size_t rows, size_t cols, bool accumulate) {
+    if (rows == 0 || cols == 0) return;
+    if (!accumulate) {
+        QUINTET_CUDA_CHECK(cudaMemcpy2DAsync(dst, ld_dst * sizeof(float), src, ld_src * sizeof(float),
+                                             cols * sizeof(float), rows, cudaMemcpyDeviceToDevice, st));
+        return;
+    }
+    add_2d_kernel<<<grid_for(rows * cols), kThreads, 0, st>>>(dst, ld_dst, src, ld_src, rows, cols);
+    QUINTET_CUDA_LAUNCHED();
+}
+
 void scale(cudaStream_t st, float* x, size_t n, float s) {
     if (n == 0) return;
     scale_kernel<<<grid_for(n), kThreads, 0, st>>>(x, n, s);

@@ -42,6 +42,15 @@ __global__ void add_kernel(float* a, const float* b, size_t n) {
     QUINTET_GRID_STRIDE(i, n) a[i] += b[i];
 }
 
+// dst[r*ld_dst + c] += src[r*ld_src + c] over rows x cols (one thread per element).
+__global__ void add_2d_kernel(float* dst, size_t ld_dst, const float* src, size_t ld_src,
+                              size_t rows, size_t cols) {
+    QUINTET_GRID_STRIDE(i, rows * cols) {
+        const size_t r = i / cols, c = i % cols;
+        dst[r * ld_dst + c] += src[r * ld_src + c];
+    }
+}
+
 __global__ void scale_kernel(float* x, size_t n, float s) {
     QUINTET_GRID_STRIDE(i, n) x[i] *= s;
 }

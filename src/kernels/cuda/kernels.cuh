@@ -55,6 +55,9 @@ void swiglu_forward(cudaStream_t st, float* out, const float* gu, int N, int F);
 void swiglu_backward(cudaStream_t st, float* dgu, const float* dout, const float* gu, int N,
                      int F);
 void add_inplace(cudaStream_t st, float* a, const float* b, size_t n);
+// accumulate = false: cudaMemcpy2DAsync; true: dst += src element-wise.
+void copy_2d(cudaStream_t st, float* dst, size_t ld_dst, const float* src, size_t ld_src,
+             size_t rows, size_t cols, bool accumulate);
 void scale(cudaStream_t st, float* x, size_t n, float s);
 void adamw(cudaStream_t st, float* p, const float* g, float* m, float* v, size_t n, float lr,
            float beta1, float beta2, float eps, float wd, float bc1, float bc2);

@@ -204,6 +204,19 @@ TEST(EmulatedKernels, GeneralAttentionForwardMergeBackward) {
     }
 }
 
+TEST(EmulatedKernels, Copy2dAccumulates) {
+    auto be = cpu();
+    const size_t rows = 37, cols = 13, ld_dst = 20, ld_src = 15;
+    auto dst = randn(rows * ld_dst, 40), src = randn(rows * ld_src, 41);
+    std::vector<float> c = dst, e = dst;
+    be->copy_2d(c.data(), ld_dst, src.data(), ld_src, rows, cols, true);
+    launch(dim3(grid_for(rows * cols)), dim3(kThreads), 0,
+           [&] { add_2d_kernel(e.data(), ld_dst, src.data(), ld_src, rows, cols); });
+    EXPECT_TRUE(std::equal(c.begin(), c.end(), e.begin()));  // the same float additions
+    for (size_t r = 0; r < rows; ++r)
+        for (size_t k = cols; k < ld_dst; ++k) ASSERT_EQ(e[r * ld_dst + k], dst[r * ld_dst + k]);
+}
+
 TEST(EmulatedKernels, SwigluAddScaleAdamw) {
     auto be = cpu();
     const int N = 7, F = 37;

@@ -80,7 +80,8 @@ void write_group(hid_t file, const std::string& group, const ParamTable& table, 
         if (moments && !lt.trainable) continue;
         const std::string path = group + "/" + lt.name;
         auto shape = logical_shape(lt.rows, lt.cols, lt.ndim);
-        h5::Handle fs = h5::space(H5Screate_simple(int(shape.size()), shape.data(), nullptr));
+        h5::Handle fs = h5::space(
+            h5::check(H5Screate_simple(int(shape.size()), shape.data(), nullptr), "dataspace of " + path));
         h5::Handle ds = h5::dataset(h5::check(
             H5Dcreate2(file, path.c_str(), H5T_IEEE_F32LE, fs, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
             "create dataset " + path));
@@ -94,7 +95,7 @@ void write_group(hid_t file, const std::string& group, const ParamTable& table, 
             if (a >= b) continue;
             select_local(fs, *s, a - s->offset, b - s->offset);
             hsize_t n = b - a;
-            h5::Handle ms = h5::space(H5Screate_simple(1, &n, nullptr));
+            h5::Handle ms = h5::space(h5::check(H5Screate_simple(1, &n, nullptr), "memory dataspace"));
             const float* src = moments ? data + w.state_index + (a - w.arena.lo) : data + a;
             h5::check(H5Dwrite(ds, H5T_NATIVE_FLOAT, ms, fs, collective ? coll : indep, src),
                       "write " + path);
@@ -102,10 +103,10 @@ void write_group(hid_t file, const std::string& group, const ParamTable& table, 
             if (collective) break;  // collective: one call per rank (a writer's part is one range)
         }
         if (collective && !any) {  // take part in the collective write with nothing
-            H5Sselect_none(fs);
+            h5::check(H5Sselect_none(fs), "select none in " + path);
             hsize_t zero = 0;
-            h5::Handle ms = h5::space(H5Screate_simple(1, &zero, nullptr));
-            H5Sselect_none(ms);
+            h5::Handle ms = h5::space(h5::check(H5Screate_simple(1, &zero, nullptr), "dataspace"));
+            h5::check(H5Sselect_none(ms), "select none in " + path);
             h5::check(H5Dwrite(ds, H5T_NATIVE_FLOAT, ms, fs, coll, data), "write " + path);
         }
     }
@@ -124,7 +125,7 @@ void read_group(hid_t file, const std::string& group, const ParamTable& table, f
             h5::Handle fs = h5::space(h5::check(H5Dget_space(ds), "dataspace of " + path));
             select_local(fs, s, a - s.offset, b - s.offset);
             hsize_t n = b - a;
-            h5::Handle ms = h5::space(H5Screate_simple(1, &n, nullptr));
+            h5::Handle ms = h5::space(h5::check(H5Screate_simple(1, &n, nullptr), "memory dataspace"));
             float* dst = moments ? data + w.state_index + (a - w.arena.lo) : data + a;
             h5::check(H5Dread(ds, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, dst), "read " + path);
         }

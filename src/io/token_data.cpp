@@ -169,6 +169,13 @@ Tokenizer read_tokenizer(const std::string& path, hid_t file, hid_t tokens, int&
         if (vocab != 256)
             bad_file(path, "vocab_size = " + std::to_string(vocab) +
                                " with tokenizer \"byte\"; a byte tokenizer has vocab_size 256");
+        bool has_eos = false;
+        const int64_t eos = read_int_attr(path, file, tokens, "eos_id", has_eos);
+        if (has_eos) {
+            if (eos < 0 || eos > 255)
+                bad_file(path, "eos_id = " + std::to_string(eos) + " with tokenizer \"byte\"; valid: a byte 0 .. 255");
+            tok.eos_id = int(eos);
+        }
     } else {
         if (vocab <= 256 || vocab > INT32_MAX)
             bad_file(path, "vocab_size = " + std::to_string(vocab) +
@@ -187,7 +194,15 @@ Tokenizer read_tokenizer(const std::string& path, hid_t file, hid_t tokens, int&
             (H5Sget_simple_extent_dims(space.get(), dims, nullptr), dims[1] != 2))
             bad_file(path, "/tokenizer/merges is " + describe_type(type.get()) + " of rank " +
                                std::to_string(rank) + "; expected uint32 [n_merges, 2]");
-        const int64_t expected = vocab - 256;
+        // A BPE file with an end-of-document token has one id after the merges.
+        bool has_eos = false;
+        const int64_t eos = read_int_attr(path, file, tokens, "eos_id", has_eos);
+        const int64_t expected = vocab - 256 - (has_eos ? 1 : 0);
+        if (has_eos && eos != vocab - 1)
+            bad_file(path, "eos_id = " + std::to_string(eos) + " with tokenizer \"bpe\"; the "
+                           "end-of-document token is the id after the merges, vocab_size - 1 = " +
+                           std::to_string(vocab - 1));
+        if (has_eos) tok.eos_id = int(eos);
         if (int64_t(dims[0]) != expected)
             bad_file(path, "/tokenizer/merges has " + std::to_string(dims[0]) +
                                " merges but vocab_size = " + std::to_string(vocab) +
@@ -215,7 +230,8 @@ Tokenizer read_tokenizer(const std::string& path, hid_t file, hid_t tokens, int&
 }  // namespace
 
 void token_file_write(const std::string& path, const std::vector<uint32_t>& tokens,
-                      const Tokenizer& tok, int eos_id) {
+                      const Tokenizer& tok) {
+    const int eos_id = tok.eos_id;
     const int64_t vocab = tok.vocab_size();
     QUINTET_CHECK(tok.kind == "byte" || tok.kind == "bpe",
                   "token_file_write: tokenizer kind '" + tok.kind + "' is not byte or bpe");
@@ -307,14 +323,7 @@ TokenFile token_file_read(const std::string& path) {
     H5Id ds = open_tokens(path, file.get());
     TokenFile out;
     out.tokenizer = read_tokenizer(path, file.get(), ds.get(), out.vocab_size);
-    bool has_eos = false;
-    const int64_t eos = read_int_attr(path, file.get(), ds.get(), "eos_id", has_eos);
-    if (has_eos) {
-        if (eos < 0 || eos >= out.vocab_size)
-            bad_file(path, "eos_id = " + std::to_string(eos) + " is not a token id (vocab_size = " +
-                               std::to_string(out.vocab_size) + ")");
-        out.eos_id = int(eos);
-    }
+    out.eos_id = out.tokenizer.eos_id;
 
     H5Id type(H5Dget_type(ds.get()), H5Tclose);
     H5Id space(H5Dget_space(ds.get()), H5Sclose);

@@ -110,12 +110,19 @@ const TokenizerTables& tables_of(const Tokenizer& tok) {
 
 }  // namespace
 
-int Tokenizer::vocab_size() const { return int(kByteVocab + merges.size()); }
+int Tokenizer::vocab_size() const {
+    const bool special = kind == "bpe" && eos_id >= 0;
+    return int(kByteVocab + merges.size()) + (special ? 1 : 0);
+}
 
 void Tokenizer::build_tables() const {
     QUINTET_CHECK(kind == "byte" || kind == "bpe",
                   "tokenizer kind '" + kind + "': must be 'byte' or 'bpe'");
     QUINTET_CHECK(kind == "bpe" || merges.empty(), "byte tokenizer must have no merges");
+    QUINTET_CHECK(eos_id < 0 || (kind == "byte" ? eos_id < int(kByteVocab)
+                                                : eos_id == int(kByteVocab + merges.size())),
+                  "end-of-document token " + std::to_string(eos_id) +
+                      ": a byte (byte tokenizer) or the id after the merges (bpe)");
     auto t = std::make_shared<TokenizerTables>();
     t->kind = kind;
     t->n_merges = merges.size();
@@ -132,6 +139,7 @@ void Tokenizer::build_tables() const {
         // A duplicate pair would never fire in rank order; keep the first (lowest) id.
         t->merge_ids.emplace(pair_key(a, b), id);
     }
+    if (kind == "bpe" && eos_id >= 0) t->bytes.push_back(kEndOfText);  // decodes as a marker
     tables = std::move(t);
 }
 

@@ -9,9 +9,10 @@ namespace quintet {
 
 BlockContext::BlockContext(Backend& be_, TensorParallel& tp_, const ModelDims& d_, int B_, int T_,
                            Precision p, const RopeConfig& rope_, int rope_seq_len_,
-                           int max_positions_, ContextParallel* cp_)
+                           int max_positions_, ContextParallel* cp_, Recompute recompute_)
     : be(be_), tp(tp_), d(d_), B(B_), T(T_), N(B_ * T_), Nr(tp_.sp() ? B_ * T_ / tp_.size() : B_ * T_),
       rope(rope_), rope_seq_len(rope_seq_len_), max_positions(max_positions_), cp(cp_),
+      recompute(recompute_),
       bf16_(p == Precision::bf16) {
     const size_t C = size_t(d.C);
     full_a = buf(size_t(N) * C, false);
@@ -31,18 +32,64 @@ BlockContext::~BlockContext() {
     for (int32_t* p : owned_i32_) be.release_i32(p);
 }
 
+void BlockContext::share_begin(bool record) {
+    share_mode_ = record ? 1 : 2;
+    share_at_ = 0;
+}
+
+void BlockContext::share_end() { share_mode_ = 0; }
+
+void* BlockContext::shared_take(size_t bytes) {
+    if (share_mode_ != 2 || share_at_ >= shared_.size() || shared_[share_at_].bytes < bytes) return nullptr;
+    return shared_[share_at_++].p;
+}
+
+void BlockContext::shared_put(void* p, size_t bytes) {
+    if (share_mode_ == 1) shared_.push_back({p, bytes});
+}
+
 float* BlockContext::buf(size_t n, bool per_slot) {
+    if (per_slot)
+        if (void* p = shared_take(n * sizeof(float))) return static_cast<float*>(p);
     float* p = be.alloc(n);
     owned_.push_back(p);
-    if (per_slot) slot_floats += n;
+    if (per_slot) {
+        slot_floats += n;
+        shared_put(p, n * sizeof(float));
+    }
     return p;
 }
 
 bf16_bits* BlockContext::buf_bf16(size_t n, bool per_slot) {
+    if (per_slot)
+        if (void* p = shared_take(n * sizeof(bf16_bits))) return static_cast<bf16_bits*>(p);
     bf16_bits* p = be.alloc_bf16(n);
     owned_bf16_.push_back(p);
-    if (per_slot) slot_floats += (n + 1) / 2;
+    if (per_slot) {
+        slot_floats += (n + 1) / 2;
+        shared_put(p, n * sizeof(bf16_bits));
+    }
     return p;
+}
+
+Act BlockContext::act_shared(const char* name, size_t n) {
+    Act a;
+    if (!bf16_) {
+        a.f = scratch(name, n);
+        return a;
+    }
+    for (auto& s : named_bf16_)
+        if (s.name == name) {
+            if (s.n < n) {  // as scratch(): the old buffer stays valid for whoever holds it
+                s.p = buf_bf16(n, false);
+                s.n = n;
+            }
+            a.b = s.p;
+            return a;
+        }
+    named_bf16_.push_back({name, buf_bf16(n, false), n});
+    a.b = named_bf16_.back().p;
+    return a;
 }
 
 int32_t* BlockContext::buf_i32(size_t n) {
@@ -61,10 +108,9 @@ Act BlockContext::act(size_t n) {
 float* BlockContext::scratch(const char* name, size_t n) {
     for (auto& s : named_)
         if (s.name == name) {
-            if (s.n < n) {  // grows while the chunk is built; never in the steady state
-                be.release(s.p);
-                for (auto& o : owned_)
-                    if (o == s.p) o = nullptr;
+            // A larger request gets a larger buffer; the old one stays (a block that asked for
+            // it earlier may hold its pointer). Requests come while the chunk is built.
+            if (s.n < n) {
                 s.p = buf(n, false);
                 s.n = n;
             }

@@ -37,6 +37,12 @@ struct MhaCache final : KvCache {
 };
 
 class MhaAttention final : public AttentionBlock {
+    struct Saved {
+        float* qkv;  // [N, QKV] q | k | v after RoPE
+        Act att;     // [N, A] attention output
+        float* lse;  // [B, NH, T]
+    };
+
 public:
     MhaAttention(BlockContext& ctx, const ParamTable& table, int layer) : c_(ctx) {
         const ModelDims& d = c_.d;
@@ -55,14 +61,23 @@ public:
         dqkv_ = c_.scratch("attention.dqkv", N * QKV_);
         lse_scratch_ = c_.scratch("attention.lse", size_t(c_.B) * NH_ * c_.T);
         c_.reserve_lowp(N * QKV_);
+        if (c_.recompute == Recompute::selective) {  // one output and lse for all layers and slots
+            att_ws_ = c_.act_shared("attention.recomputed_out", N * A_);
+            lse_ws_ = c_.scratch("attention.recomputed_lse", size_t(c_.B) * NH_ * c_.T);
+        }
     }
 
     void add_slot() override {
         const size_t N = size_t(c_.N);
         Saved s;
         s.qkv = c_.buf(N * QKV_, true);
-        s.att = c_.act(N * A_);
-        s.lse = c_.buf(size_t(c_.B) * NH_ * c_.T, true);
+        if (c_.recompute == Recompute::selective) {  // the attention core is recomputed
+            s.att = att_ws_;
+            s.lse = lse_ws_;
+        } else {
+            s.att = c_.act(N * A_);
+            s.lse = c_.buf(size_t(c_.B) * NH_ * c_.T, true);
+        }
         slots_.push_back(s);
     }
 
@@ -74,9 +89,14 @@ public:
               s.qkv, QKV_);
         RopeArgs r{N, NH_ + NKV_, HD_, 0, HD_, QKV_};
         c_.be.rope_forward(s.qkv, rope_.cos, rope_.sin, tok.rope_pos, r);
-        float* att = c_.produce(s.att, datt_);
         AttentionArgs a = args(tok);
-        if (cache) {
+        if (!cache) {
+            core_forward(s, tok);
+            c_.row_parallel_residual(h, x, c_.local(s.att), A_, params + wo_);
+            return;
+        }
+        float* att = c_.produce(s.att, datt_);
+        {
             auto& kc = static_cast<MhaCache&>(*cache);
             QUINTET_CHECK(c_.B == 1 && kc.len + N <= kc.max_len, "KV cache: one sequence, within max_len");
             const int kvw = NKV_ * HD_;
@@ -90,20 +110,29 @@ public:
             a.k_pos = kc.pos;
             a.q_doc = a.k_doc = nullptr;
             c_.be.attention_forward(att, lse_scratch_, s.qkv, kc.k, kc.v, a);
-        } else if (c_.cp) {  // ring attention over the cp group
-            c_.cp->attention_forward(att, s.lse, s.qkv, s.qkv + A_, s.qkv + A_ + NKV_ * HD_, a,
-                                     tok.pos_all, tok.doc_all);
-        } else {
-            c_.be.attention_forward(att, s.lse, s.qkv, s.qkv + A_, s.qkv + A_ + NKV_ * HD_, a);
         }
         c_.keep(s.att, att, size_t(N) * A_);
         c_.row_parallel_residual(h, x, c_.local(s.att), A_, params + wo_);
+    }
+
+    // The attention core: out = softmax(q k^T) v over the (ring of) keys, into s.att and s.lse.
+    void core_forward(Saved& s, const TokenInfo& tok) {
+        const int N = c_.N;
+        float* att = c_.produce(s.att, datt_);
+        const AttentionArgs a = args(tok);
+        if (c_.cp)  // ring attention over the cp group
+            c_.cp->attention_forward(att, s.lse, s.qkv, s.qkv + A_, s.qkv + A_ + NKV_ * HD_, a,
+                                     tok.pos_all, tok.doc_all);
+        else
+            c_.be.attention_forward(att, s.lse, s.qkv, s.qkv + A_, s.qkv + A_ + NKV_ * HD_, a);
+        c_.keep(s.att, att, size_t(N) * A_);
     }
 
     const float* backward(int slot, const TokenInfo& tok, const float* params, float* grads,
                           const Act& xn, const float* dh) override {
         const int N = c_.N, C = c_.d.C;
         Saved& s = slots_[size_t(slot)];
+        if (c_.recompute == Recompute::selective) core_forward(s, tok);  // the same bits again
         // (bf16: an activation gradient is rounded once, into the lowp scratch, for the two
         // GEMMs that read it.)
         Mat Dh = c_.lowp(c_.tp.gather(dh, c_.full_a, N, C), size_t(N) * C);
@@ -141,11 +170,6 @@ public:
     }
 
 private:
-    struct Saved {
-        float* qkv;  // [N, QKV] q | k | v after RoPE
-        Act att;     // [N, A] attention output
-        float* lse;  // [B, NH, T]
-    };
     AttentionArgs args(const TokenInfo& tok) const {
         AttentionArgs a;
         a.B = c_.B, a.Tq = c_.T, a.Tk = c_.T;
@@ -164,6 +188,8 @@ private:
     size_t wqkv_ = 0, wo_ = 0;
     BlockContext::RopeTable rope_{};
     float *datt_, *dqkv_, *lse_scratch_;
+    Act att_ws_;                 // selective recompute: the shared attention output
+    float* lse_ws_ = nullptr;    //                      and its log-sum-exp
     std::vector<Saved> slots_;
 };
 

@@ -15,8 +15,8 @@ ModelChunk::ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope
       doc_positions_(opt.document_positions), eos_id_(opt.eos_id),
       ctx_(be, tp, model_dims(m, tp.size(), tp.rank()), B, T / (opt.cp ? opt.cp->size() : 1),
            opt.precision, rope, opt.rope_seq_len > 0 ? opt.rope_seq_len : T,
-           opt.max_positions > 0 ? opt.max_positions : T, opt.cp),
-      plan_(plan) {
+           opt.max_positions > 0 ? opt.max_positions : T, opt.cp, opt.recompute),
+      plan_(plan), full_recompute_(opt.recompute == Recompute::full) {
     QUINTET_CHECK(T % cp_size_ == 0, "seq_len not divisible by cp");
     QUINTET_CHECK(!(docs_ || doc_positions_) || eos_id_ >= 0, "document masks need an eos id");
     eps_ = float(m.norm_eps);
@@ -57,23 +57,43 @@ void ModelChunk::set_bf16_weights(const float* master, const bf16_bits* shadow) 
     ctx_.set_bf16_weights(master, shadow);
 }
 
+ModelChunk::LayerSaved ModelChunk::make_layer_saved() {
+    const size_t Nr = size_t(ctx_.Nr), C = size_t(ctx_.d.C);
+    LayerSaved l;
+    l.rstd1 = ctx_.buf(Nr, true);
+    l.xn1 = ctx_.act(Nr * C);
+    l.h = ctx_.buf(Nr * C, true);
+    l.rstd2 = ctx_.buf(Nr, true);
+    l.xn2 = ctx_.act(Nr * C);
+    return l;
+}
+
 int ModelChunk::add_slot() {
-    const size_t before = ctx_.slot_floats;
     const size_t N = size_t(ctx_.N), Nr = size_t(ctx_.Nr), C = size_t(ctx_.d.C);
     const int nl = int(layers_.size());
+    if (full_recompute_ && ws_layers_.empty() && nl > 0) {
+        // One layer's activations, shared by every layer (each is recomputed before its
+        // backward): the first layer records its buffers, the others get the same ones.
+        const size_t before = ctx_.slot_floats;
+        for (int i = 0; i < nl; ++i) {
+            ctx_.share_begin(i == 0);
+            ws_layers_.push_back(make_layer_saved());
+            layers_[size_t(i)].attn->add_slot();
+            layers_[size_t(i)].ffn->add_slot();
+            ctx_.share_end();
+        }
+        recompute_out_ = ctx_.buf(Nr * C, false);
+        workspace_floats_ = ctx_.slot_floats - before + Nr * C;
+    }
+    const size_t before = ctx_.slot_floats;
     Slot s;
     for (int i = 0; i <= nl; ++i) s.res.push_back(ctx_.buf(Nr * C, true));
-    for (int i = 0; i < nl; ++i) {
-        LayerSaved l;
-        l.rstd1 = ctx_.buf(Nr, true);
-        l.xn1 = ctx_.act(Nr * C);
-        layers_[size_t(i)].attn->add_slot();
-        l.h = ctx_.buf(Nr * C, true);
-        l.rstd2 = ctx_.buf(Nr, true);
-        l.xn2 = ctx_.act(Nr * C);
-        layers_[size_t(i)].ffn->add_slot();
-        s.layers.push_back(l);
-    }
+    if (!full_recompute_)
+        for (int i = 0; i < nl; ++i) {
+            s.layers.push_back(make_layer_saved());
+            layers_[size_t(i)].attn->add_slot();
+            layers_[size_t(i)].ffn->add_slot();
+        }
     if (plan_.last) {
         s.rstd_f = ctx_.buf(Nr, true);
         s.xf = ctx_.act(Nr * C);
@@ -158,6 +178,23 @@ void ModelChunk::set_positions(Slot& s, const int32_t* ids) {
     be_.from_host_i32(s.rope_pos, host_rope_.data(), size_t(N));
 }
 
+void ModelChunk::forward_layer(size_t i, int bslot, LayerSaved& l, const TokenInfo& tok,
+                               const float* params, const float* x, float* y, KvCache* cache) {
+    const int Nr = ctx_.Nr, C = ctx_.d.C;
+    Layer& layer = layers_[i];
+    // h = x + attention(RMSNorm(x)). In bf16 mode the norm writes fp32 into scratch that is
+    // free during the forward and only the bf16 copy is kept.
+    float* xn1 = ctx_.produce(l.xn1, ctx_.full_a);
+    be_.rmsnorm_forward(xn1, l.rstd1, x, params + layer.ln1, Nr, C, eps_);
+    ctx_.keep(l.xn1, xn1, size_t(Nr) * C);
+    layer.attn->forward(bslot, tok, params, l.xn1, x, l.h, cache);
+    // y = h + feed_forward(RMSNorm(h))
+    float* xn2 = ctx_.produce(l.xn2, ctx_.full_a);
+    be_.rmsnorm_forward(xn2, l.rstd2, l.h, params + layer.ln2, Nr, C, eps_);
+    ctx_.keep(l.xn2, xn2, size_t(Nr) * C);
+    layer.ffn->forward(bslot, params, l.xn2, l.h, y);
+}
+
 void ModelChunk::run_layers(Slot& s, const float* params, std::vector<std::unique_ptr<KvCache>>* caches) {
     const int Nr = ctx_.Nr, C = ctx_.d.C, N = ctx_.N;
     const int si = int(&s - slots_.data());
@@ -169,22 +206,9 @@ void ModelChunk::run_layers(Slot& s, const float* params, std::vector<std::uniqu
             be_.copy(s.res[0], tp_.reduce(ctx_.full_b, ctx_.dshard, N, C), size_t(Nr) * C);
         }
     }
-    for (size_t i = 0; i < layers_.size(); ++i) {
-        Layer& layer = layers_[i];
-        LayerSaved& l = s.layers[i];
-        // h = x + attention(RMSNorm(x)). In bf16 mode the norm writes fp32 into scratch that is
-        // free during the forward and only the bf16 copy is kept.
-        float* xn1 = ctx_.produce(l.xn1, ctx_.full_a);
-        be_.rmsnorm_forward(xn1, l.rstd1, s.res[i], params + layer.ln1, Nr, C, eps_);
-        ctx_.keep(l.xn1, xn1, size_t(Nr) * C);
-        layer.attn->forward(si, s.tok, params, l.xn1, s.res[i], l.h,
-                            caches ? (*caches)[i].get() : nullptr);
-        // y = h + feed_forward(RMSNorm(h))
-        float* xn2 = ctx_.produce(l.xn2, ctx_.full_a);
-        be_.rmsnorm_forward(xn2, l.rstd2, l.h, params + layer.ln2, Nr, C, eps_);
-        ctx_.keep(l.xn2, xn2, size_t(Nr) * C);
-        layer.ffn->forward(si, params, l.xn2, l.h, s.res[i + 1]);
-    }
+    for (size_t i = 0; i < layers_.size(); ++i)
+        forward_layer(i, full_recompute_ ? 0 : si, full_recompute_ ? ws_layers_[i] : s.layers[i],
+                      s.tok, params, s.res[i], s.res[i + 1], caches ? (*caches)[i].get() : nullptr);
 }
 
 double ModelChunk::loss(Slot& s, const float* params, float grad_scale, bool need_grad) {
@@ -250,13 +274,16 @@ void ModelChunk::backward(int si, const float* params, float* grads, GradReadyHo
     }
     for (int i = int(layers_.size()) - 1; i >= 0; --i) {
         Layer& layer = layers_[size_t(i)];
-        LayerSaved& l = s.layers[size_t(i)];
+        LayerSaved& l = full_recompute_ ? ws_layers_[size_t(i)] : s.layers[size_t(i)];
+        const int bslot = full_recompute_ ? 0 : si;
+        // Full recompute: the layer's forward again, from its kept input (the same bits).
+        if (full_recompute_) forward_layer(size_t(i), 0, l, s.tok, params, s.res[size_t(i)], recompute_out_, nullptr);
         // Feed-forward branch; dres flows straight through the residual.
-        const float* dhn = layer.ffn->backward(si, params, grads, l.xn2, dres);
+        const float* dhn = layer.ffn->backward(bslot, params, grads, l.xn2, dres);
         be_.rmsnorm_backward(dres, grads + layer.ln2, dhn, l.h, params + layer.ln2, l.rstd2, Nr, C);
         ctx_.done(grads + layer.ln2, size_t(C));
         // Attention branch.
-        const float* dxn = layer.attn->backward(si, s.tok, params, grads, l.xn1, dres);
+        const float* dxn = layer.attn->backward(bslot, s.tok, params, grads, l.xn1, dres);
         be_.rmsnorm_backward(dres, grads + layer.ln1, dxn, s.res[size_t(i)], params + layer.ln1,
                              l.rstd1, Nr, C);
         ctx_.done(grads + layer.ln1, size_t(C));

@@ -146,7 +146,7 @@ double PipelineExecutor::forward_only(const float* params, const int32_t* ids, c
 size_t PipelineExecutor::activation_bytes() const {
     size_t b = 0;
     for (size_t c = 0; c < chunks_.size(); ++c)
-        b += size_t(peak_in_flight_[c]) * chunks_[c]->slot_bytes();
+        b += size_t(peak_in_flight_[c]) * chunks_[c]->slot_bytes() + chunks_[c]->workspace_bytes();
     return b;
 }
 

@@ -171,6 +171,9 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("train.exit_after", &t.exit_after, 0, big,
                 "stop after this many steps of this run, with a checkpoint (time-limited jobs); 0 = never"),
         opt_int("train.threads", &t.threads, 0, 4096, "threads per rank; 0 = OMP_NUM_THREADS or cores/local ranks"),
+        opt_enum("train.recompute", &t.recompute, {"none", "selective", "full"},
+                 "activation recomputation in the backward: selective = the attention core, full = "
+                 "whole layers from their inputs (the same curve, less memory, more compute)"),
         opt_double("train.collective_timeout_s", &t.collective_timeout_s, 0, 1e7,
                    "deadline of every collective and point-to-point wait in seconds; past it the "
                    "job ends with exit status 4 naming the axis and operation; 0 = none"),

@@ -98,6 +98,9 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
     opt.document_mask = dc.document_mask;
     opt.document_positions = deck.rope.document_positions;
     opt.eos_id = dc.eos_id;
+    opt.recompute = deck.train.recompute == "full"        ? Recompute::full
+                    : deck.train.recompute == "selective" ? Recompute::selective
+                                                          : Recompute::none;
     if (opt.precision == Precision::bf16) params_bf16_ = be_.alloc_bf16(table_.total);
     for (const auto& plan : plans_) {
         chunks_.push_back(std::make_unique<ModelChunk>(be_, deck.model, deck.rope, table_, plan, tp_,

@@ -267,6 +267,38 @@ TEST_F(TokenFileTest, RoundTripsByteAndBpe) {
     EXPECT_EQ(quintet::token_file_read(path("bpe.h5")).tokens, (std::vector<uint32_t>{1, 2, 3}));
 }
 
+// The end-of-document token of packed data: for bpe one id after the merges (vocab + 1), for
+// byte a chosen byte; recorded in the file (eos_id), checked on read, decoded as a marker.
+TEST_F(TokenFileTest, EndOfDocumentTokenTravelsWithTheFile) {
+    Tokenizer bpe = trained();  // 1024 tokens
+    bpe.eos_id = bpe.vocab_size();
+    bpe.build_tables();
+    EXPECT_EQ(bpe.vocab_size(), 1025);
+    std::vector<uint32_t> ids = bpe.encode("first document");
+    ids.push_back(uint32_t(bpe.eos_id));
+    auto more = bpe.encode("second");
+    ids.insert(ids.end(), more.begin(), more.end());
+    quintet::token_file_write(path("docs.h5"), ids, bpe);
+    quintet::TokenFile f = quintet::token_file_read(path("docs.h5"));
+    EXPECT_EQ(f.eos_id, 1024);
+    EXPECT_EQ(f.vocab_size, 1025);
+    EXPECT_EQ(f.tokens, ids);
+    EXPECT_EQ(decode_all(f.tokenizer, f.tokens), std::string("first document") + quintet::kEndOfText + "second");
+    Tokenizer byte;
+    byte.eos_id = 0;
+    quintet::token_file_write(path("bdocs.h5"), {65, 0, 66}, byte);
+    f = quintet::token_file_read(path("bdocs.h5"));
+    EXPECT_EQ(f.eos_id, 0);
+    EXPECT_EQ(f.vocab_size, 256);
+    // Without documents there is no eos_id.
+    quintet::token_file_write(path("plain.h5"), {1, 2}, Tokenizer{});
+    EXPECT_EQ(quintet::token_file_read(path("plain.h5")).eos_id, -1);
+    // A bpe eos_id that is not the id after the merges is refused.
+    Tokenizer wrong = trained();
+    wrong.eos_id = 5;
+    EXPECT_ANY_THROW(wrong.build_tables());
+}
+
 TEST_F(TokenFileTest, LargeVocabIsStoredAsUint32) {
     Tokenizer big;
     big.kind = "bpe";

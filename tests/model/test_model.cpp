@@ -123,6 +123,103 @@ TEST(Model, Bf16FollowsFp32ToBf16Precision) {
     }
 }
 
+// data.document_mask: a packed sample [doc A, eos | doc B, eos | doc C] gives each token the loss
+// and gradient it has when its document runs alone (attention never crosses a boundary; every
+// target counts, also the one after an eos), with RoPE positions restarting per document or not
+// (RoPE is relative, so only rounding differs).
+TEST(Model, DocumentMaskEqualsEachDocumentAlone) {
+    for (bool restart : {true, false}) {
+        Tiny c(false, false);
+        auto be = make_cpu_backend(1);
+        ParamTable table = make_param_table(c.m);
+        quintet::MpiCommunicator self(MPI_COMM_SELF);
+        TensorParallel tp(self, false);
+        const ChunkPlan plan = stage_chunks(c.m.n_layers, 1, 1, 0, "")[0];
+        const int32_t eos = 16;
+        const std::vector<int> lens = {5, 7, 4};  // A and B end with eos, C is cut off
+        std::vector<int32_t> ids, tgt;
+        std::mt19937 g(7);
+        for (size_t d = 0; d < lens.size(); ++d)
+            for (int t = 0; t < lens[d]; ++t)
+                ids.push_back(d + 1 < lens.size() && t == lens[d] - 1 ? eos : int32_t(g() % 16));
+        for (size_t i = 0; i < ids.size(); ++i) tgt.push_back(i + 1 < ids.size() ? ids[i + 1] : 3);
+        const int T = int(ids.size());
+        std::vector<float> params(table.total);
+        init_params(params.data(), table, c.m, c.init, 42, 0, table.total);
+        ChunkOptions o;
+        o.document_mask = true;
+        o.document_positions = restart;
+        o.eos_id = eos;
+        ModelChunk packed(*be, c.m, c.rope, table, plan, tp, 1, T, o);
+        std::vector<float> gp(table.total, 0.0f), gs(table.total, 0.0f);
+        const double lp = packed.forward_backward(params.data(), gp.data(), ids.data(), tgt.data(), 1.0f);
+        double ls = 0;
+        int at = 0;
+        for (int len : lens) {
+            ModelChunk alone(*be, c.m, c.rope, table, plan, tp, 1, len);
+            ls += alone.forward_backward(params.data(), gs.data(), ids.data() + at, tgt.data() + at, 1.0f);
+            at += len;
+        }
+        EXPECT_NEAR(lp, ls, (restart ? 1e-6 : 1e-5) * std::abs(ls)) << restart;
+        double num = 0, den = 0;
+        for (size_t i = 0; i < gp.size(); ++i) {
+            num += std::pow(double(gp[i]) - gs[i], 2);
+            den += std::pow(double(gs[i]), 2);
+        }
+        EXPECT_LT(std::sqrt(num / den), restart ? 1e-5 : 1e-4) << restart;
+        // Without the mask the documents see each other: a different loss.
+        ModelChunk leaky(*be, c.m, c.rope, table, plan, tp, 1, T);
+        EXPECT_GT(std::abs(leaky.forward_loss(params.data(), ids.data(), tgt.data()) - lp), 1e-3);
+    }
+}
+
+// train.recompute: selective (the attention core) and full (whole layers) give the same loss and
+// the same gradients, bit for bit -- the same arithmetic on the same inputs -- and keep less.
+TEST(Model, RecomputationGivesTheSameBits) {
+    for (Precision prec : {Precision::fp32, Precision::bf16}) {
+        Tiny c(false, false);
+        auto be = make_cpu_backend(1);
+        ParamTable table = make_param_table(c.m);
+        quintet::MpiCommunicator self(MPI_COMM_SELF);
+        TensorParallel tp(self, false);
+        const ChunkPlan plan = stage_chunks(c.m.n_layers, 1, 1, 0, "")[0];
+        const int B = 2, T = 9, N = B * T;
+        std::vector<float> params(table.total);
+        init_params(params.data(), table, c.m, c.init, 42, 0, table.total);
+        std::vector<bf16_bits> shadow(table.total);
+        be->to_bf16(shadow.data(), params.data(), table.total);
+        std::vector<int32_t> ids, tgt;
+        random_tokens(N, ids, tgt);
+        std::vector<std::vector<float>> grads;
+        std::vector<double> losses;
+        std::vector<size_t> kept;
+        for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+            ChunkOptions o;
+            o.precision = prec;
+            o.recompute = r;
+            ModelChunk m(*be, c.m, c.rope, table, plan, tp, B, T, o);
+            if (prec == Precision::bf16) m.set_bf16_weights(params.data(), shadow.data());
+            std::vector<float> g(table.total, 0.0f);
+            // Two microbatches in flight, backward in reverse order (as a pipeline runs them).
+            m.add_slot();
+            m.add_slot();
+            double l = m.forward(0, params.data(), ids.data(), tgt.data(), 1.0f, true);
+            l += m.forward(1, params.data(), tgt.data(), ids.data(), 1.0f, true);
+            m.backward(1, params.data(), g.data());
+            m.backward(0, params.data(), g.data());
+            losses.push_back(l);
+            grads.push_back(g);
+            kept.push_back(2 * m.slot_bytes() + m.workspace_bytes());
+        }
+        for (int k = 1; k < 3; ++k) {
+            EXPECT_EQ(losses[k], losses[0]) << k;
+            EXPECT_EQ(0, std::memcmp(grads[k].data(), grads[0].data(), grads[0].size() * 4)) << k;
+            EXPECT_LT(kept[k], kept[0]) << k;
+        }
+        EXPECT_LT(kept[2], kept[1]);
+    }
+}
+
 TEST(Rope, YarnRampFollowsTheDesignFormula) {
     RopeConfig r;
     r.theta = 10000;

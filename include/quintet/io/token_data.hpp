@@ -24,9 +24,9 @@ struct TokenFile {
 
 // Writes `path` + ".tmp" and renames it over `path`, so a failed write never leaves a half file.
 // Throws RankError (naming the path) if the file cannot be written.
-// eos_id >= 0 is recorded as the attribute eos_id (the token that ends each document).
+// tok.eos_id >= 0 is recorded as the attribute eos_id (the token that ends each document).
 void token_file_write(const std::string& path, const std::vector<uint32_t>& tokens,
-                      const Tokenizer& tok, int eos_id = -1);
+                      const Tokenizer& tok);
 
 // Reads and fully validates a token file. Throws ConfigError naming the path and the problem:
 // missing file, not HDF5 / corrupt, no or malformed /tokens, missing attributes, fewer than

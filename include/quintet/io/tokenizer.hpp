@@ -1,7 +1,9 @@
 // Byte-level tokenizers: "byte" (token = byte, vocab 256) and byte-level BPE (GPT-2 style merges
 // on top of the 256 bytes). Both round-trip any byte string exactly, including invalid UTF-8.
 // The tokenizer travels inside the token file (io/token_data.hpp); this file knows nothing of HDF5.
-// It is deliberately not a Hugging Face tokenizer: no normalisation, no special tokens.
+// It is deliberately not a Hugging Face tokenizer: no normalisation, and one special token at
+// most: the end-of-document token of packed data (`quintet prepare` with several inputs or
+// --split-on), a reserved id after the BPE merges, or a chosen byte of the byte tokenizer.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -26,6 +28,7 @@ struct TokenizerTables;  // decode bytes and merge ranks, built once from `merge
 // Runs are cut every kTokenizerMaxChunk bytes so pathological inputs (one huge word) stay linear.
 // This is GPT-2's split without contractions and Unicode classes.
 inline constexpr size_t kTokenizerMaxChunk = 64;
+inline constexpr const char* kEndOfText = "<|endoftext|>";
 
 struct Tokenizer {
     std::string kind = "byte";                          // "byte" | "bpe"
@@ -34,15 +37,19 @@ struct Tokenizer {
     // Call build_tables() after editing `merges` in place, and before using one Tokenizer
     // from several threads at once (the lazy build is not synchronised).
     mutable std::shared_ptr<const TokenizerTables> tables;
+    // The end-of-document token, or -1. BPE: 256 + merges.size() (one id after the merges, so
+    // vocab_size grows by one); byte: one of the 256 bytes (vocab_size stays 256).
+    int eos_id = -1;
 
-    int vocab_size() const;  // 256 + merges.size()
+    int vocab_size() const;  // 256 + merges.size() (+ 1 for a BPE end-of-document token)
     void build_tables() const;
 
     std::vector<uint32_t> encode(std::string_view text) const;
     // progress(bytes_done, bytes_total) is called every few hundred KiB and at the end.
     std::vector<uint32_t> encode(std::string_view text,
                                  const std::function<void(size_t, size_t)>& progress) const;
-    std::string decode(const uint32_t* ids, size_t n) const;  // exact inverse of encode
+    // Exact inverse of encode; a BPE end-of-document token decodes as kEndOfText.
+    std::string decode(const uint32_t* ids, size_t n) const;
     std::string token_bytes(uint32_t id) const;
 };
 

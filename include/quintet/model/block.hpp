@@ -29,6 +29,11 @@ namespace quintet {
 // stream, norms' statistics, attention's softmax and the loss stay fp32; gradients are fp32.
 enum class Precision { fp32, bf16 };
 
+// train.recompute: what the backward recomputes instead of keeping from the forward.
+//   selective: the attention core (its output and log-sum-exp), from the kept q|k|v;
+//   full:      whole layers, from their inputs (one layer's activations are kept, shared).
+enum class Recompute { none, selective, full };
+
 // Told, during a backward, that a parameter gradient g[0, n) in the gradient arena is final for
 // this step, so its data-parallel reduction can start while the backward goes on.
 struct GradReadyHook {
@@ -66,7 +71,7 @@ public:
     // that is 0. cp: the context-parallel ring (null: cp = 1).
     BlockContext(Backend& be, TensorParallel& tp, const ModelDims& d, int B, int T, Precision p,
                  const RopeConfig& rope, int rope_seq_len, int max_positions,
-                 ContextParallel* cp = nullptr);
+                 ContextParallel* cp = nullptr, Recompute recompute = Recompute::none);
     ~BlockContext();
     BlockContext(const BlockContext&) = delete;
     BlockContext& operator=(const BlockContext&) = delete;
@@ -78,6 +83,7 @@ public:
     const RopeConfig rope;
     const int rope_seq_len, max_positions;
     ContextParallel* const cp;  // null without context parallelism
+    const Recompute recompute;
     bool bf16() const { return bf16_; }
 
     // RoPE cos/sin tables [max_positions, dim/2] over `dim` rotated columns, shared by the
@@ -94,13 +100,20 @@ public:
     bf16_bits* buf_bf16(size_t n, bool per_slot);
     int32_t* buf_i32(size_t n);
     Act act(size_t n);  // per slot, in this chunk's precision
+    Act act_shared(const char* name, size_t n);  // one for all blocks, in the chunk's precision
     size_t slot_floats = 0;
+    // Sharing per-slot buffers between layers (full recompute keeps one layer's activations):
+    // between share_begin(true) and share_end() per-slot allocations are recorded; between
+    // share_begin(false) and share_end() the same sequence of requests gets the recorded
+    // buffers back (a request that does not fit gets a buffer of its own).
+    void share_begin(bool record);
+    void share_end();
     // Shared scratch: one microbatch computes at a time, so blocks reuse these.
     float* full_a;  // [N, C] gathered rows (SP), fp32 staging of a saved value
     float* full_b;  // [N, C] partial sums before the tp reduction
     float* dshard;  // [Nr, C] reduce-scatter output
-    // Named scratch shared by all blocks of the chunk, sized by the largest request (made
-    // while the chunk is built, so the steady state allocates nothing).
+    // Named scratch shared by all blocks of the chunk that ask for at most its size (asked for
+    // while the chunk is built, so the steady state allocates nothing; a pointer stays valid).
     float* scratch(const char* name, size_t n);
 
     // ---- GEMMs in the chunk's precision ----
@@ -144,6 +157,21 @@ private:
         size_t n;
     };
     std::vector<Named> named_;
+    struct NamedBf16 {
+        std::string name;
+        bf16_bits* p;
+        size_t n;
+    };
+    std::vector<NamedBf16> named_bf16_;
+    struct Shared {
+        void* p;
+        size_t bytes;
+    };
+    std::vector<Shared> shared_;
+    int share_mode_ = 0;  // 0 off, 1 recording, 2 replaying
+    size_t share_at_ = 0;
+    void* shared_take(size_t bytes);
+    void shared_put(void* p, size_t bytes);
     struct Table {
         int dim;
         double amplitude;

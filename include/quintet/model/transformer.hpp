@@ -33,6 +33,7 @@ struct ChunkOptions {
     // restart at each document (rope.document_positions).
     bool document_mask = false, document_positions = false;
     int eos_id = -1;
+    Recompute recompute = Recompute::none;  // train.recompute
 };
 
 class ModelChunk {
@@ -89,6 +90,8 @@ public:
     float* grad_input(int s) { return slots_[s].dres; }     // [Nr, C] to the previous stage
     size_t boundary_floats() const { return size_t(ctx_.Nr) * ctx_.d.C; }
     size_t slot_bytes() const { return slot_floats_ * sizeof(float); }
+    // Activations kept once for all slots (full recompute: one layer's worth, shared).
+    size_t workspace_bytes() const { return workspace_floats_ * sizeof(float); }
     bool needs_tokens() const { return plan_.first || plan_.last || docs_; }
     const ChunkPlan& plan() const { return plan_; }
     const ModelDims& dims() const { return ctx_.d; }
@@ -120,6 +123,10 @@ private:
     void set_positions(Slot& s, const int32_t* ids);
     void set_tokens(Slot& s, const int32_t* ids, const int32_t* targets);
     void run_layers(Slot& s, const float* params, std::vector<std::unique_ptr<KvCache>>* caches);
+    // Layer i on input x into y: its blocks' slot `bslot`, the norms' saved values in `l`.
+    void forward_layer(size_t i, int bslot, LayerSaved& l, const TokenInfo& tok, const float* params,
+                       const float* x, float* y, KvCache* cache);
+    LayerSaved make_layer_saved();
     double loss(Slot& s, const float* params, float grad_scale, bool need_grad);
 
     Backend& be_;
@@ -140,7 +147,10 @@ private:
     std::vector<float> logits_host_;    // [V] generation
     VocabParallelScratch xent_;
     std::vector<Slot> slots_;
-    size_t slot_floats_ = 0;
+    size_t slot_floats_ = 0, workspace_floats_ = 0;
+    bool full_recompute_ = false;
+    std::vector<LayerSaved> ws_layers_;  // full recompute: every layer's (shared) saved values
+    float* recompute_out_ = nullptr;     // full recompute: the recomputed layer's output [Nr, C]
 };
 
 }  // namespace quintet

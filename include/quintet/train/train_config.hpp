@@ -42,6 +42,7 @@ struct TrainConfig {
     int threads = 0;                // OpenMP/BLAS threads per rank; 0 = OMP_NUM_THREADS or cores/ranks
     int exit_after = 0;             // stop (with a checkpoint) after this many steps of this run; 0 = never
     double collective_timeout_s = 600;  // deadline of every communicator wait; 0 = none
+    std::string recompute = "none";     // none | selective | full
 };
 
 struct EvalConfig {

@@ -598,6 +598,61 @@ def cmd_check(args):
 
 # --------------------------------------------------------------------------------------------
 
+def cmd_eval(args):
+    """The validation cross-entropy of a checkpoint, as DESIGN section 5 defines quintet eval:
+    eval.batches batches of micro_batch_size samples of the validation split, sample j of batch
+    i at offset (i*mbs + j)*T, read circularly; mean over every target token."""
+    import numpy as np
+    import h5py
+    import torch
+    import torch.nn.functional as F
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    with h5py.File(args.checkpoint, "r") as ck:
+        kv = parse_deck(read_deck_attr(ck))
+        trained = int(ck.attrs["trained_context"]) if "trained_context" in ck.attrs else int(kv["data.seq_len"])
+        for item in args.set:
+            k, _, v = item.partition("=")
+            kv[k.strip().lstrip("-")] = v.strip()
+        deck = Deck(kv)
+        with h5py.File(args.data, "r") as df:
+            vocab = int(df.attrs["vocab_size"])
+            tokens = np.asarray(df["tokens"][:], dtype=np.int64)
+        cfg = ModelConfig(
+            vocab, deck.int("model.d_model"), deck.int("model.n_layers"),
+            deck.int("model.n_heads"), deck.int("model.n_kv_heads"), deck.int("model.ffn_dim"),
+            norm_eps=deck.float("model.norm_eps"),
+            tie_embeddings=deck.bool("model.tie_embeddings"),
+            theta=deck.float("rope.theta"), scaling=deck.str("rope.scaling"),
+            factor=deck.float("rope.factor"),
+            original_max_position=deck.int("rope.original_max_position"),
+            beta_fast=deck.float("rope.beta_fast"), beta_slow=deck.float("rope.beta_slow"))
+        if cfg.scaling == "yarn" and cfg.original_max_position <= 0:
+            cfg.original_max_position = trained  # the context the checkpoint was trained at
+        model = build_model_class(bf16=False)(cfg)
+        with torch.no_grad():
+            for name, view in model.hf_views().items():
+                view.copy_(torch.from_numpy(np.asarray(ck[f"params/{name}"][()], dtype=np.float32)))
+    T = deck.int("data.seq_len")
+    mbs = deck.int("data.micro_batch_size")
+    batches = deck.int("eval.batches")
+    n = len(tokens)
+    n_val = int(math.floor(n * deck.float("data.val_fraction")))
+    val = torch.from_numpy(tokens[n - n_val:].copy())
+    span = torch.arange(T + 1, dtype=torch.int64)
+    total = 0.0
+    with torch.no_grad():
+        for i in range(batches):
+            j = torch.arange(mbs, dtype=torch.int64)
+            offs = ((i * mbs + j) * T) % n_val
+            sample = val[(offs[:, None] + span[None, :]) % n_val]
+            logits = model(sample[:, :-1])
+            total += F.cross_entropy(logits.reshape(-1, vocab), sample[:, 1:].reshape(-1),
+                                     reduction="sum").item()
+    print(f"val_loss={total / (batches * mbs * T):.8g} seq_len={T} tokens={batches * mbs * T}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -631,6 +686,11 @@ def main(argv=None):
                    help="ignore /optim moments of a step>0 checkpoint")
     c.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     c.add_argument("--verbose", action="store_true", help="lr and grad norm per step on stderr")
+    e = sub.add_parser("eval", help="validation cross-entropy of a checkpoint (DESIGN section 5)")
+    e.add_argument("--checkpoint", required=True)
+    e.add_argument("--data", required=True)
+    e.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    e.add_argument("--threads", type=int, default=0)
     args = ap.parse_args(argv)
 
     # BLAS thread pools read these when torch loads; match them to --threads.
@@ -640,6 +700,8 @@ def main(argv=None):
     _ensure_torch_interpreter()
     if args.mode == "bench":
         cmd_bench(args)
+    elif args.mode == "eval":
+        cmd_eval(args)
     else:
         cmd_check(args)
 

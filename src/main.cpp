@@ -19,6 +19,7 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  train DECK [--section.key=value ...]   train (run under mpirun for several ranks)\n"
+    "  eval --checkpoint CKPT --data DATA     validation loss of a checkpoint, any layout/seq_len\n"
     "  prepare --input TXT --tokenizer byte|bpe --output DATA.h5   make a token file\n"
     "  generate --checkpoint CKPT.h5 --prompt TEXT   sample text from a checkpoint\n"
     "  deck --reference | --markdown          print every deck key with its default\n"
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
         int sub_argc = argc - 1;
         char** sub_argv = argv + 1;
         if (cmd == "train") status = quintet::train_main(sub_argc, sub_argv, MPI_COMM_WORLD);
+        else if (cmd == "eval") status = quintet::eval_main(sub_argc, sub_argv, MPI_COMM_WORLD);
         else if (cmd == "prepare") status = rank == 0 ? quintet::prepare_main(sub_argc, sub_argv) : 0;
         else if (cmd == "generate") status = rank == 0 ? quintet::generate_main(sub_argc, sub_argv) : 0;
         else if (cmd == "deck") status = rank == 0 ? quintet::deck_main(sub_argc, sub_argv) : 0;

@@ -172,6 +172,7 @@ std::string checkpoint_save(MPI_Comm comm, const std::string& run_dir, const Che
     h5::write_attr_string(file, "deck", meta.deck);
     h5::write_attr_i64(file, "format_version", kCheckpointFormatVersion);
     h5::write_attr_string(file, "layout", meta.layout);
+    h5::write_attr_i64(file, "trained_context", meta.trained_context);
     for (const char* g : {"/params", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq"})
         h5::group(h5::check(H5Gcreate2(file, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), g));
     write_group(file, "/params", table, params, false, writes, coll, indep);
@@ -207,7 +208,9 @@ std::string checkpoint_latest(const std::string& run_dir) {
     return (dir / name).string();
 }
 
-CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& table) {
+namespace {
+
+h5::Handle open_checkpoint(const std::string& path) {
     h5::silence_errors();
     if (!fs::exists(path)) throw ConfigError("checkpoint '" + path + "': file does not exist");
     hid_t fid = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -219,7 +222,31 @@ CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& tab
     if (ver != kCheckpointFormatVersion)
         throw ConfigError("checkpoint '" + path + "': format_version " + std::to_string(ver) +
                           ", this build reads version " + std::to_string(kCheckpointFormatVersion));
+    return file;
+}
+
+CheckpointMeta read_meta(hid_t file) {
+    CheckpointMeta meta;
+    meta.step = h5::read_attr_i64(file, "step");
+    meta.tokens_seen = h5::read_attr_i64(file, "tokens_seen");
+    meta.deck = h5::read_attr_string(file, "deck");
+    meta.layout = h5::read_attr_string(file, "layout");
+    if (h5::has_attr(file, "trained_context")) meta.trained_context = h5::read_attr_i64(file, "trained_context");
+    return meta;
+}
+
+}  // namespace
+
+CheckpointMeta checkpoint_read_meta(const std::string& path) {
+    h5::Handle file = open_checkpoint(path);
+    return read_meta(file);
+}
+
+CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& table,
+                                  bool with_optimizer) {
+    h5::Handle file = open_checkpoint(path);
     for (const char* group : {"/params/", "/optim/exp_avg/", "/optim/exp_avg_sq/"}) {
+        if (!with_optimizer && group != std::string("/params/")) continue;
         for (const auto& s : table.logical) {
             if (!s.trainable && group != std::string("/params/")) continue;
             std::string p = group + s.name;
@@ -241,12 +268,7 @@ CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& tab
             }
         }
     }
-    CheckpointMeta meta;
-    meta.step = h5::read_attr_i64(file, "step");
-    meta.tokens_seen = h5::read_attr_i64(file, "tokens_seen");
-    meta.deck = h5::read_attr_string(file, "deck");
-    meta.layout = h5::read_attr_string(file, "layout");
-    return meta;
+    return read_meta(file);
 }
 
 void checkpoint_load(const std::string& path, const ParamTable& table, float* params,

@@ -29,25 +29,6 @@ namespace quintet {
 
 namespace {
 
-// Parses the resolved deck stored in a checkpoint back into a Deck.
-Deck deck_from_text(const std::string& text) {
-    Deck deck;
-    auto opts = deck_options(deck);
-    std::istringstream in(text);
-    std::string line, section;
-    while (std::getline(in, line)) {
-        if (line.empty() || line[0] == '#') continue;
-        if (line[0] == '[') { section = line.substr(1, line.find(']') - 1); continue; }
-        auto eq = line.find(" = ");
-        if (eq == std::string::npos) continue;
-        std::string key = section + "." + line.substr(0, eq), val = line.substr(eq + 3);
-        for (auto& o : opts)
-            if (o.key == key) o.set(val);
-    }
-    return deck;
-}
-
-
 }  // namespace
 
 int generate_main(int argc, char** argv) {
@@ -88,7 +69,7 @@ int generate_main(int argc, char** argv) {
         if (!h5::has_attr(file, "deck")) throw ConfigError("checkpoint '" + ckpt + "': no 'deck' attribute; not a quintet checkpoint");
         deck_text = h5::read_attr_string(file, "deck");
     }
-    Deck deck = deck_from_text(deck_text);
+    Deck deck = deck_parse_text(deck_text);
     Tokenizer tok = token_file_read_tokenizer(data.empty() ? deck.data.path : data);
     deck.model.vocab_size = tok.vocab_size();
     ParamTable table = make_param_table(deck.model);

@@ -34,6 +34,8 @@ const char* kTrainUsage =
     "a run continues from run_dir/checkpoints/latest. `quintet deck --reference` prints every key.\n"
     "\n";
 
+}  // namespace
+
 // Threads per rank: train.threads, else OMP_NUM_THREADS, else the cores this rank may run on
 // (its affinity mask, which mpirun narrows when it binds ranks) shared by the node's ranks.
 int threads_per_rank(const Deck& deck, MPI_Comm world) {
@@ -51,8 +53,6 @@ int threads_per_rank(const Deck& deck, MPI_Comm world) {
     if (sched_getaffinity(0, sizeof mask, &mask) == 0) threads = std::min(threads, std::max(1, CPU_COUNT(&mask)));
     return threads;
 }
-
-}  // namespace
 
 int train_main(int argc, char** argv, MPI_Comm world) {
     int rank = 0, size = 1;
@@ -97,6 +97,9 @@ int train_main(int argc, char** argv, MPI_Comm world) {
     } else {
         backend = make_cpu_backend(threads_per_rank(deck, world));
     }
+    // Where the weights come from (resume wins over init_from) and the context they were trained
+    // at: rope.original_max_position = 0 resolves to it, so the resolved deck says the number.
+    WeightsSource source = resolve_weights_source(deck);
     const auto& par = deck.parallel;
     const Layout layout = make_layout(size, par.tp, par.cp, par.pp, par.dp, par.ep);
     // Store the resolved layout, not "auto", so a checkpoint says what it was written with.
@@ -109,7 +112,7 @@ int train_main(int argc, char** argv, MPI_Comm world) {
     }
     ProcessGrid grid(world, layout, deck.train.collective_timeout_s);
     install_stop_signals();
-    Trainer trainer(deck, text, grid, *backend, data.tokens);
+    Trainer trainer(deck, text, grid, *backend, data.tokens, TrainerMode::train, source);
     return trainer.run();
 }
 

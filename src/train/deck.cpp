@@ -119,7 +119,8 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_enum("rope.scaling", &r.scaling, {"none", "yarn"}, "RoPE frequency scaling"),
         opt_double("rope.factor", &r.factor, 1, 1e6, "YaRN context extension factor s"),
         opt_int("rope.original_max_position", &r.original_max_position, 0, big,
-                "YaRN: context length L the model was trained at; 0 = data.seq_len"),
+                "YaRN: context length L the model was trained at; 0 = the trained context of the "
+                "checkpoint the weights come from (init_from, resume), or data.seq_len from scratch"),
         opt_double("rope.beta_fast", &r.beta_fast, 0, 1e6, "YaRN: rotations above which a dim is left alone", true),
         opt_double("rope.beta_slow", &r.beta_slow, 0, 1e6, "YaRN: rotations below which a dim is fully interpolated", true),
         opt_bool("rope.document_positions", &r.document_positions,
@@ -183,6 +184,9 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("eval.batches", &ev.batches, 1, big, "validation batches of micro_batch_size samples"),
         opt_int("checkpoint.every", &c.every, 0, big, "checkpoint every N steps; 0 = only at the end"),
         opt_string("checkpoint.resume", &c.resume, "auto (from run_dir/checkpoints/latest) | none | PATH"),
+        opt_string("checkpoint.init_from", &c.init_from,
+                   "start from the weights of this checkpoint (any layout; seq_len and [rope] may "
+                   "differ) at step 0 with a fresh optimizer; a checkpoint in run_dir (resume) wins"),
         opt_int("checkpoint.keep", &c.keep, 0, big, "complete checkpoints kept; 0 = all"),
         opt_string("output.run_dir", &o.run_dir, "directory for metrics.h5 and checkpoints/"),
         opt_int("output.log_every", &o.log_every, 1, big, "progress line every N steps"),
@@ -275,6 +279,26 @@ std::string deck_to_text(const Deck& deck) {
         out += o.key.substr(s.size() + 1) + " = " + o.get() + "\n";
     }
     return out;
+}
+
+Deck deck_parse_text(const std::string& text) {
+    Deck deck;
+    auto opts = deck_options(deck);
+    std::istringstream in(text);
+    std::string line, section;
+    while (std::getline(in, line)) {
+        if (line.empty() || line[0] == '#') continue;
+        if (line[0] == '[') {
+            section = line.substr(1, line.find(']') - 1);
+            continue;
+        }
+        auto eq = line.find(" = ");
+        if (eq == std::string::npos) continue;
+        std::string key = section + "." + line.substr(0, eq), val = line.substr(eq + 3);
+        for (auto& o : opts)
+            if (o.key == key) o.set(val);
+    }
+    return deck;
 }
 
 std::string deck_reference_text() {

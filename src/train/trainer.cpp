@@ -6,11 +6,13 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <thread>
 
 #include "quintet/core/error.hpp"
 #include "quintet/io/checkpoint.hpp"
 #include "quintet/io/metrics.hpp"
+#include "quintet/train/deck.hpp"
 #include "quintet/train/schedule_math.hpp"
 
 namespace quintet {
@@ -64,9 +66,46 @@ void install_stop_signals() {
     std::signal(SIGUSR1, on_stop_signal);
 }
 
+WeightsSource resolve_weights_source(Deck& deck) {
+    WeightsSource src;
+    const auto& ck = deck.checkpoint;
+    if (ck.resume == "auto") src.path = checkpoint_latest(deck.output.run_dir);
+    else if (ck.resume != "none") src.path = ck.resume;
+    src.resume = !src.path.empty();
+    if (!src.resume && !ck.init_from.empty()) src.path = ck.init_from;
+    auto& rope = deck.rope;
+    const int T = deck.data.seq_len;
+    if (src.path.empty()) {
+        if (rope.scaling == "yarn" && rope.original_max_position == 0) rope.original_max_position = T;
+        return src;
+    }
+    const CheckpointMeta meta = checkpoint_read_meta(src.path);
+    const Deck theirs = deck_parse_text(meta.deck);
+    src.trained_context = meta.trained_context > 0 ? meta.trained_context : theirs.data.seq_len;
+    if (rope.scaling == "yarn" && rope.original_max_position == 0)
+        rope.original_max_position = int(src.trained_context);
+    auto S = [](double v) { std::ostringstream o; o << v; return o.str(); };
+    if (rope.scaling == "none" && T > src.trained_context)
+        src.warnings.push_back("data.seq_len = " + std::to_string(T) + " is past the context the weights of '" +
+                               src.path + "' were trained at (" + std::to_string(src.trained_context) +
+                               ") and rope.scaling = none: positions beyond it were never trained "
+                               "(rope.scaling = yarn extends the context); proceeding");
+    const auto& r2 = theirs.rope;
+    if (r2.theta != rope.theta || r2.scaling != rope.scaling ||
+        (rope.scaling == "yarn" && (r2.factor != rope.factor || r2.original_max_position != rope.original_max_position)))
+        src.warnings.push_back("[rope] differs from the checkpoint's (theirs: theta " + S(r2.theta) + ", scaling " +
+                               r2.scaling + ", factor " + S(r2.factor) + ", original_max_position " +
+                               std::to_string(r2.original_max_position) + "; this run: theta " + S(rope.theta) +
+                               ", scaling " + rope.scaling + ", factor " + S(rope.factor) +
+                               ", original_max_position " + std::to_string(rope.original_max_position) +
+                               "); the deck's settings are used");
+    return src;
+}
+
 Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGrid& grid,
-                 Backend& be, const std::vector<uint32_t>& tokens)
-    : deck_(deck), deck_text_(deck_text), grid_(grid), be_(be),
+                 Backend& be, const std::vector<uint32_t>& tokens, TrainerMode mode,
+                 WeightsSource source)
+    : deck_(deck), deck_text_(deck_text), grid_(grid), be_(be), mode_(mode), source_(std::move(source)),
       dims_(model_dims(deck.model, grid.tp().size(), grid.coord(kTP))),
       comms_(grid, be, dims_),
       tp_(comms_.group(Group::tp), deck.parallel.sequence_parallel),
@@ -80,16 +119,18 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
         config_fail("data.seq_len", std::to_string(dc.seq_len),
                     "the train split of '" + dc.path + "' has only " +
                         std::to_string(sampler_.train_len()) + " tokens; need at least seq_len + 1");
-    if (deck.eval.every > 0 && sampler_.val_len() < size_t(dc.seq_len) + 1)
+    if ((deck.eval.every > 0 || mode == TrainerMode::eval) && sampler_.val_len() < size_t(dc.seq_len) + 1)
         config_fail("data.val_fraction", std::to_string(dc.val_fraction),
                     "eval.every > 0 but the validation split has only " +
                         std::to_string(sampler_.val_len()) + " tokens; need at least seq_len + 1");
     host_arena_ = be.device() == Device::cpu;
     params_ = be_.alloc(table_.total);
-    grads_ = be_.alloc(table_.total);
-    sync_ = std::make_unique<GradientSync>(table_, be_, comms_, tp_, deck.parallel.bucket_mb,
-                                           deck.parallel.zero == 1, deck.parallel.overlap_dp);
-    opt_ = std::make_unique<AdamW>(table_, be_, *sync_, deck.train);
+    if (mode_ == TrainerMode::train) {
+        grads_ = be_.alloc(table_.total);
+        sync_ = std::make_unique<GradientSync>(table_, be_, comms_, tp_, deck.parallel.bucket_mb,
+                                               deck.parallel.zero == 1, deck.parallel.overlap_dp);
+        opt_ = std::make_unique<AdamW>(table_, be_, *sync_, deck.train);
+    }
     if (grid.cp().size() > 1)
         cp_ = std::make_unique<ContextParallel>(comms_.group(Group::cp), be_, dc.micro_batch_size, dc.seq_len);
     ChunkOptions opt;
@@ -119,7 +160,9 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
     be_.from_host(params_, host.data(), table_.total);
     refresh_bf16_weights();
     flops_per_token_ = model_flops_per_token(table_, dims_, dc.seq_len);
-    if (deck.train.peak_tflops > 0 || !host_arena_) {  // deck_validate requires it on a GPU
+    if (mode_ == TrainerMode::eval) {
+        peak_flops_ = 1;
+    } else if (deck.train.peak_tflops > 0 || !host_arena_) {  // deck_validate requires it on a GPU
         peak_flops_ = deck.train.peak_tflops * 1e12 * grid.world().size();
     } else {
         // Measured sgemm rate of every rank at once (so shared cores are not counted twice);
@@ -226,19 +269,45 @@ StepStats Trainer::step(int64_t s) {
 }
 
 // Forward only, through the pipeline virtual stage by virtual stage; batch i runs on replica i % dp.
-double Trainer::evaluate() {
+double Trainer::evaluate(std::vector<double>* by_position) {
     const int mbs = deck_.data.micro_batch_size, T = deck_.data.seq_len;
     const int dp = grid_.dp().size(), r = grid_.coord(kDP);
     std::vector<int32_t> ids(size_t(mbs) * T), tgt(ids.size());
+    std::vector<double> pos_sum(by_position ? size_t(T) : 0, 0.0);
+    const ModelChunk& last = *chunks_.back();
     double sum = 0.0;
     for (int i = r; i < deck_.eval.batches; i += dp) {
         for (int j = 0; j < mbs; ++j)
             sampler_.val_sample(i, j, mbs, ids.data() + size_t(j) * T, tgt.data() + size_t(j) * T);
         sum += exec_->forward_only(params_, ids.data(), tgt.data());
+        if (by_position && last.plan().last) {
+            const auto& l = last.token_losses();
+            for (size_t n = 0; n < l.size(); ++n) pos_sum[size_t(last.position_of_row(int(n)))] += l[n];
+        }
     }
     grid_.pp().all_reduce_sum(&sum, 1);
     grid_.dp_cp().all_reduce_sum(&sum, 1);  // cp ranks hold disjoint tokens of each sample
+    if (by_position) {
+        grid_.pp().all_reduce_sum(pos_sum.data(), pos_sum.size());
+        grid_.dp_cp().all_reduce_sum(pos_sum.data(), pos_sum.size());
+        const double samples = double(deck_.eval.batches) * mbs;
+        by_position->resize(size_t(T));
+        for (int t = 0; t < T; ++t) (*by_position)[size_t(t)] = pos_sum[size_t(t)] / samples;
+    }
     return sum / (double(deck_.eval.batches) * mbs * T);
+}
+
+void Trainer::load_weights(const std::string& path) {
+    checkpoint_inspect(path, table_, false);
+    std::vector<float> hp;
+    float* dst = params_;
+    if (!host_arena_) {
+        hp.resize(table_.total);
+        dst = hp.data();
+    }
+    checkpoint_load(path, table_, dst, nullptr, nullptr, {});
+    if (!host_arena_) be_.from_host(params_, hp.data(), table_.total);
+    refresh_bf16_weights();
 }
 
 // The arena ranges this rank writes: its dp-owned slice of each trainable region, and the
@@ -265,6 +334,7 @@ void Trainer::save_checkpoint(int64_t step) {
     meta.tokens_seen = tokens_seen_;
     meta.deck = deck_text_;
     meta.layout = grid_.layout().describe() + " zero=" + std::to_string(deck_.parallel.zero);
+    meta.trained_context = std::max<int64_t>(source_.trained_context, deck_.data.seq_len);
     // On the CPU backend the arenas are host memory; a device backend stages them through host.
     const float *p = params_, *m = opt_->exp_avg(), *v = opt_->exp_avg_sq();
     std::vector<float> hp, hm, hv;
@@ -288,17 +358,22 @@ void Trainer::save_checkpoint(int64_t step) {
 
 void Trainer::resume_if_asked() {
     const std::string& mode = deck_.checkpoint.resume;
-    std::string path;
-    if (mode == "none") {
-        if (!checkpoint_latest(deck_.output.run_dir).empty())
-            config_fail("checkpoint.resume", "none",
-                        "output.run_dir '" + deck_.output.run_dir +
-                            "' already holds checkpoints that a fresh run would overwrite; use "
-                            "checkpoint.resume=auto to continue, or another output.run_dir");
+    if (mode == "none" && !checkpoint_latest(deck_.output.run_dir).empty())
+        config_fail("checkpoint.resume", "none",
+                    "output.run_dir '" + deck_.output.run_dir +
+                        "' already holds checkpoints that a fresh run would overwrite; use "
+                        "checkpoint.resume=auto to continue, or another output.run_dir");
+    for (const auto& w : source_.warnings) log("warning: " + w);
+    if (source_.path.empty()) return;
+    if (!source_.resume) {  // checkpoint.init_from: weights only, a fresh run from step 0
+        CheckpointMeta meta = checkpoint_read_meta(source_.path);
+        load_weights(source_.path);
+        log("initialised the weights from " + source_.path + " (step " + std::to_string(meta.step) +
+            ", written with " + meta.layout + ", trained at context " +
+            std::to_string(source_.trained_context) + "); step 0, fresh optimizer and schedule");
         return;
     }
-    path = mode == "auto" ? checkpoint_latest(deck_.output.run_dir) : mode;
-    if (path.empty()) return;
+    const std::string& path = source_.path;
     CheckpointMeta meta = checkpoint_inspect(path, table_);
     if (host_arena_) {
         checkpoint_load(path, table_, params_, opt_->exp_avg(), opt_->exp_avg_sq(), checkpoint_state());

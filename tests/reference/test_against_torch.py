@@ -96,6 +96,33 @@ for name, (extra, tol) in variants.items():
     if ours[-1] > ours[0] - 0.3:
         failed = True
         print(f"{name}: the loss did not fall ({ours[0]:.3f} -> {ours[-1]:.3f})")
+# quintet eval (DESIGN section 5) at a sequence length other than the training one, plain and
+# with YaRN (original_max_position = 0: the checkpoint's trained context), on a cp2 layout,
+# against the same evaluation in PyTorch. A step-0 checkpoint with large weights, so that
+# attention (and with it RoPE) moves the loss: plain and YaRN must differ.
+run(["mpirun", "--oversubscribe", "-n", "1", binary, "train", "tiny.deck", "--train.steps=0",
+     "--init.std=0.4", "--output.run_dir=evalck"])
+evals = {}
+for label, sets in (("eval T=96", ["data.seq_len=96"]),
+                    ("eval T=96 yarn", ["data.seq_len=96", "rope.scaling=yarn", "rope.factor=4"]),
+                    ("eval T=48", [])):
+    ck = "evalck/checkpoints/step_00000000.h5"
+    ours_line = run(["mpirun", "--oversubscribe", "-n", "2", binary, "eval", "--checkpoint", ck,
+                     "--data", "tokens.h5", "--parallel.cp=2", "--eval.batches=3"]
+                    + [f"--{x}" for x in sets]).strip().splitlines()[-1]
+    theirs_line = run([sys.executable, os.path.join(src, "scripts/torch_reference.py"), "eval",
+                       "--checkpoint", ck, "--data", "tokens.h5", "--threads", "1",
+                       "--set", "eval.batches=3"] + sum((["--set", x] for x in sets), [])).strip().splitlines()[-1]
+    a = float(ours_line.split()[0].split("=")[1])
+    b = float(theirs_line.split()[0].split("=")[1])
+    rel = abs(a - b) / abs(b)
+    ok = rel <= 1e-5 and ours_line.split()[1:] == theirs_line.split()[1:]
+    failed |= not ok
+    evals[label] = a
+    print(f"{label:16s} quintet {ours_line}  torch {theirs_line}  rel {rel:.1e} {'ok' if ok else 'FAIL'}")
+if abs(evals["eval T=96"] - evals["eval T=96 yarn"]) < 1e-3:
+    failed = True
+    print("YaRN did not change the loss: the eval comparison would not see a RoPE error")
 gap = max(abs(a - b) / abs(b) for a, b in zip(curves["gqa_bf16"], curves["gqa"]))
 print(f"bf16 vs fp32 (quintet): worst relative difference {gap:.2e}")
 worst_bf16 = max(abs(a - b) / abs(b) for a, b in zip(curves["gqa_bf16"], bf16_torch))

@@ -29,6 +29,9 @@ struct CheckpointMeta {
     int64_t tokens_seen = 0;
     std::string deck;    // resolved deck text
     std::string layout;  // e.g. "tp=1 cp=1 dp=2 pp=1 zero=1"
+    // The longest sequence the weights were trained at (their run and the runs they came from);
+    // 0 in checkpoints older than the attribute (then the deck's data.seq_len stands in).
+    int64_t trained_context = 0;
 };
 
 // Collective over `comm` (every rank of the job). params: this rank's local arena; `writes`:
@@ -42,9 +45,15 @@ std::string checkpoint_save(MPI_Comm comm, const std::string& run_dir, const Che
 // The path named by run_dir/checkpoints/latest, or "" when there is none.
 std::string checkpoint_latest(const std::string& run_dir);
 
+// The attributes of a checkpoint (no tensor read); ConfigError naming the file when it is
+// missing, not HDF5, not a quintet checkpoint or of another format_version.
+CheckpointMeta checkpoint_read_meta(const std::string& path);
+
 // Checks that `path` is a complete quintet checkpoint whose tensors have exactly the logical
 // shapes of `table`; throws ConfigError naming the first mismatch. Collective-safe (read-only).
-CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& table);
+// with_optimizer = false: the parameters only (weights-only loads: init_from, eval, generate).
+CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& table,
+                                  bool with_optimizer = true);
 
 // Reads this rank's shard of every tensor into the local arena `params`, and (when exp_avg is
 // given) the moments of the ranges `state` of trainable tensors. Independent per rank.

@@ -93,6 +93,10 @@ public:
     // Activations kept once for all slots (full recompute: one layer's worth, shared).
     size_t workspace_bytes() const { return workspace_floats_ * sizeof(float); }
     bool needs_tokens() const { return plan_.first || plan_.last || docs_; }
+    // The last chunk's per-row cross-entropies of its last forward (host [N], this rank's rows),
+    // and the position in its sample of local row n.
+    const std::vector<float>& token_losses() const { return losses_; }
+    int position_of_row(int n) const { return global_position(cp_rank_, n % ctx_.T); }
     const ChunkPlan& plan() const { return plan_; }
     const ModelDims& dims() const { return ctx_.d; }
 

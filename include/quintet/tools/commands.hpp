@@ -5,7 +5,13 @@
 
 namespace quintet {
 
+struct Deck;
+// Threads per rank: train.threads, else OMP_NUM_THREADS, else this rank's cores shared by the
+// node's ranks (tools/train_cmd.cpp). collective over `world`
+int threads_per_rank(const Deck& deck, MPI_Comm world);
+
 int train_main(int argc, char** argv, MPI_Comm world);  // tools/train_cmd.cpp; collective
+int eval_main(int argc, char** argv, MPI_Comm world);   // tools/eval_cmd.cpp; collective
 int prepare_main(int argc, char** argv);   // tools/prepare_cmd.cpp; rank 0 only, no MPI
 int generate_main(int argc, char** argv);  // tools/generate_cmd.cpp; rank 0 only
 int deck_main(int argc, char** argv);      // tools/misc_cmd.cpp: reference deck / markdown

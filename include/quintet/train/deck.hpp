@@ -31,6 +31,9 @@ void deck_validate(const Deck& deck, int world_size);
 
 // The resolved deck as a config file ("[section]" blocks), stored in checkpoints and metrics.
 std::string deck_to_text(const Deck& deck);
+// Parses deck_to_text's output back (a checkpoint's 'deck' attribute); keys it does not know
+// (from another version) are skipped, missing keys keep their defaults.
+Deck deck_parse_text(const std::string& text);
 // Every key with its default and help as comments: inputs/reference.deck.
 std::string deck_reference_text();
 // Markdown table of every key: docs/deck.md's body.

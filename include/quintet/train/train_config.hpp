@@ -53,6 +53,7 @@ struct EvalConfig {
 struct CheckpointConfig {
     int every = 0;                 // 0 = only at the end (and on SIGTERM/SIGUSR1)
     std::string resume = "auto";   // auto | none | PATH
+    std::string init_from = "";    // weights only from this checkpoint, then a fresh run
     int keep = 3;                  // complete checkpoints kept; 0 = all
 };
 

@@ -31,15 +31,35 @@ struct StepStats {
     double t_cp = 0, t_cp_exposed = 0, cp_bytes = 0;  // the context-parallel ring
 };
 
+// Where a run's weights come from, and the context they were trained at (DESIGN §5): the
+// checkpoint a resume continues (resume wins), else checkpoint.init_from, else none. Resolves
+// rope.original_max_position = 0 under YaRN to that checkpoint's trained context (data.seq_len
+// from scratch), and returns warnings to print: a run past the trained context without a
+// scaling rule, [rope] settings that differ from the checkpoint's.
+struct WeightsSource {
+    std::string path;           // "" = from scratch
+    bool resume = false;        // continue that run (else weights only)
+    int64_t trained_context = 0;  // of the source checkpoint (0: none)
+    std::vector<std::string> warnings;
+};
+WeightsSource resolve_weights_source(Deck& deck);
+
+enum class TrainerMode { train, eval };  // eval: no gradients, no optimizer, writes nothing
+
 class Trainer {
 public:
     // deck: validated, vocab_size set. tokens: the token file's ids (every rank holds them).
     Trainer(const Deck& deck, const std::string& deck_text, const ProcessGrid& grid, Backend& be,
-            const std::vector<uint32_t>& tokens);
+            const std::vector<uint32_t>& tokens, TrainerMode mode = TrainerMode::train,
+            WeightsSource source = {});
     ~Trainer();
     int run();                 // collective over the grid; returns the exit code
     StepStats step(int64_t s); // one optimizer step (collective)
-    double evaluate();         // mean validation cross-entropy (collective)
+    // Mean validation cross-entropy (collective). by_position (rank 0, when given): the mean
+    // cross-entropy at each position of the samples [T].
+    double evaluate(std::vector<double>* by_position = nullptr);
+    // Eval mode: the parameters of `path` (any layout), no optimizer state. collective
+    void load_weights(const std::string& path);
     const ParamTable& table() const { return table_; }
 
 private:
@@ -54,6 +74,8 @@ private:
     std::string deck_text_;
     const ProcessGrid& grid_;
     Backend& be_;
+    TrainerMode mode_;
+    WeightsSource source_;
     ModelDims dims_;
     DeviceComms comms_;
     TensorParallel tp_;

@@ -1,0 +1,248 @@
+// `quintet eval --checkpoint CKPT --data DATA [--section.key=value ...]` (DESIGN §5): the
+// validation cross-entropy of a checkpoint on any layout, at any sequence length and RoPE
+// setting; optionally by position (--by-position) and passkey retrieval (--passkey). Collective
+// over the world; writes nothing into the checkpoint's run folder.
+#include <mpi.h>
+
+#include <boost/program_options.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "quintet/core/error.hpp"
+#include "quintet/io/checkpoint.hpp"
+#include "quintet/io/h5.hpp"
+#include "quintet/io/token_data.hpp"
+#include "quintet/kernels/backend.hpp"
+#include "quintet/model/decoder.hpp"
+#include "quintet/parallel/process_grid.hpp"
+#include "quintet/tools/commands.hpp"
+#include "quintet/train/deck.hpp"
+#include "quintet/train/passkey.hpp"
+#include "quintet/train/trainer.hpp"
+
+namespace po = boost::program_options;
+
+namespace quintet {
+
+namespace {
+
+const char* kUsage =
+    "usage: mpirun -n N quintet eval --checkpoint CKPT --data DATA [--section.key=value ...]\n"
+    "                                [--by-position OUT.h5] [--passkey N] [--passkey-out OUT.h5]\n"
+    "\n"
+    "The mean cross-entropy (no auxiliary loss) of the checkpoint's model over eval.batches\n"
+    "batches of data.micro_batch_size samples of DATA's validation split (sample j of batch i at\n"
+    "offset (i*mbs + j)*seq_len, DESIGN §3). The model, [rope], [data] and [eval] keys are the\n"
+    "checkpoint's with the overrides applied (e.g. --data.seq_len=2048 --rope.scaling=yarn\n"
+    "--rope.factor=4); [parallel] comes from the command line alone, so any layout evaluates any\n"
+    "checkpoint (dp defaults to what the world size leaves). rope.original_max_position = 0\n"
+    "means the context the checkpoint was trained at. Nothing is written into the run folder.\n"
+    "The last line of stdout is  val_loss=<x> seq_len=<T> tokens=<eval.batches*mbs*T>.\n"
+    "\n"
+    "  --by-position OUT.h5   the mean cross-entropy at each position: /loss_by_position [T]\n"
+    "  --passkey N            passkey retrieval: N prompts per length (a random 5-digit key at\n"
+    "                         depths 0..1 of filler text), greedy decoding on rank 0; a table of\n"
+    "                         exact-match retrieval by length and depth\n"
+    "  --passkey-lengths L,.. prompt lengths in tokens (default: data.seq_len)\n"
+    "  --passkey-out OUT.h5   the table: /passkey/{length, depth, correct} per prompt\n"
+    "  --write-passkey-corpus TXT  write N training documents of each length to TXT and exit\n"
+    "\n";
+
+std::vector<int> parse_lengths(const std::string& s, int dflt) {
+    std::vector<int> out;
+    if (s.empty()) return {dflt};
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        size_t pos = 0;
+        int v = 0;
+        try { v = std::stoi(item, &pos); } catch (...) { pos = 0; }
+        if (pos == 0 || pos != item.size() || v < 16)
+            throw ConfigError("eval: --passkey-lengths '" + s + "': expected a comma list of lengths >= 16");
+        out.push_back(v);
+    }
+    return out;
+}
+
+void write_vector_h5(const std::string& path, const std::vector<std::pair<std::string, std::vector<double>>>& cols,
+                     const std::string& deck_text) {
+    h5::silence_errors();
+    const std::string tmp = path + ".tmp";
+    {
+        h5::Handle f = h5::file(h5::check(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
+                                          "create " + tmp));
+        for (const auto& [name, v] : cols) {
+            const std::string parent = name.substr(0, name.rfind('/'));
+            if (!parent.empty()) h5::group(h5::create_groups(f, parent));
+            hsize_t n = v.size();
+            h5::Handle sp = h5::space(h5::check(H5Screate_simple(1, &n, nullptr), "dataspace"));
+            h5::Handle ds = h5::dataset(h5::check(
+                H5Dcreate2(f, name.c_str(), H5T_IEEE_F64LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                "create " + name));
+            if (n) h5::check(H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), "write " + name);
+        }
+        h5::write_attr_string(f, "deck", deck_text);
+    }
+    std::rename(tmp.c_str(), path.c_str());
+}
+
+// Greedy continuation of `prompt`: the first 5 decoded characters that are digits.
+std::string greedy_digits(Decoder& dec, const Tokenizer& tok, const std::string& prompt, int max_len) {
+    std::vector<uint32_t> ids = tok.encode(prompt);
+    const std::vector<float>* z = nullptr;
+    int pos = 0;
+    for (uint32_t id : ids) z = &dec.step(int(id), pos++);
+    std::string out;
+    for (int k = 0; k < 10 && pos < max_len && out.size() < 5; ++k) {
+        const uint32_t next = uint32_t(std::max_element(z->begin(), z->end()) - z->begin());
+        for (char c : tok.decode(&next, 1))
+            if (c >= '0' && c <= '9') out += c;
+        z = &dec.step(int(next), pos++);
+    }
+    return out.substr(0, 5);
+}
+
+}  // namespace
+
+int eval_main(int argc, char** argv, MPI_Comm world) {
+    int rank = 0, size = 1;
+    MPI_Comm_rank(world, &rank);
+    MPI_Comm_size(world, &size);
+    std::string ckpt, data, by_position, passkey_out, passkey_lengths, corpus_out;
+    int passkey = 0;
+    std::vector<std::string> overrides, tool_args;
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        const std::string key = a.substr(0, a.find('='));
+        const bool tool = key == "--checkpoint" || key == "--data" || key == "--by-position" ||
+                          key == "--passkey" || key == "--passkey-out" || key == "--passkey-lengths" ||
+                          key == "--write-passkey-corpus" || a == "-h" || a == "--help";
+        if (tool) {
+            tool_args.push_back(a);
+            if (a.find('=') == std::string::npos && a != "-h" && a != "--help" && i + 1 < argc)
+                tool_args.push_back(argv[++i]);
+        } else if (a.rfind("--", 0) == 0 && a.find('.') != std::string::npos) {
+            overrides.push_back(a);
+        } else {
+            throw ConfigError("eval: unexpected argument '" + a + "' (see quintet eval --help)");
+        }
+    }
+    po::options_description desc("options");
+    desc.add_options()("help,h", "this text")("checkpoint", po::value(&ckpt), "checkpoint file")(
+        "data", po::value(&data), "token file (its validation split is evaluated)")(
+        "by-position", po::value(&by_position), "write /loss_by_position [T] to this HDF5 file")(
+        "passkey", po::value(&passkey)->default_value(0), "passkey prompts per length")(
+        "passkey-lengths", po::value(&passkey_lengths), "comma list of prompt lengths")(
+        "passkey-out", po::value(&passkey_out), "write the passkey table to this HDF5 file")(
+        "write-passkey-corpus", po::value(&corpus_out), "write a passkey training corpus and exit");
+    po::variables_map vm;
+    try {
+        po::store(po::command_line_parser(tool_args).options(desc).run(), vm);
+        po::notify(vm);
+    } catch (const po::error& e) {
+        throw ConfigError(std::string("eval: ") + e.what() + " (see quintet eval --help)");
+    }
+    if (vm.count("help")) {
+        if (rank == 0) std::cout << kUsage << desc << "\n";
+        return 0;
+    }
+    if (!corpus_out.empty()) {  // the synthetic task's training data (byte tokenizer)
+        if (passkey <= 0) throw ConfigError("eval: --write-passkey-corpus needs --passkey N (documents per length)");
+        if (rank == 0) {
+            Tokenizer byte;
+            std::string text;
+            for (int len : parse_lengths(passkey_lengths, 128)) text += passkey_corpus(byte, passkey, len, 1);
+            FILE* f = std::fopen(corpus_out.c_str(), "wb");
+            if (!f || std::fwrite(text.data(), 1, text.size(), f) != text.size())
+                throw ConfigError("eval: --write-passkey-corpus '" + corpus_out + "': cannot write");
+            std::fclose(f);
+            std::printf("wrote %zu bytes of passkey documents to %s\n", text.size(), corpus_out.c_str());
+        }
+        return 0;
+    }
+    if (ckpt.empty() || data.empty())
+        throw ConfigError("eval: --checkpoint and --data are required (see quintet eval --help)");
+
+    // The checkpoint's deck; [parallel] from the command line alone; overrides on top.
+    const CheckpointMeta meta = checkpoint_read_meta(ckpt);
+    Deck deck = deck_parse_text(meta.deck);
+    deck.parallel = ParallelConfig{};
+    deck.checkpoint = CheckpointConfig{};
+    deck.train.threads = 0;
+    deck.train.device = "cpu";
+    {
+        deck_load("", overrides);  // every override checked (key, value) as train checks them
+        auto opts = deck_options(deck);  // then applied onto the checkpoint's deck
+        for (const auto& o : overrides) {
+            const std::string kv = o.substr(2);
+            const auto eq = kv.find('=');
+            const std::string key = kv.substr(0, eq), val = eq == std::string::npos ? "" : kv.substr(eq + 1);
+            for (auto& d : opts)
+                if (d.key == key) d.set(val);
+        }
+    }
+    deck.data.path = data;
+    deck.checkpoint.resume = "none";
+    deck.checkpoint.init_from = ckpt;  // for the trained-context rule of rope.original_max_position
+    TokenFile tokens = token_file_read(data);
+    deck.model.vocab_size = tokens.vocab_size;
+    if (deck.data.eos_id < 0) deck.data.eos_id = tokens.eos_id;
+    if (deck.eval.batches < 1) deck.eval.batches = 1;
+    deck_validate(deck, size);
+    WeightsSource source = resolve_weights_source(deck);
+    const auto& par = deck.parallel;
+    const Layout layout = make_layout(size, par.tp, par.cp, par.pp, par.dp, par.ep);
+    deck.parallel.dp = layout.size[kDP];
+    const std::string text = deck_to_text(deck);
+    auto backend = make_cpu_backend(threads_per_rank(deck, world));
+    ProcessGrid grid(world, layout, deck.train.collective_timeout_s);
+    Trainer ev(deck, text, grid, *backend, tokens.tokens, TrainerMode::eval, source);
+    if (rank == 0)
+        for (const auto& w : source.warnings) std::fprintf(stderr, "quintet eval: warning: %s\n", w.c_str());
+    ev.load_weights(ckpt);
+    std::vector<double> per_pos;
+    const double loss = ev.evaluate(by_position.empty() ? nullptr : &per_pos);
+    const int T = deck.data.seq_len;
+    if (rank == 0 && !by_position.empty()) write_vector_h5(by_position, {{"/loss_by_position", per_pos}}, text);
+
+    if (passkey > 0) {
+        // Greedy retrieval on rank 0 with the KV-cache decoder over the whole model.
+        if (rank == 0) {
+            Tokenizer tok = tokens.tokenizer;
+            ModelConfig m = deck.model;
+            ParamTable table = make_param_table(m);
+            std::vector<float> params(table.total);
+            checkpoint_inspect(ckpt, table, false);
+            checkpoint_load(ckpt, table, params.data(), nullptr, nullptr, {});
+            std::vector<double> col_len, col_depth, col_ok;
+            std::printf("passkey retrieval (%d prompts per length, greedy, exact match)\n", passkey);
+            for (int len : parse_lengths(passkey_lengths, T)) {
+                int ok = 0;
+                for (int i = 0; i < passkey; ++i) {
+                    const double depth = passkey > 1 ? double(i) / double(passkey - 1) : 0.5;
+                    PasskeyPrompt p = passkey_prompt(tok, len, depth, 7, uint64_t(i));
+                    Decoder dec(*backend, m, deck.rope, T, table, params, p.tokens + 16);
+                    const bool hit = greedy_digits(dec, tok, p.prompt, p.tokens + 16) == p.key;
+                    ok += hit;
+                    col_len.push_back(len);
+                    col_depth.push_back(depth);
+                    col_ok.push_back(hit ? 1.0 : 0.0);
+                }
+                std::printf("passkey length=%d retrieval=%.3f (%d/%d)\n", len, double(ok) / passkey, ok, passkey);
+            }
+            if (!passkey_out.empty())
+                write_vector_h5(passkey_out, {{"/passkey/length", col_len}, {"/passkey/depth", col_depth},
+                                              {"/passkey/correct", col_ok}}, text);
+        }
+    }
+    if (rank == 0) {
+        std::printf("val_loss=%.8g seq_len=%d tokens=%lld\n", loss, T,
+                    (long long)deck.eval.batches * deck.data.micro_batch_size * T);
+        std::fflush(stdout);
+    }
+    return 0;
+}
+
+}  // namespace quintet

@@ -1,0 +1,147 @@
+// The long-context workflow through the real binary (DESIGN §5): `quintet eval` on any layout
+// and sequence length (the run's own eval loss reproduced, nothing written into the run folder,
+// loss by position), `checkpoint.init_from` (weights only, across a layout and seq_len change,
+// a fresh optimizer, resume winning, shape mismatches refused), and the trained context that
+// travels with checkpoints (YaRN's original_max_position = 0, the warning past it).
+// ctest: labels=mpi timeout=900 launches_mpirun
+#include <gtest/gtest.h>
+#include <hdf5.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "support/run_support.hpp"
+
+namespace fs = std::filesystem;
+using namespace quintet::testing;
+
+namespace {
+
+const char* kDeck = R"([model]
+d_model = 32
+n_layers = 2
+n_heads = 4
+n_kv_heads = 2
+ffn_dim = 64
+[data]
+seq_len = 32
+micro_batch_size = 2
+val_fraction = 0.1
+[train]
+steps = 6
+lr = 1e-2
+lr_min = 1e-3
+warmup = 2
+seed = 3
+peak_tflops = 0.1
+[eval]
+every = 6
+batches = 3
+[output]
+log_every = 3
+)";
+
+struct LongContext : TrainFixture {
+    void SetUp() override { prepare("lc_", kDeck, 4); }
+    RunResult eval(int ranks, const std::string& ckpt, const std::string& extra) {
+        return run_quintet(ranks, "eval --checkpoint " + ckpt + " --data " + data.string() + " " + extra);
+    }
+    static double val_loss(const std::string& out) {
+        auto at = out.rfind("val_loss=");
+        return at == std::string::npos ? NAN : std::stod(out.substr(at + 9));
+    }
+    static std::string last_line(const std::string& out) {
+        std::string s = out;
+        while (!s.empty() && s.back() == '\n') s.pop_back();
+        return s.substr(s.rfind('\n') + 1);
+    }
+    static int64_t attr_i64(const std::string& file, const char* name) {
+        hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+        hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+        int64_t v = -1;
+        H5Aread(a, H5T_NATIVE_INT64, &v);
+        H5Aclose(a);
+        H5Fclose(f);
+        return v;
+    }
+};
+
+TEST_F(LongContext, EvalReproducesTheRunsEvalOnAnyLayoutAndWritesNothing) {
+    auto r = train(2, "run", "--parallel.microbatches=2");  // dp = 2
+    ASSERT_EQ(r.status, 0) << r.output;
+    const double run_eval = metrics_column(dir / "run", "/eval/loss").back();
+    const std::string ck = (dir / "run/checkpoints/step_00000006.h5").string();
+    std::vector<std::string> before;
+    for (auto& e : fs::recursive_directory_iterator(dir / "run")) before.push_back(e.path().string());
+    for (const auto& [ranks, layout] : std::vector<std::pair<int, std::string>>{
+             {1, ""}, {2, "--parallel.tp=2"}, {4, "--parallel.cp=2 --parallel.pp=2"}, {2, "--parallel.cp=2"}}) {
+        auto e = eval(ranks, ck, layout);
+        ASSERT_EQ(e.status, 0) << layout << "\n" << e.output;
+        EXPECT_NEAR(val_loss(e.output), run_eval, 1e-5 * run_eval) << layout;
+        EXPECT_EQ(last_line(e.output).rfind("val_loss=", 0), 0u) << e.output;
+        EXPECT_NE(e.output.find("seq_len=32 tokens=192"), std::string::npos) << e.output;
+    }
+    std::vector<std::string> after;
+    for (auto& e : fs::recursive_directory_iterator(dir / "run")) after.push_back(e.path().string());
+    EXPECT_EQ(before, after) << "quintet eval wrote into the run folder";
+    // By position at twice the length: /loss_by_position [64], its mean the val loss; a warning
+    // that 64 is past the trained context of 32 without a scaling rule.
+    const std::string bp = (dir / "bp.h5").string();
+    auto e = eval(1, ck, "--data.seq_len=64 --by-position " + bp);
+    ASSERT_EQ(e.status, 0) << e.output;
+    EXPECT_NE(e.output.find("past the context"), std::string::npos) << e.output;
+    hid_t f = H5Fopen(bp.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    hid_t d = H5Dopen2(f, "/loss_by_position", H5P_DEFAULT);
+    std::vector<double> v(64);
+    ASSERT_GE(H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), 0);
+    H5Dclose(d);
+    H5Fclose(f);
+    double mean = 0;
+    for (double x : v) mean += x / 64;
+    EXPECT_NEAR(mean, val_loss(e.output), 1e-6 * mean);
+    // Bad input: no such checkpoint, an unknown key -- exit 2.
+    EXPECT_EQ(eval(1, (dir / "nope.h5").string(), "").status, 2);
+    auto bad = eval(1, ck, "--data.seq_lenn=64");
+    EXPECT_EQ(bad.status, 2);
+    EXPECT_NE(bad.output.find("seq_lenn"), std::string::npos) << bad.output;
+}
+
+TEST_F(LongContext, InitFromLoadsWeightsOnlyAcrossLayoutAndSeqLen) {
+    auto a = train(2, "short", "--parallel.microbatches=2");
+    ASSERT_EQ(a.status, 0) << a.output;
+    const std::string ck = (dir / "short/checkpoints/step_00000006.h5").string();
+    // At step 0 of a tp2 run at seq_len 64 the weights are the short run's, bit for bit.
+    auto b = train(2, "long0", "--parallel.tp=2 --data.seq_len=64 --train.steps=0 --checkpoint.init_from=" + ck);
+    ASSERT_EQ(b.status, 0) << b.output;
+    EXPECT_NE(b.output.find("initialised the weights from"), std::string::npos) << b.output;
+    auto ta = checkpoint_tensors(ck), tb = checkpoint_tensors((dir / "long0/checkpoints/step_00000000.h5").string());
+    ASSERT_EQ(ta.size(), tb.size());
+    for (size_t i = 0; i < ta.size(); ++i) {
+        if (ta[i].first.rfind("/params/", 0) != 0) continue;
+        EXPECT_EQ(0, std::memcmp(ta[i].second.data(), tb[i].second.data(), ta[i].second.size() * 4)) << ta[i].first;
+    }
+    // The optimizer is fresh: step-0 moments are zero.
+    for (const auto& [name, v] : tb)
+        if (name.rfind("/optim/", 0) == 0)
+            for (float x : v) ASSERT_EQ(x, 0.0f) << name;
+    EXPECT_EQ(attr_i64((dir / "long0/checkpoints/step_00000000.h5").string(), "trained_context"), 64);
+    // YaRN with original_max_position = 0 takes the source's trained context (32).
+    auto y = train(1, "yarn", "--data.seq_len=64 --rope.scaling=yarn --rope.factor=2 --train.steps=2 "
+                              "--checkpoint.init_from=" + ck);
+    ASSERT_EQ(y.status, 0) << y.output;
+    EXPECT_NE(y.output.find("original_max_position = 32"), std::string::npos) << y.output;
+    EXPECT_EQ(y.output.find("past the context"), std::string::npos) << y.output;
+    // A second start in the same run_dir resumes (resume wins over init_from).
+    auto y2 = train(1, "yarn", "--data.seq_len=64 --rope.scaling=yarn --rope.factor=2 --train.steps=3 "
+                               "--checkpoint.init_from=" + ck);
+    ASSERT_EQ(y2.status, 0) << y2.output;
+    EXPECT_NE(y2.output.find("resumed from"), std::string::npos) << y2.output;
+    EXPECT_EQ(y2.output.find("initialised the weights"), std::string::npos) << y2.output;
+    // Another model shape is refused before any work.
+    auto bad = train(1, "bad", "--model.d_model=48 --model.n_heads=4 --checkpoint.init_from=" + ck);
+    EXPECT_EQ(bad.status, 2) << bad.output;
+    EXPECT_NE(bad.output.find("shape"), std::string::npos) << bad.output;
+}
+
+}  // namespace

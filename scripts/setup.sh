@@ -14,6 +14,7 @@ packages=(
   libopenblas-openmp-dev                # sgemm; the OpenMP build shares our thread pool
   libgtest-dev                          # GoogleTest
   python3 python3-numpy python3-h5py python3-torch  # reference model, benchmarks, HDF5 tools
+  python3-matplotlib                    # plots (docs, quintet plot)
 )
 
 if [ "${QUINTET_SKIP_APT:-0}" != 1 ]; then

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <boost/program_options.hpp>
+
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -94,12 +95,12 @@ std::string greedy_digits(Decoder& dec, const Tokenizer& tok, const std::string&
     const std::vector<float>* z = nullptr;
     int pos = 0;
     for (uint32_t id : ids) z = &dec.step(int(id), pos++);
+    // Exact match: the first five characters of the greedy continuation, whatever they are.
     std::string out;
-    for (int k = 0; k < 10 && pos < max_len && out.size() < 5; ++k) {
+    for (int k = 0; k < 8 && pos < max_len && out.size() < 5; ++k) {
         const uint32_t next = uint32_t(std::max_element(z->begin(), z->end()) - z->begin());
-        for (char c : tok.decode(&next, 1))
-            if (c >= '0' && c <= '9') out += c;
-        z = &dec.step(int(next), pos++);
+        out += tok.decode(&next, 1);
+        if (out.size() < 5) z = &dec.step(int(next), pos++);
     }
     return out.substr(0, 5);
 }
@@ -191,6 +192,10 @@ int eval_main(int argc, char** argv, MPI_Comm world) {
     if (deck.data.eos_id < 0) deck.data.eos_id = tokens.eos_id;
     if (deck.eval.batches < 1) deck.eval.batches = 1;
     deck_validate(deck, size);
+    // Every passkey length is checked on every rank before any work (a prompt must fit).
+    const std::vector<int> passkey_lens =
+        passkey > 0 ? parse_lengths(passkey_lengths, deck.data.seq_len) : std::vector<int>{};
+    for (int len : passkey_lens) passkey_prompt(tokens.tokenizer, len, 0.0, 7, 0);
     WeightsSource source = resolve_weights_source(deck);
     const auto& par = deck.parallel;
     const Layout layout = make_layout(size, par.tp, par.cp, par.pp, par.dp, par.ep);
@@ -218,19 +223,27 @@ int eval_main(int argc, char** argv, MPI_Comm world) {
             checkpoint_load(ckpt, table, params.data(), nullptr, nullptr, {});
             std::vector<double> col_len, col_depth, col_ok;
             std::printf("passkey retrieval (%d prompts per length, greedy, exact match)\n", passkey);
-            for (int len : parse_lengths(passkey_lengths, T)) {
+            for (int len : passkey_lens) {
                 int ok = 0;
+                int bin_ok[5] = {}, bin_n[5] = {};  // by depth: fifths of the filler
                 for (int i = 0; i < passkey; ++i) {
                     const double depth = passkey > 1 ? double(i) / double(passkey - 1) : 0.5;
                     PasskeyPrompt p = passkey_prompt(tok, len, depth, 7, uint64_t(i));
                     Decoder dec(*backend, m, deck.rope, T, table, params, p.tokens + 16);
                     const bool hit = greedy_digits(dec, tok, p.prompt, p.tokens + 16) == p.key;
                     ok += hit;
+                    const int bin = std::min(4, int(depth * 5));
+                    bin_ok[bin] += hit;
+                    ++bin_n[bin];
                     col_len.push_back(len);
                     col_depth.push_back(depth);
                     col_ok.push_back(hit ? 1.0 : 0.0);
                 }
-                std::printf("passkey length=%d retrieval=%.3f (%d/%d)\n", len, double(ok) / passkey, ok, passkey);
+                std::printf("passkey length=%d retrieval=%.3f (%d/%d) | by depth", len, double(ok) / passkey, ok,
+                            passkey);
+                for (int b = 0; b < 5; ++b)
+                    if (bin_n[b] > 0) std::printf(" %.1f-%.1f: %d/%d", 0.2 * b, 0.2 * (b + 1), bin_ok[b], bin_n[b]);
+                std::printf("\n");
             }
             if (!passkey_out.empty())
                 write_vector_h5(passkey_out, {{"/passkey/length", col_len}, {"/passkey/depth", col_depth},

@@ -1,5 +1,6 @@
 #include "quintet/train/passkey.hpp"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "quintet/core/error.hpp"
@@ -9,13 +10,16 @@ namespace quintet {
 
 namespace {
 
-const char* kIntro = "There is a pass key hidden in this text. Find it and remember it. ";
+const char* kIntro = "Remember the pass key. ";
 const char* kFiller[] = {"The grass is green. ", "The sky is blue. ", "The sun is yellow. ",
                          "Here we go. ", "There and back again. "};
-const char* kQuestion = "What is the pass key? The pass key is ";
+// The key sits between '<' and '>' in the needle and the question ends with '<': one token
+// marks where the key starts, so a small byte-level model can learn the copy (an induction
+// head matching a single token) without first learning to match "pass key is " as a phrase.
+const char* kQuestion = "What is the pass key? The pass key is <";
 
 std::string needle(const std::string& key) {
-    return "The pass key is " + key + ". Remember it. " + key + " is the pass key. ";
+    return "The pass key is <" + key + ">. ";
 }
 
 // `chars` characters of the filler cycle.
@@ -39,9 +43,9 @@ PasskeyPrompt passkey_prompt(const Tokenizer& tok, int length, double depth, uin
     const std::string fixed = std::string(kIntro) + needle(p.key) + kQuestion;
     auto build = [&](size_t fill) {
         const std::string f = filler(fill);
-        // The key sentence goes at a sentence boundary near `depth` of the filler.
-        size_t at = size_t(depth * double(f.size()));
-        while (at > 0 && at < f.size() && f[at - 1] != ' ') --at;
+        // The key sentence goes at the sentence boundary at or before `depth` of the filler.
+        size_t at = std::min(f.size(), size_t(depth * double(f.size())));
+        while (at > 0 && !(at >= 2 && f[at - 2] == '.' && f[at - 1] == ' ')) --at;
         return std::string(kIntro) + f.substr(0, at) + needle(p.key) + f.substr(at) + kQuestion;
     };
     auto count = [&](const std::string& text) { return int(tok.encode(text + p.key).size()); };

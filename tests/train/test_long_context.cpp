@@ -117,14 +117,21 @@ TEST_F(LongContext, InitFromLoadsWeightsOnlyAcrossLayoutAndSeqLen) {
     EXPECT_NE(b.output.find("initialised the weights from"), std::string::npos) << b.output;
     auto ta = checkpoint_tensors(ck), tb = checkpoint_tensors((dir / "long0/checkpoints/step_00000000.h5").string());
     ASSERT_EQ(ta.size(), tb.size());
+    // (H5Ovisit names are relative: "params/...", "optim/...".)
+    size_t compared = 0, moments = 0;
     for (size_t i = 0; i < ta.size(); ++i) {
-        if (ta[i].first.rfind("/params/", 0) != 0) continue;
+        if (ta[i].first.rfind("params/", 0) != 0) continue;
+        ++compared;
         EXPECT_EQ(0, std::memcmp(ta[i].second.data(), tb[i].second.data(), ta[i].second.size() * 4)) << ta[i].first;
     }
+    EXPECT_EQ(compared, 3u + 2 * 9);  // embedding, lm_head, final norm; 9 tensors per layer
     // The optimizer is fresh: step-0 moments are zero.
     for (const auto& [name, v] : tb)
-        if (name.rfind("/optim/", 0) == 0)
+        if (name.rfind("optim/", 0) == 0) {
+            ++moments;
             for (float x : v) ASSERT_EQ(x, 0.0f) << name;
+        }
+    EXPECT_GT(moments, 0u);
     EXPECT_EQ(attr_i64((dir / "long0/checkpoints/step_00000000.h5").string(), "trained_context"), 64);
     // YaRN with original_max_position = 0 takes the source's trained context (32).
     auto y = train(1, "yarn", "--data.seq_len=64 --rope.scaling=yarn --rope.factor=2 --train.steps=2 "
@@ -142,6 +149,50 @@ TEST_F(LongContext, InitFromLoadsWeightsOnlyAcrossLayoutAndSeqLen) {
     auto bad = train(1, "bad", "--model.d_model=48 --model.n_heads=4 --checkpoint.init_from=" + ck);
     EXPECT_EQ(bad.status, 2) << bad.output;
     EXPECT_NE(bad.output.find("shape"), std::string::npos) << bad.output;
+}
+
+TEST_F(LongContext, PasskeyTableAndCorpus) {
+    auto r = train(1, "run", "--data.seq_len=96");
+    ASSERT_EQ(r.status, 0) << r.output;
+    const std::string ck = (dir / "run/checkpoints/step_00000006.h5").string();
+    const std::string out = (dir / "pk.h5").string();
+    auto e = eval(2, ck, "--passkey 3 --passkey-lengths 96,128 --passkey-out " + out);
+    ASSERT_EQ(e.status, 0) << e.output;
+    EXPECT_NE(e.output.find("passkey length=96 retrieval="), std::string::npos) << e.output;
+    EXPECT_NE(e.output.find("passkey length=128 retrieval="), std::string::npos) << e.output;
+    EXPECT_EQ(last_line(e.output).rfind("val_loss=", 0), 0u) << e.output;
+    hid_t f = H5Fopen(out.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    auto column = [&](const char* name) {
+        hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+        std::vector<double> v(6, -1);
+        EXPECT_GE(H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), 0) << name;
+        H5Dclose(d);
+        return v;
+    };
+    EXPECT_EQ(column("/passkey/length"), (std::vector<double>{96, 96, 96, 128, 128, 128}));
+    EXPECT_EQ(column("/passkey/depth"), (std::vector<double>{0, 0.5, 1, 0, 0.5, 1}));
+    for (double c : column("/passkey/correct")) EXPECT_TRUE(c == 0.0 || c == 1.0) << c;
+    H5Fclose(f);
+    // The training corpus: documents of exactly the length, each prompt ending in its key.
+    const fs::path txt = dir / "corpus.txt";
+    auto c = run_quintet(0, "eval --write-passkey-corpus " + txt.string() + " --passkey 11 --passkey-lengths 96");
+    ASSERT_EQ(c.status, 0) << c.output;
+    const std::string corpus = read_file(txt);
+    ASSERT_EQ(corpus.size(), 11u * 96u);
+    for (int i = 0; i < 11; ++i) {
+        const std::string doc = corpus.substr(size_t(i) * 96, 96);
+        EXPECT_EQ(doc.rfind("Remember the pass key. ", 0), 0u) << doc;
+        const auto q = doc.find("What is the pass key? The pass key is <");
+        ASSERT_NE(q, std::string::npos) << doc;
+        std::string key = doc.substr(q + 39, 5);
+        EXPECT_EQ(doc.size(), q + 39 + 5) << doc;  // the document ends with its key
+        EXPECT_NE(doc.find("The pass key is <" + key + ">. "), std::string::npos) << doc;
+    }
+    // Too short for the prompt: a clear error naming the length.
+    auto bad = eval(1, ck, "--passkey 2 --passkey-lengths 40");
+    EXPECT_EQ(bad.status, 2) << bad.output;
+    EXPECT_NE(bad.output.find("length 40"), std::string::npos) << bad.output;
 }
 
 }  // namespace

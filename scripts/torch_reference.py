@@ -1,29 +1,41 @@
 #!/usr/bin/env python3
-"""Independent PyTorch reference for quintet's dense Llama-style decoder.
+"""Independent PyTorch reference for quintet's dense Llama-style decoder (MHA/GQA or MLA).
 
 Written from the shared DESIGN.md, sections 2-4 (model maths, training semantics, files), not
 from quintet's C++, so that agreement between the two means something.
 
-Two modes:
+Three modes:
 
   bench   time steady-state training steps of a randomly initialised model
             torch_reference.py bench --vocab 256 --d-model 256 --n-layers 4 --n-heads 4 \
                 --n-kv-heads 4 --ffn-dim 768 --seq-len 256 --micro-batch 16 \
                 --steps 8 --warmup-steps 2 --threads 2
+          MLA (DeepSeek-V2 multi-head latent attention) instead of MHA/GQA:
+            torch_reference.py bench --vocab 8192 --d-model 512 --n-layers 8 --n-heads 8 \
+                --attention mla --kv-lora-rank 128 --q-lora-rank 192 --qk-nope-dim 32 \
+                --qk-rope-dim 16 --v-head-dim 32 --seq-len 512 --micro-batch 8 --threads 2
           prints one line:
             torch_tokens_per_s=<f> step_time_s=<median> threads=<n> runtime=<OpenMP|...>
-            torch_version=<v> flops_per_token=<int> params=<int> ...
+            torch_version=<v> flops_per_token=<int> params=<int> ...  (attention=mla with MLA)
 
   check   continue training from a quintet checkpoint with exactly DESIGN section 3
             torch_reference.py check --checkpoint run/checkpoints/step_00000000.h5 \
                 --data data/quickstart.h5 --steps 20 [--out losses.txt] [--double]
           prints (and writes to --out) one line per step:  step <s> loss <8 significant digits>
 
+  eval    the validation cross-entropy of a checkpoint, as quintet eval (DESIGN section 5)
+            torch_reference.py eval --checkpoint ck.h5 --data data/quickstart.h5 \
+                [--set data.seq_len=512 --set rope.scaling=yarn --set rope.factor=4]
+          prints  val_loss=<f> seq_len=<T> tokens=<n>
+
+  check and eval build the model the checkpoint's deck describes: model.attention = mha (GQA
+  with n_kv_heads) or mla (kv_lora_rank, q_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim).
+
   With train.precision = bf16 in the checkpoint's deck, every linear layer multiplies
   bf16-rounded operands in fp32 (weights, inputs, and in backward the output gradient), as
   docs/cuda.md defines bf16 mode; everything else stays fp32.
 
-Dense models only (model.attention = mha, moe.experts = 0); MLA and MoE stop with an error.
+Dense models only (moe.experts = 0), attention mha or mla; MoE stops with an error.
 Needs torch (>= 1.13, CPU is fine), numpy and h5py.
 """
 import argparse
@@ -62,7 +74,8 @@ def _ensure_torch_interpreter():
 DECK_DEFAULTS = {
     "model.d_model": "256", "model.n_layers": "4", "model.n_heads": "4", "model.n_kv_heads": "0",
     "model.ffn_dim": "0", "model.norm_eps": "1e-5", "model.tie_embeddings": "false",
-    "model.attention": "mha",
+    "model.attention": "mha", "model.kv_lora_rank": "0", "model.q_lora_rank": "0",
+    "model.qk_nope_dim": "0", "model.qk_rope_dim": "0", "model.v_head_dim": "0",
     "rope.theta": "10000", "rope.scaling": "none", "rope.factor": "1",
     "rope.original_max_position": "0", "rope.beta_fast": "32", "rope.beta_slow": "1",
     "moe.experts": "0",
@@ -139,12 +152,12 @@ def resolve_ffn_dim(ffn_dim, d_model):
 class ModelConfig:
     def __init__(self, vocab, d_model, n_layers, n_heads, n_kv_heads, ffn_dim, norm_eps=1e-5,
                  tie_embeddings=False, theta=10000.0, scaling="none", factor=1.0,
-                 original_max_position=0, beta_fast=32.0, beta_slow=1.0):
+                 original_max_position=0, beta_fast=32.0, beta_slow=1.0, attention="mha",
+                 kv_lora_rank=0, q_lora_rank=0, qk_nope_dim=0, qk_rope_dim=0, v_head_dim=0):
         self.vocab = vocab
         self.d_model = d_model
         self.n_layers = n_layers
         self.n_heads = n_heads
-        self.n_kv_heads = n_kv_heads if n_kv_heads > 0 else n_heads
         self.ffn_dim = resolve_ffn_dim(ffn_dim, d_model)
         self.norm_eps = norm_eps
         self.tie_embeddings = tie_embeddings
@@ -154,6 +167,31 @@ class ModelConfig:
         self.original_max_position = original_max_position
         self.beta_fast = beta_fast
         self.beta_slow = beta_slow
+        if attention not in ("mha", "mla"):
+            raise ValueError(f"model.attention '{attention}' not supported (mha | mla)")
+        self.attention = attention
+        self.mla = attention == "mla"
+        if self.mla:
+            # DESIGN section 2, MLA. n_kv_heads and head_dim do not apply; every query head has
+            # its own key (k_nope per head, k_rope shared), so there is no GQA grouping.
+            self.kv_lora_rank = kv_lora_rank
+            self.q_lora_rank = q_lora_rank
+            self.qk_nope_dim = qk_nope_dim
+            self.qk_rope_dim = qk_rope_dim
+            self.v_head_dim = v_head_dim
+            for key, v, lo in (("kv_lora_rank", kv_lora_rank, 1), ("q_lora_rank", q_lora_rank, 0),
+                               ("qk_nope_dim", qk_nope_dim, 0), ("qk_rope_dim", qk_rope_dim, 2),
+                               ("v_head_dim", v_head_dim, 1)):
+                if v < lo:
+                    raise ValueError(f"model.{key} = {v} with attention = mla; must be >= {lo}")
+            if qk_rope_dim % 2:
+                raise ValueError(f"qk_rope_dim {qk_rope_dim} must be even for RoPE")
+            self.n_kv_heads = n_heads
+            self.qk_head_dim = qk_nope_dim + qk_rope_dim
+            self.head_dim = None
+            self.rope_dim = qk_rope_dim
+            return
+        self.n_kv_heads = n_kv_heads if n_kv_heads > 0 else n_heads
         if d_model % n_heads:
             raise ValueError(f"d_model {d_model} not divisible by n_heads {n_heads}")
         if self.n_heads % self.n_kv_heads:
@@ -161,24 +199,71 @@ class ModelConfig:
         self.head_dim = d_model // n_heads
         if self.head_dim % 2:
             raise ValueError(f"head_dim {self.head_dim} must be even for RoPE")
+        self.rope_dim = self.head_dim
+
+    def yarn_mscale(self):
+        """mscale = 0.1 ln(s) + 1 under YaRN, else 1 (DESIGN section 2)."""
+        return 0.1 * math.log(self.factor) + 1.0 if self.scaling == "yarn" else 1.0
+
+    def mla_softmax_scale(self):
+        """1/sqrt(qk_nope_dim + qk_rope_dim), times mscale^2 under YaRN (MLA only)."""
+        m = self.yarn_mscale()
+        return m * m / math.sqrt(self.qk_head_dim)
 
     def matmul_params(self):
         """P of DESIGN's FLOP count: every matrix that multiplies tokens (LM head included,
         embedding lookup excluded)."""
+        if self.mla:
+            d, nh = self.d_model, self.n_heads
+            rq, rkv = self.q_lora_rank, self.kv_lora_rank
+            q_rows = nh * self.qk_head_dim
+            q = d * rq + rq * q_rows if rq > 0 else d * q_rows      # q_a + q_b, or q_proj
+            kv = d * (rkv + self.qk_rope_dim) + rkv * nh * (self.qk_nope_dim + self.v_head_dim)
+            per_layer = q + kv + nh * self.v_head_dim * d + 3 * d * self.ffn_dim
+            return self.n_layers * per_layer + self.vocab * d
         d, hd, nh, nkv = self.d_model, self.head_dim, self.n_heads, self.n_kv_heads
         per_layer = d * nh * hd + 2 * d * nkv * hd + nh * hd * d + 3 * d * self.ffn_dim
         return self.n_layers * per_layer + self.vocab * d
 
     def flops_per_token(self, seq_len):
         """PaLM convention: 6 P + 6 L T NH (d_qk + d_v)."""
+        if self.mla:
+            return (6 * self.matmul_params() + 6 * self.n_layers * seq_len * self.n_heads
+                    * (self.qk_head_dim + self.v_head_dim))
         return (6 * self.matmul_params()
                 + 6 * self.n_layers * seq_len * self.n_heads * (2 * self.head_dim))
 
 
+def model_config_from_deck(deck, vocab):
+    """ModelConfig from a deck's [model] and [rope] keys (MLA keys read only for mla)."""
+    attention = deck.str("model.attention")
+    if attention not in ("mha", "mla"):
+        sys.exit(f"model.attention = '{attention}' is not implemented here (mha | mla)")
+    mla = {}
+    if attention == "mla":
+        mla = dict(attention="mla", kv_lora_rank=deck.int("model.kv_lora_rank"),
+                   q_lora_rank=deck.int("model.q_lora_rank"),
+                   qk_nope_dim=deck.int("model.qk_nope_dim"),
+                   qk_rope_dim=deck.int("model.qk_rope_dim"),
+                   v_head_dim=deck.int("model.v_head_dim"))
+    return ModelConfig(
+        vocab, deck.int("model.d_model"), deck.int("model.n_layers"),
+        deck.int("model.n_heads"), 0 if mla else deck.int("model.n_kv_heads"),
+        deck.int("model.ffn_dim"),
+        norm_eps=deck.float("model.norm_eps"),
+        tie_embeddings=deck.bool("model.tie_embeddings"),
+        theta=deck.float("rope.theta"), scaling=deck.str("rope.scaling"),
+        factor=deck.float("rope.factor"),
+        original_max_position=deck.int("rope.original_max_position"),
+        beta_fast=deck.float("rope.beta_fast"), beta_slow=deck.float("rope.beta_slow"), **mla)
+
+
 def rope_tables(cfg, seq_len, dtype):
-    """cos, sin [T, head_dim/2] (rotate-half RoPE, optional YaRN; mscale folded in)."""
+    """cos, sin [T, d/2] (rotate-half RoPE, optional YaRN), d = head_dim (MHA) or qk_rope_dim
+    (MLA). MHA folds YaRN's mscale into cos and sin (every q/k dimension is rotated, so this is
+    mscale^2 on the logits); MLA does not (its softmax scale carries mscale^2 instead)."""
     import torch
-    d = cfg.head_dim
+    d = cfg.rope_dim
     i = torch.arange(d // 2, dtype=torch.float64)
     inv_freq = cfg.theta ** (-2.0 * i / d)
     mscale = 1.0
@@ -198,6 +283,8 @@ def rope_tables(cfg, seq_len, dtype):
         raise ValueError(f"rope.scaling '{cfg.scaling}' not supported (none | yarn)")
     pos = torch.arange(seq_len, dtype=torch.float64)
     angle = torch.outer(pos, inv_freq)
+    if cfg.mla:
+        return torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
     return (torch.cos(angle) * mscale).to(dtype), (torch.sin(angle) * mscale).to(dtype)
 
 
@@ -291,12 +378,91 @@ def build_model_class(bf16=False):
             gate, up = linear(h, self.w_gate_up).chunk(2, dim=-1)
             return x + linear(F.silu(gate) * up, self.w_down)
 
+    class MLALayer(nn.Module):
+        """DeepSeek-V2 multi-head latent attention (DESIGN section 2, MLA) + the SwiGLU FFN."""
+        def __init__(self, cfg):
+            super().__init__()
+            d, nh = cfg.d_model, cfg.n_heads
+            self.cfg = cfg
+            rq, rkv = cfg.q_lora_rank, cfg.kv_lora_rank
+            # Rows of the matrix that multiplies RMSNorm(x) for the query: q_a_proj [rq, d], or
+            # q_proj [nh*(nope+rope), d] without query compression.
+            self.q_in_rows = rq if rq > 0 else nh * cfg.qk_head_dim
+            self.attn_norm = nn.Parameter(torch.ones(d))
+            # q_a_proj (or q_proj) and kv_a_proj_with_mqa read the same input: stacked along
+            # rows, [out, in] as HF DeepSeek-V2.
+            self.w_in = nn.Parameter(torch.empty(self.q_in_rows + rkv + cfg.qk_rope_dim, d))
+            if rq > 0:
+                self.q_a_norm = nn.Parameter(torch.ones(rq))
+                self.wq_b = nn.Parameter(torch.empty(nh * cfg.qk_head_dim, rq))
+            self.kv_a_norm = nn.Parameter(torch.ones(rkv))
+            self.wkv_b = nn.Parameter(torch.empty(nh * (cfg.qk_nope_dim + cfg.v_head_dim), rkv))
+            self.wo = nn.Parameter(torch.empty(d, nh * cfg.v_head_dim))
+            self.ffn_norm = nn.Parameter(torch.ones(d))
+            self.w_gate_up = nn.Parameter(torch.empty(2 * cfg.ffn_dim, d))
+            self.w_down = nn.Parameter(torch.empty(d, cfg.ffn_dim))
+
+        def hf_views(self, prefix, get):
+            qi, f = self.q_in_rows, self.cfg.ffn_dim
+            a = prefix + "self_attn."
+            views = {prefix + "input_layernorm.weight": get(self.attn_norm)}
+            if self.cfg.q_lora_rank > 0:
+                views[a + "q_a_proj.weight"] = get(self.w_in)[0:qi]
+                views[a + "q_a_layernorm.weight"] = get(self.q_a_norm)
+                views[a + "q_b_proj.weight"] = get(self.wq_b)
+            else:
+                views[a + "q_proj.weight"] = get(self.w_in)[0:qi]
+            views.update({
+                a + "kv_a_proj_with_mqa.weight": get(self.w_in)[qi:],
+                a + "kv_a_layernorm.weight": get(self.kv_a_norm),
+                a + "kv_b_proj.weight": get(self.wkv_b),
+                a + "o_proj.weight": get(self.wo),
+                prefix + "post_attention_layernorm.weight": get(self.ffn_norm),
+                prefix + "mlp.gate_proj.weight": get(self.w_gate_up)[0:f],
+                prefix + "mlp.up_proj.weight": get(self.w_gate_up)[f:2 * f],
+                prefix + "mlp.down_proj.weight": get(self.w_down),
+            })
+            return views
+
+        def forward(self, x, cos, sin, mask):
+            cfg = self.cfg
+            B, T, _ = x.shape
+            nh, dn, dr, dv = cfg.n_heads, cfg.qk_nope_dim, cfg.qk_rope_dim, cfg.v_head_dim
+            dqk, eps = cfg.qk_head_dim, cfg.norm_eps
+            h = rmsnorm(x, self.attn_norm, eps)
+            qa, c_kv, k_rope = linear(h, self.w_in).split(
+                [self.q_in_rows, cfg.kv_lora_rank, dr], dim=-1)
+            if cfg.q_lora_rank > 0:
+                qa = linear(rmsnorm(qa, self.q_a_norm, eps), self.wq_b)
+            q_nope, q_rope = qa.reshape(B, T, nh, dqk).split([dn, dr], dim=-1)
+            kv = linear(rmsnorm(c_kv, self.kv_a_norm, eps), self.wkv_b)
+            k_nope, v = kv.view(B, T, nh, dn + dv).split([dn, dv], dim=-1)
+            q_rope = apply_rope(q_rope, cos, sin)                        # [B, T, nh, dr]
+            k_rope = apply_rope(k_rope.reshape(B, T, 1, dr), cos, sin)   # one for all heads
+            # Full per-head q and k [B*nh, T, nope+rope] (k_rope broadcast over heads), then one
+            # batched GEMM for the scores: cheaper than two score passes (nope and rope parts).
+            q = torch.cat((q_nope, q_rope), dim=-1).transpose(1, 2).reshape(B * nh, T, dqk)
+            k = torch.cat((k_nope, k_rope.expand(B, T, nh, dr)), dim=-1)
+            k = k.transpose(1, 2).reshape(B * nh, T, dqk)
+            v = v.transpose(1, 2).reshape(B * nh, T, dv)
+            # scores = mask + scale * q k^T, scale = mscale^2 / sqrt(nope + rope)
+            scores = torch.baddbmm(mask, q, k.transpose(1, 2), beta=1.0,
+                                   alpha=cfg.mla_softmax_scale())        # [B*nh, T, T]
+            probs = torch.softmax(scores, dim=-1)
+            o = torch.bmm(probs, v)                                      # [B*nh, T, dv]
+            o = o.view(B, nh, T, dv).transpose(1, 2).reshape(B, T, nh * dv)
+            x = x + linear(o, self.wo)
+            h = rmsnorm(x, self.ffn_norm, eps)
+            gate, up = linear(h, self.w_gate_up).chunk(2, dim=-1)
+            return x + linear(F.silu(gate) * up, self.w_down)
+
     class Decoder(nn.Module):
         def __init__(self, cfg):
             super().__init__()
             self.cfg = cfg
             self.embed = nn.Parameter(torch.empty(cfg.vocab, cfg.d_model))
-            self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.n_layers))
+            layer_class = MLALayer if cfg.mla else Layer
+            self.layers = nn.ModuleList(layer_class(cfg) for _ in range(cfg.n_layers))
             self.norm = nn.Parameter(torch.ones(cfg.d_model))
             self.lm_head = None if cfg.tie_embeddings else nn.Parameter(
                 torch.empty(cfg.vocab, cfg.d_model))
@@ -384,8 +550,13 @@ def cmd_bench(args):
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    mla = {}
+    if args.attention == "mla":
+        mla = dict(attention="mla", kv_lora_rank=args.kv_lora_rank, q_lora_rank=args.q_lora_rank,
+                   qk_nope_dim=args.qk_nope_dim, qk_rope_dim=args.qk_rope_dim,
+                   v_head_dim=args.v_head_dim)
     cfg = ModelConfig(args.vocab, args.d_model, args.n_layers, args.n_heads, args.n_kv_heads,
-                      args.ffn_dim)
+                      args.ffn_dim, **mla)
     Decoder = build_model_class()
     model = Decoder(cfg)
     model.init_normal(0.02)
@@ -418,8 +589,8 @@ def cmd_bench(args):
     print(f"torch_tokens_per_s={tok_s:.6g} step_time_s={med:.6g} threads={torch.get_num_threads()} "
           f"runtime={runtime_word(torch)} torch_version={torch.__version__} "
           f"omp_wait_policy={wait} flops_per_token={fpt} params={cfg.matmul_params()} "
-          f"model_gflops={tok_s * fpt / 1e9:.6g} steps={args.steps} last_loss={loss:.6g}",
-          flush=True)
+          f"model_gflops={tok_s * fpt / 1e9:.6g} steps={args.steps} last_loss={loss:.6g}"
+          + (" attention=mla" if cfg.mla else ""), flush=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -458,8 +629,8 @@ def cmd_check(args):
             kv[k.strip().lstrip("-")] = v.strip()
         deck = Deck(kv)
 
-        if deck.str("model.attention") != "mha":
-            sys.exit("check: only model.attention = mha is implemented here")
+        if deck.str("model.attention") not in ("mha", "mla"):
+            sys.exit("check: only model.attention = mha or mla is implemented here")
         if deck.int("moe.experts") != 0:
             sys.exit("check: only dense models (moe.experts = 0) are implemented here")
         if deck.str("data.order") != "sequential":
@@ -476,15 +647,7 @@ def cmd_check(args):
             vocab = int(df.attrs["vocab_size"])
             tokens = np.asarray(df["tokens"][:], dtype=np.int64)
 
-        cfg = ModelConfig(
-            vocab, deck.int("model.d_model"), deck.int("model.n_layers"),
-            deck.int("model.n_heads"), deck.int("model.n_kv_heads"), deck.int("model.ffn_dim"),
-            norm_eps=deck.float("model.norm_eps"),
-            tie_embeddings=deck.bool("model.tie_embeddings"),
-            theta=deck.float("rope.theta"), scaling=deck.str("rope.scaling"),
-            factor=deck.float("rope.factor"),
-            original_max_position=deck.int("rope.original_max_position"),
-            beta_fast=deck.float("rope.beta_fast"), beta_slow=deck.float("rope.beta_slow"))
+        cfg = model_config_from_deck(deck, vocab)
         if cfg.scaling == "yarn" and cfg.original_max_position <= 0:
             cfg.original_max_position = deck.int("data.seq_len")
 
@@ -551,8 +714,14 @@ def cmd_check(args):
     if deck.defaulted:
         print("# deck keys absent, defaults used: " + ", ".join(sorted(set(deck.defaulted))),
               file=sys.stderr)
+    if cfg.mla:
+        attn = (f"H={cfg.n_heads} attention=mla kv_lora={cfg.kv_lora_rank} "
+                f"q_lora={cfg.q_lora_rank} nope={cfg.qk_nope_dim} rope={cfg.qk_rope_dim} "
+                f"v={cfg.v_head_dim}")
+    else:
+        attn = f"H={cfg.n_heads} KV={cfg.n_kv_heads}"
     print(f"# torch {torch.__version__} {str(dtype).replace('torch.', '')} V={vocab} "
-          f"d={cfg.d_model} L={cfg.n_layers} H={cfg.n_heads} KV={cfg.n_kv_heads} "
+          f"d={cfg.d_model} L={cfg.n_layers} {attn} "
           f"ffn={cfg.ffn_dim} T={T} GB={gb} (dp={dp} mb={deck.int('parallel.microbatches')} "
           f"mbs={mbs}) train_tokens={n_train} start_step={start}", file=sys.stderr)
 
@@ -616,18 +785,12 @@ def cmd_eval(args):
             k, _, v = item.partition("=")
             kv[k.strip().lstrip("-")] = v.strip()
         deck = Deck(kv)
+        if deck.int("moe.experts") != 0:
+            sys.exit("eval: only dense models (moe.experts = 0) are implemented here")
         with h5py.File(args.data, "r") as df:
             vocab = int(df.attrs["vocab_size"])
             tokens = np.asarray(df["tokens"][:], dtype=np.int64)
-        cfg = ModelConfig(
-            vocab, deck.int("model.d_model"), deck.int("model.n_layers"),
-            deck.int("model.n_heads"), deck.int("model.n_kv_heads"), deck.int("model.ffn_dim"),
-            norm_eps=deck.float("model.norm_eps"),
-            tie_embeddings=deck.bool("model.tie_embeddings"),
-            theta=deck.float("rope.theta"), scaling=deck.str("rope.scaling"),
-            factor=deck.float("rope.factor"),
-            original_max_position=deck.int("rope.original_max_position"),
-            beta_fast=deck.float("rope.beta_fast"), beta_slow=deck.float("rope.beta_slow"))
+        cfg = model_config_from_deck(deck, vocab)
         if cfg.scaling == "yarn" and cfg.original_max_position <= 0:
             cfg.original_max_position = trained  # the context the checkpoint was trained at
         model = build_model_class(bf16=False)(cfg)
@@ -665,6 +828,14 @@ def main(argv=None):
     b.add_argument("--n-heads", type=int, required=True)
     b.add_argument("--n-kv-heads", type=int, default=0, help="0 = n_heads")
     b.add_argument("--ffn-dim", type=int, default=0, help="0 = 8/3 d_model rounded up to 64")
+    b.add_argument("--attention", choices=("mha", "mla"), default="mha",
+                   help="mha: MHA/GQA (--n-kv-heads); mla: DeepSeek-V2 latent attention")
+    b.add_argument("--kv-lora-rank", type=int, default=0, help="MLA: rank of c_kv")
+    b.add_argument("--q-lora-rank", type=int, default=0,
+                   help="MLA: rank of the query compression (0 = q_proj, no compression)")
+    b.add_argument("--qk-nope-dim", type=int, default=0, help="MLA: q/k dims without RoPE")
+    b.add_argument("--qk-rope-dim", type=int, default=0, help="MLA: q/k dims with RoPE")
+    b.add_argument("--v-head-dim", type=int, default=0, help="MLA: value dims per head")
     b.add_argument("--seq-len", type=int, required=True)
     b.add_argument("--micro-batch", type=int, required=True)
     b.add_argument("--steps", type=int, default=10, help="timed steps")

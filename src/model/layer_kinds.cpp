@@ -1,4 +1,4 @@
-// Which block kind each layer runs, from the deck: model.attention (mha; mla is not built yet)
+// Which block kind each layer runs, from the deck: model.attention (mha | mla)
 // and the feed-forward kind (SwiGLU; MoE on the layers moe.layers names, not built yet).
 #include "layer_kinds.hpp"
 
@@ -7,8 +7,8 @@
 namespace quintet {
 
 namespace {
-void require_mha(const ModelConfig& m) {
-    QUINTET_CHECK(m.attention == "mha", "model.attention = " + m.attention + " is not built");
+void require_known(const ModelConfig& m) {
+    QUINTET_CHECK(m.attention == "mha" || m.attention == "mla", "model.attention = " + m.attention + " is not built");
 }
 void require_dense(const ModelConfig& m) {
     QUINTET_CHECK(m.moe.experts == 0, "moe.experts > 0 is not built");
@@ -16,8 +16,9 @@ void require_dense(const ModelConfig& m) {
 }  // namespace
 
 void attention_add_params(const ModelConfig& m, ParamBuilder& b, int layer) {
-    require_mha(m);
-    mha_add_params(b, layer);
+    require_known(m);
+    if (m.attention == "mla") mla_add_params(m, b, layer);
+    else mha_add_params(b, layer);
 }
 
 void feed_forward_add_params(const ModelConfig& m, ParamBuilder& b, int layer) {
@@ -27,7 +28,8 @@ void feed_forward_add_params(const ModelConfig& m, ParamBuilder& b, int layer) {
 
 std::unique_ptr<AttentionBlock> make_attention_block(BlockContext& ctx, const ModelConfig& m,
                                                      const ParamTable& table, int layer) {
-    require_mha(m);
+    require_known(m);
+    if (m.attention == "mla") return make_mla_attention(ctx, m, table, layer);
     return make_mha_attention(ctx, table, layer);
 }
 

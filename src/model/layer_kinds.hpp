@@ -11,6 +11,10 @@ namespace quintet {
 void mha_add_params(ParamBuilder& b, int layer);
 std::unique_ptr<AttentionBlock> make_mha_attention(BlockContext& ctx, const ParamTable& table, int layer);
 
+void mla_add_params(const ModelConfig& m, ParamBuilder& b, int layer);
+std::unique_ptr<AttentionBlock> make_mla_attention(BlockContext& ctx, const ModelConfig& m,
+                                                   const ParamTable& table, int layer);
+
 void swiglu_add_params(ParamBuilder& b, int layer);
 std::unique_ptr<FeedForwardBlock> make_swiglu_feed_forward(BlockContext& ctx, const ParamTable& table,
                                                            int layer);

@@ -164,7 +164,7 @@ public:
         return dxn;
     }
 
-    std::unique_ptr<KvCache> make_cache(int max_len) const override {
+    std::unique_ptr<KvCache> make_cache(int max_len, bool /*full_kv: MHA caches K|V anyway*/) const override {
         QUINTET_CHECK(c_.d.tp == 1, "generation runs on one rank (tp = 1)");
         return std::make_unique<MhaCache>(c_.be, max_len, NKV_ * HD_);
     }

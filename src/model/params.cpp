@@ -27,6 +27,9 @@ ModelDims model_dims(const ModelConfig& m, int tp, int tp_rank) {
     d.NH = m.n_heads;
     d.NKV = m.n_kv_heads == 0 ? m.n_heads : m.n_kv_heads;
     d.HD = m.d_model / m.n_heads;
+    const bool mla = m.attention == "mla";
+    d.Dqk = mla ? m.qk_nope_dim + m.qk_rope_dim : d.HD;
+    d.Dv = mla ? m.v_head_dim : d.HD;
     d.F = m.ffn_dim > 0 ? m.ffn_dim : ((8 * m.d_model / 3 + 63) / 64) * 64;
     d.tied = m.tie_embeddings;
     d.tp = tp;

@@ -311,9 +311,9 @@ double ModelChunk::forward_loss(const float* params, const int32_t* ids, const i
     return forward(0, params, ids, targets, 1.0f, false);
 }
 
-std::vector<std::unique_ptr<KvCache>> ModelChunk::make_caches(int max_len) const {
+std::vector<std::unique_ptr<KvCache>> ModelChunk::make_caches(int max_len, bool full_kv) const {
     std::vector<std::unique_ptr<KvCache>> out;
-    for (const auto& l : layers_) out.push_back(l.attn->make_cache(max_len));
+    for (const auto& l : layers_) out.push_back(l.attn->make_cache(max_len, full_kv));
     return out;
 }
 

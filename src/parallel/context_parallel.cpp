@@ -60,6 +60,83 @@ void ContextParallel::wait(Transfer& t, const char* what) {
     t.handle = -1;
 }
 
+void ContextParallel::ensure_partials(const AttentionArgs& a) {
+    const size_t out_n = size_t(a.B) * a.Tq * a.o_stride, lse_n = size_t(a.B) * a.NH * a.Tq;
+    if (out_n > part_cap_) {  // grows on the first step only
+        if (part_out_) be_.release(part_out_);
+        part_out_ = be_.alloc(out_n);
+        part_cap_ = out_n;
+    }
+    if (lse_n > lse_cap_) {
+        if (part_lse_) be_.release(part_lse_);
+        part_lse_ = be_.alloc(lse_n);
+        lse_cap_ = lse_n;
+    }
+}
+
+AttentionArgs ContextParallel::block_args(const AttentionArgs& a, int j, const int32_t* k_pos_all,
+                                          const int32_t* k_doc_all) const {
+    const size_t rows = size_t(a.B) * a.Tk;
+    AttentionArgs blk = a;
+    blk.k_pos = k_pos_all + size_t(j) * rows;
+    blk.k_doc = k_doc_all ? k_doc_all + size_t(j) * rows : nullptr;
+    return blk;
+}
+
+void ContextParallel::gather_rows(const float* local, float* all, size_t n) {
+    const double t0 = now_s();
+    comm_.all_gather(local, all, n);
+    const double t = now_s() - t0;
+    exposed_s += t;  // blocking: none of it hides
+    comm_s += t;
+    bytes += double(cp_ - 1) * double(n) * sizeof(float);  // each rank's rows reach cp-1 others
+}
+
+void ContextParallel::reduce_scatter_rows(const float* all, float* local, size_t n) {
+    const double t0 = now_s();
+    comm_.reduce_scatter_sum(all, local, n);
+    const double t = now_s() - t0;
+    exposed_s += t;
+    comm_s += t;
+    bytes += double(cp_ - 1) * double(n) * sizeof(float);
+}
+
+void ContextParallel::attention_forward_gathered(float* out, float* lse, const float* q,
+                                                 const float* k_all, const float* v_all,
+                                                 const AttentionArgs& a, const int32_t* k_pos_all,
+                                                 const int32_t* k_doc_all) {
+    const size_t rows = size_t(a.B) * a.Tk;
+    ensure_partials(a);
+    for (int step = 0; step < cp_; ++step) {  // the ring's order: own block first, then rank-1, ...
+        const int j = (rank_ - step + cp_) % cp_;
+        const AttentionArgs blk = block_args(a, j, k_pos_all, k_doc_all);
+        const float* k = k_all + size_t(j) * rows * a.k_stride;
+        const float* v = v_all + size_t(j) * rows * a.v_stride;
+        if (step == 0) {
+            be_.attention_forward(out, lse, q, k, v, blk);
+        } else {
+            be_.attention_forward(part_out_, part_lse_, q, k, v, blk);
+            be_.attention_merge(out, lse, part_out_, part_lse_, a);
+        }
+    }
+}
+
+void ContextParallel::attention_backward_gathered(float* dq, float* dk_all, float* dv_all,
+                                                  const float* dout, const float* out,
+                                                  const float* lse, const float* q,
+                                                  const float* k_all, const float* v_all,
+                                                  const AttentionArgs& a, const int32_t* k_pos_all,
+                                                  const int32_t* k_doc_all) {
+    const size_t rows = size_t(a.B) * a.Tk;
+    for (int step = 0; step < cp_; ++step) {
+        const int j = (rank_ - step + cp_) % cp_;
+        const AttentionArgs blk = block_args(a, j, k_pos_all, k_doc_all);
+        const size_t ko = size_t(j) * rows * a.k_stride, vo = size_t(j) * rows * a.v_stride;
+        be_.attention_backward(dq, dk_all + ko, dv_all + vo, dout, out, lse, q, k_all + ko,
+                               v_all + vo, blk);
+    }
+}
+
 void ContextParallel::attention_forward(float* out, float* lse, const float* q, const float* k,
                                         const float* v, const AttentionArgs& a,
                                         const int32_t* k_pos_all, const int32_t* k_doc_all) {
@@ -74,17 +151,7 @@ void ContextParallel::attention_forward(float* out, float* lse, const float* q, 
     const int kw = a.NKV * a.Dqk, vw = a.NKV * a.Dv, w = kw + vw;
     const size_t n = rows * size_t(w);
     ensure(n);
-    const size_t out_n = size_t(a.B) * a.Tq * a.o_stride, lse_n = size_t(a.B) * a.NH * a.Tq;
-    if (out_n > part_cap_) {
-        if (part_out_) be_.release(part_out_);
-        part_out_ = be_.alloc(out_n);
-        part_cap_ = out_n;
-    }
-    if (lse_n > lse_cap_) {
-        if (part_lse_) be_.release(part_lse_);
-        part_lse_ = be_.alloc(lse_n);
-        lse_cap_ = lse_n;
-    }
+    ensure_partials(a);
     // The local block first, from the caller's buffers, while our K|V goes to the next rank.
     pack(kv_[0], k, v, a, kw, vw);
     Transfer s = post_send(kv_[0], n, kTagKv), r = post_recv(kv_[1], n, kTagKv);

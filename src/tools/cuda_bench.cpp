@@ -170,7 +170,7 @@ void bench_model(CudaBackend& be, const std::string& preset, const std::string& 
 
     const double P = double(table.matmul_params);
     const double flops_per_token =
-        6.0 * P + 6.0 * d.L * double(T) * d.NH * double(2 * d.HD);  // DESIGN §2 (PaLM)
+        6.0 * P + 6.0 * d.L * double(T) * d.NH * double(d.Dqk + d.Dv);  // DESIGN §2 (PaLM)
     const double tps = double(N) / dt;
     const double tflops = tps * flops_per_token / 1e12;
     std::printf("model preset=%s precision=%s params=%zu matmul_params=%zu B=%d T=%d steps=%d step_ms=%.1f "

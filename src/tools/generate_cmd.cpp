@@ -2,26 +2,28 @@
 // Single process, incremental decoding with a KV cache: each new token costs one row of every
 // matmul and one attention row over the cached keys/values, instead of re-running the prefix.
 #include <boost/program_options.hpp>
+
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <numeric>
 #include <random>
 #include <sstream>
-#include <algorithm>
 #include <vector>
 
 #include "quintet/core/error.hpp"
 #include "quintet/core/rng.hpp"
 #include "quintet/io/checkpoint.hpp"
-#include "quintet/train/deck.hpp"
 #include "quintet/io/h5.hpp"
 #include "quintet/io/token_data.hpp"
 #include "quintet/kernels/backend.hpp"
-#include "quintet/model/params.hpp"
 #include "quintet/model/decoder.hpp"
+#include "quintet/model/params.hpp"
 #include "quintet/model/rope.hpp"
 #include "quintet/tools/commands.hpp"
+#include "quintet/train/deck.hpp"
 
 namespace po = boost::program_options;
 
@@ -36,6 +38,7 @@ int generate_main(int argc, char** argv) {
     int tokens = 200, top_k = 40;
     double temperature = 0.8;
     int64_t seed = 1;
+    std::string kv_cache = "compact";
     po::options_description desc(
         "usage: quintet generate --checkpoint CKPT.h5 --prompt TEXT [options]\n\n"
         "Samples text from a checkpoint with a KV cache. The tokenizer is read from the token\n"
@@ -47,7 +50,10 @@ int generate_main(int argc, char** argv) {
         "temperature", po::value(&temperature)->default_value(0.8), "softmax temperature; 0 = greedy")(
         "top-k", po::value(&top_k)->default_value(40), "sample among the k most likely; 0 = all")(
         "seed", po::value(&seed)->default_value(1), "sampling seed")(
-        "data", po::value(&data), "token file whose tokenizer to use (default: the deck's data.path)");
+        "data", po::value(&data), "token file whose tokenizer to use (default: the deck's data.path)")(
+        "kv-cache", po::value(&kv_cache)->default_value("compact"),
+        "compact: what each attention kind needs (MLA: the latent [c_kv | k_rope], kv_b absorbed); "
+        "full: per-head K and V as training computes them (for comparison)");
     po::variables_map vm;
     try {
         po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -59,16 +65,12 @@ int generate_main(int argc, char** argv) {
     if (ckpt.empty()) throw ConfigError("generate: --checkpoint is required (see quintet generate --help)");
     if (tokens < 0) throw ConfigError("generate: --tokens = " + std::to_string(tokens) + ": must be >= 0");
     if (temperature < 0) throw ConfigError("generate: --temperature must be >= 0");
-    // Read the deck first, to build the parameter table the checkpoint must match.
-    h5::silence_errors();
-    std::string deck_text;
-    {
-        hid_t f = H5Fopen(ckpt.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-        if (f < 0) throw ConfigError("checkpoint '" + ckpt + "': cannot be opened as HDF5 (missing or corrupt)");
-        h5::Handle file = h5::file(f);
-        if (!h5::has_attr(file, "deck")) throw ConfigError("checkpoint '" + ckpt + "': no 'deck' attribute; not a quintet checkpoint");
-        deck_text = h5::read_attr_string(file, "deck");
-    }
+    if (kv_cache != "compact" && kv_cache != "full")
+        throw ConfigError("generate: --kv-cache = '" + kv_cache + "': valid: compact | full");
+    // Read the deck first, to build the parameter table the checkpoint must match; RoPE as the
+    // checkpoint trained it (YaRN's original_max_position = 0: the trained context it records).
+    const CheckpointMeta meta = checkpoint_read_meta(ckpt);
+    const std::string& deck_text = meta.deck;
     Deck deck = deck_parse_text(deck_text);
     Tokenizer tok = token_file_read_tokenizer(data.empty() ? deck.data.path : data);
     deck.model.vocab_size = tok.vocab_size();
@@ -79,7 +81,13 @@ int generate_main(int argc, char** argv) {
     std::vector<uint32_t> ids = tok.encode(prompt);
     if (ids.empty()) ids.push_back(uint32_t('\n') < uint32_t(tok.vocab_size()) ? '\n' : 0);
     auto be = make_cpu_backend(0);
-    Decoder dec(*be, deck.model, deck.rope, deck.data.seq_len, table, params, int(ids.size()) + tokens);
+    const int trained = meta.trained_context > 0 ? int(meta.trained_context) : deck.data.seq_len;
+    Decoder dec(*be, deck.model, deck.rope, trained, table, params, int(ids.size()) + tokens,
+                kv_cache == "full");
+    std::fprintf(stderr, "generate: %s attention, KV cache %zu bytes per token (%s, all %d layers)\n",
+                 deck.model.attention.c_str(), dec.cache_bytes_per_token(), kv_cache.c_str(),
+                 deck.model.n_layers);
+    const auto t0 = std::chrono::steady_clock::now();
     std::mt19937_64 rng(seed);
     std::cout << prompt << std::flush;
     const std::vector<float>* logits = nullptr;
@@ -106,6 +114,9 @@ int generate_main(int argc, char** argv) {
         logits = &dec.step(next, int(ids.size()) - 1);
     }
     std::cout << "\n";
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "generate: %zu tokens (%zu prompt + %d new) in %.3f s: %.1f tokens/s\n", ids.size(),
+                 ids.size() - size_t(tokens), tokens, el, double(ids.size()) / std::max(el, 1e-9));
     return 0;
 }
 

@@ -109,12 +109,12 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("model.ffn_dim", &m.ffn_dim, 0, big, "SwiGLU hidden width; 0 = 8/3*d_model rounded up to 64"),
         opt_double("model.norm_eps", &m.norm_eps, 0, 1, "RMSNorm epsilon", true),
         opt_bool("model.tie_embeddings", &m.tie_embeddings, "LM head shares the token embedding"),
-        opt_enum("model.attention", &m.attention, {"mha", "mla"}, "attention kind (mla: not yet supported)"),
-        opt_int("model.kv_lora_rank", &m.kv_lora_rank, 0, big, "MLA: rank of the compressed KV"),
+        opt_enum("model.attention", &m.attention, {"mha", "mla"}, "attention kind: mha = grouped-query attention, mla = DeepSeek-V2 Multi-head Latent Attention"),
+        opt_int("model.kv_lora_rank", &m.kv_lora_rank, 0, big, "MLA: rank of the compressed KV latent c_kv (> 0 with mla)"),
         opt_int("model.q_lora_rank", &m.q_lora_rank, 0, big, "MLA: rank of the compressed query; 0 = none"),
-        opt_int("model.qk_nope_dim", &m.qk_nope_dim, 0, big, "MLA: per-head q/k dims without RoPE"),
-        opt_int("model.qk_rope_dim", &m.qk_rope_dim, 0, big, "MLA: per-head q/k dims with RoPE"),
-        opt_int("model.v_head_dim", &m.v_head_dim, 0, big, "MLA: per-head value dims"),
+        opt_int("model.qk_nope_dim", &m.qk_nope_dim, 0, big, "MLA: per-head q/k dims without RoPE (> 0 with mla)"),
+        opt_int("model.qk_rope_dim", &m.qk_rope_dim, 0, big, "MLA: per-head q/k dims with RoPE, one k_rope shared by the heads (even, > 0 with mla)"),
+        opt_int("model.v_head_dim", &m.v_head_dim, 0, big, "MLA: per-head value dims (> 0 with mla)"),
         opt_double("rope.theta", &r.theta, 1, 1e12, "RoPE base", true),
         opt_enum("rope.scaling", &r.scaling, {"none", "yarn"}, "RoPE frequency scaling"),
         opt_double("rope.factor", &r.factor, 1, 1e6, "YaRN context extension factor s"),
@@ -146,6 +146,9 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("parallel.virtual_stages", &p.virtual_stages, 1, 1 << 20, "layer chunks per stage (interleaved)"),
         opt_string("parallel.pp_layers", &p.pp_layers, "layers per stage as a comma list; empty = even split"),
         opt_double("parallel.bucket_mb", &p.bucket_mb, 0, 1e6, "DP gradient bucket size in MiB", true),
+        opt_enum("parallel.cp_mla_kv", &p.cp_mla_kv, {"ring", "latent"},
+                 "MLA under cp: ring = per-head K/V round the ring; latent = all-gather the compressed "
+                 "latent (c_kv and k_rope) and expand it locally (fewer bytes, more compute and memory)"),
         opt_bool("parallel.overlap_dp", &p.overlap_dp, "start each DP bucket's all-reduce during the backward, once its gradients are final (not with zero = 1)"),
         opt_string("data.path", &da.path, "token file made by `quintet prepare` (HDF5, /tokens)"),
         opt_int("data.seq_len", &da.seq_len, 1, 1 << 24, "sequence length T"),
@@ -337,8 +340,6 @@ void deck_validate(const Deck& d, int world) {
     const auto& p = d.parallel;
     const int kv = m.n_kv_heads == 0 ? m.n_heads : m.n_kv_heads;
     // Features that belong to later work stop here, naming the key.
-    if (m.attention != "mha")
-        config_fail("model.attention", m.attention, "not yet supported in this build (valid: mha)");
     if (d.model.moe.experts != 0)
         config_fail("moe.experts", S(d.model.moe.experts), "MoE is not yet supported in this build (valid: 0)");
     if (p.ep != 1) config_fail("parallel.ep", S(p.ep), "expert parallelism is not yet supported (valid: 1)");
@@ -354,11 +355,39 @@ void deck_validate(const Deck& d, int world) {
                         "(H100/H200 fp32) or 989 (dense bf16)");
     }
     // Model shape.
-    if (m.d_model % m.n_heads != 0)
+    if (m.attention == "mla") {
+        // MLA's own dims (DESIGN §2); d_model need not divide by n_heads.
+        const std::pair<const char*, int> dims[] = {{"model.kv_lora_rank", m.kv_lora_rank},
+                                                    {"model.qk_nope_dim", m.qk_nope_dim},
+                                                    {"model.qk_rope_dim", m.qk_rope_dim},
+                                                    {"model.v_head_dim", m.v_head_dim}};
+        for (const auto& [key, v] : dims)
+            if (v <= 0) config_fail(key, S(v), "must be > 0 with model.attention = mla");
+        if (m.qk_rope_dim % 2 != 0)
+            config_fail("model.qk_rope_dim", S(m.qk_rope_dim), "must be even (RoPE rotates pairs), e.g. " +
+                                                                   S(m.qk_rope_dim + 1));
+        if (m.n_kv_heads != 0 && m.n_kv_heads != m.n_heads)
+            config_fail("model.n_kv_heads", S(m.n_kv_heads),
+                        "is a GQA key; MLA has one latent per token shared by all heads (valid with "
+                        "mla: 0 or n_heads)");
+    } else {
+        const std::pair<const char*, int> dims[] = {{"model.kv_lora_rank", m.kv_lora_rank},
+                                                    {"model.q_lora_rank", m.q_lora_rank},
+                                                    {"model.qk_nope_dim", m.qk_nope_dim},
+                                                    {"model.qk_rope_dim", m.qk_rope_dim},
+                                                    {"model.v_head_dim", m.v_head_dim}};
+        for (const auto& [key, v] : dims)
+            if (v != 0)
+                config_fail(key, S(v), "is an MLA key; with model.attention = " + m.attention +
+                                           " it must be 0 (or set model.attention = mla)");
+        if (p.cp_mla_kv != "ring")
+            config_fail("parallel.cp_mla_kv", p.cp_mla_kv, "applies to model.attention = mla only (valid: ring)");
+    }
+    if (m.attention == "mha" && m.d_model % m.n_heads != 0)
         config_fail("model.n_heads", S(m.n_heads), "must divide model.d_model = " + S(m.d_model));
     if (m.n_heads % kv != 0)
         config_fail("model.n_kv_heads", S(m.n_kv_heads), "must divide model.n_heads = " + S(m.n_heads));
-    if (m.head_dim() % 2 != 0)
+    if (m.attention == "mha" && m.head_dim() % 2 != 0)
         config_fail("model.n_heads", S(m.n_heads),
                     "head_dim = d_model/n_heads = " + S(m.head_dim()) + " must be even for RoPE");
     if (d.rope.scaling == "yarn" && d.rope.factor <= 1.0)

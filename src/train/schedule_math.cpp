@@ -12,7 +12,7 @@ double lr_at(const TrainConfig& t, int64_t s) {
 }
 
 double model_flops_per_token(const ParamTable& table, const ModelDims& d, int T) {
-    return 6.0 * double(table.matmul_params) + 6.0 * d.L * double(T) * d.NH * (d.HD + d.HD);
+    return 6.0 * double(table.matmul_params) + 6.0 * d.L * double(T) * d.NH * double(d.Dqk + d.Dv);
 }
 
 }  // namespace quintet

@@ -131,8 +131,10 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
                                                deck.parallel.zero == 1, deck.parallel.overlap_dp);
         opt_ = std::make_unique<AdamW>(table_, be_, *sync_, deck.train);
     }
-    if (grid.cp().size() > 1)
+    if (grid.cp().size() > 1) {
         cp_ = std::make_unique<ContextParallel>(comms_.group(Group::cp), be_, dc.micro_batch_size, dc.seq_len);
+        cp_->mla_kv = deck.parallel.cp_mla_kv == "latent" ? MlaKv::latent : MlaKv::ring;
+    }
     ChunkOptions opt;
     opt.precision = deck.train.precision == "bf16" ? Precision::bf16 : Precision::fp32;
     opt.cp = cp_.get();

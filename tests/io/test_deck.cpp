@@ -87,7 +87,8 @@ TEST(Deck, LayoutAndShapeChecks) {
     EXPECT_NE(with({"--parallel.tp=3"}, 4).find("parallel.tp"), std::string::npos);
     EXPECT_NE(with({"--model.n_heads=3"}, 1).find("must divide model.d_model"), std::string::npos);
     EXPECT_NE(with({"--model.n_kv_heads=3"}, 1).find("model.n_kv_heads"), std::string::npos);
-    EXPECT_NE(with({"--model.attention=mla"}, 1).find("not yet supported"), std::string::npos);
+    EXPECT_NE(with({"--model.attention=mla"}, 1).find("model.kv_lora_rank"), std::string::npos);  // dims needed
+    EXPECT_NE(with({"--model.kv_lora_rank=8"}, 1).find("is an MLA key"), std::string::npos);
     EXPECT_NE(with({"--moe.experts=8"}, 1).find("moe.experts"), std::string::npos);
     EXPECT_NE(with({"--rope.scaling=yarn"}, 1).find("rope.factor"), std::string::npos);
     EXPECT_NE(with({"--train.lr=1e-4", "--train.lr_min=1e-3"}, 1).find("train.lr_min"), std::string::npos);

@@ -15,7 +15,8 @@ using namespace quintet;
 
 namespace {
 
-void check(bool yarn, bool tied) {
+// attention: mha, or mla with the latent cache (kv_b absorbed) or the full per-head K|V cache.
+void check(bool yarn, bool tied, const std::string& attention = "mha", bool full_kv = false) {
     ModelConfig m;
     m.vocab_size = 23;
     m.d_model = 24;
@@ -24,6 +25,15 @@ void check(bool yarn, bool tied) {
     m.n_kv_heads = 2;
     m.ffn_dim = 40;
     m.tie_embeddings = tied;
+    if (attention == "mla") {
+        m.attention = "mla";
+        m.n_kv_heads = 0;
+        m.kv_lora_rank = 10;
+        m.q_lora_rank = 12;
+        m.qk_nope_dim = 6;
+        m.qk_rope_dim = 4;
+        m.v_head_dim = 8;
+    }
     RopeConfig rope;
     if (yarn) {
         rope.scaling = "yarn";
@@ -45,7 +55,11 @@ void check(bool yarn, bool tied) {
     TensorParallel tp(self, false);
     ModelChunk full(*be, m, rope, table, stage_chunks(m.n_layers, 1, 1, 0, "")[0], tp, 1, T);
     double expect = full.forward_loss(params.data(), ids.data(), tgt.data());
-    Decoder dec(*be, m, rope, T, table, params, T);
+    Decoder dec(*be, m, rope, T, table, params, T, full_kv);
+    // Bytes cached per token: MLA's latent [c_kv | k_rope] per layer, or K|V of every kv head.
+    const size_t per_layer = attention == "mla" ? (full_kv ? size_t(4 * (6 + 4) + 4 * 8) : size_t(10 + 4))
+                                                : size_t(2 * 2 * (24 / 4));
+    EXPECT_EQ(dec.cache_bytes_per_token(), per_layer * 2 * sizeof(float));
     double got = 0;
     for (int t = 0; t < T; ++t) {
         const auto& z = dec.step(ids[t], t);
@@ -54,9 +68,30 @@ void check(bool yarn, bool tied) {
         got += std::log(s) + mx - z[tgt[t]];
     }
     EXPECT_NEAR(got, expect, 1e-4 * std::abs(expect));
+    // Greedy decoding from a prompt gives the tokens of the uncached full forward over the
+    // growing prefix.
+    Decoder greedy(*be, m, rope, T, table, params, T, full_kv);
+    std::vector<int32_t> seq(ids.begin(), ids.begin() + 4);
+    const std::vector<float>* z = nullptr;
+    for (int t = 0; t < 4; ++t) z = &greedy.step(seq[size_t(t)], t);
+    for (int t = 4; t < T; ++t) {
+        const int next = int(std::max_element(z->begin(), z->end()) - z->begin());
+        // The uncached forward over the whole prefix at once (per-head K|V as in training): its
+        // last row's argmax.
+        ModelChunk pre(*be, m, rope, table, stage_chunks(m.n_layers, 1, 1, 0, "")[0], tp, 1, t);
+        auto fresh = pre.make_caches(t, true);
+        const std::vector<float>& logits = pre.forward_cached(params.data(), seq.data(), 0, fresh);
+        const int want = int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        ASSERT_EQ(next, want) << "position " << t;
+        seq.push_back(next);
+        z = &greedy.step(next, t);
+    }
 }
 
 TEST(Decoder, KvCacheMatchesTheFullForward) { check(false, false); }
 TEST(Decoder, KvCacheMatchesTheFullForwardWithYarnAndTiedHead) { check(true, true); }
+TEST(Decoder, MlaLatentCacheMatchesTheFullForward) { check(false, false, "mla"); }
+TEST(Decoder, MlaLatentCacheMatchesTheFullForwardWithYarn) { check(true, true, "mla"); }
+TEST(Decoder, MlaFullCacheMatchesTheFullForward) { check(true, false, "mla", true); }
 
 }  // namespace

@@ -21,7 +21,8 @@ struct Tiny {
     ModelConfig m;
     RopeConfig rope;
     InitConfig init;
-    Tiny(bool tied, bool yarn) {
+    // attention: "mha" (GQA), "mla" (with query compression), "mla_q" (MLA, plain q_proj).
+    Tiny(bool tied, bool yarn, const std::string& attention = "mha") {
         m.vocab_size = 17;
         m.d_model = 16;
         m.n_layers = 2;
@@ -35,6 +36,15 @@ struct Tiny {
             rope.original_max_position = 4;
         }
         init.std = 0.3;  // large enough that every path carries gradient well above fp32 noise
+        if (attention != "mha") {
+            m.attention = "mla";
+            m.n_kv_heads = 0;
+            m.kv_lora_rank = 6;
+            m.q_lora_rank = attention == "mla" ? 10 : 0;
+            m.qk_nope_dim = 4;
+            m.qk_rope_dim = 4;
+            m.v_head_dim = 6;
+        }
     }
 };
 
@@ -49,8 +59,8 @@ void random_tokens(int N, std::vector<int32_t>& ids, std::vector<int32_t>& tgt) 
     }
 }
 
-void check_model_gradient(bool tied, bool yarn) {
-    Tiny c(tied, yarn);
+void check_model_gradient(bool tied, bool yarn, const std::string& attention = "mha") {
+    Tiny c(tied, yarn, attention);
     auto be = make_cpu_backend(1);
     ParamTable table = make_param_table(c.m);
     const int B = 2, T = 9, N = B * T;
@@ -81,13 +91,17 @@ void check_model_gradient(bool tied, bool yarn) {
 
 TEST(Model, GradientMatchesFiniteDifferences) { check_model_gradient(false, false); }
 TEST(Model, GradientMatchesFiniteDifferencesTiedWithYarn) { check_model_gradient(true, true); }
+// MLA: every tensor (q_a, q_a_layernorm, q_b or q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b,
+// o_proj) against central differences, with and without query compression and YaRN.
+TEST(Model, MlaGradientMatchesFiniteDifferences) { check_model_gradient(false, false, "mla"); }
+TEST(Model, MlaGradientMatchesFiniteDifferencesPlainQueryWithYarn) { check_model_gradient(true, true, "mla_q"); }
 
 // train.precision = bf16: the same chunk with bf16 GEMM operands. Its loss and gradients follow
 // the fp32 ones to bf16's precision (8 bits of mantissa), yet really differ from them (the bf16
 // path is taken), and the weights the GEMMs read are the shadow, not the fp32 master.
 TEST(Model, Bf16FollowsFp32ToBf16Precision) {
-    for (bool tied : {false, true}) {
-        Tiny c(tied, false);
+    for (const auto& [tied, kind] : std::vector<std::pair<bool, std::string>>{{false, "mha"}, {true, "mha"}, {false, "mla"}}) {
+        Tiny c(tied, false, kind);
         auto be = make_cpu_backend(1);
         ParamTable table = make_param_table(c.m);
         const int B = 2, T = 9, N = B * T;
@@ -114,8 +128,8 @@ TEST(Model, Bf16FollowsFp32ToBf16Precision) {
                 den += std::pow(double(g32[i]), 2);
             }
             const double rel = std::sqrt(num / den);
-            EXPECT_LT(rel, 3e-2) << s.name << " tied=" << tied;
-            EXPECT_GT(rel, 1e-6) << s.name << " tied=" << tied << ": bf16 gives fp32's gradient";
+            EXPECT_LT(rel, 3e-2) << s.name << " tied=" << tied << " " << kind;
+            EXPECT_GT(rel, 1e-6) << s.name << " tied=" << tied << " " << kind << ": bf16 gives fp32's gradient";
         }
         // The GEMMs read the shadow: zeroing it (master untouched) changes the loss.
         std::fill(shadow.begin(), shadow.end(), bf16_bits(0));
@@ -176,8 +190,9 @@ TEST(Model, DocumentMaskEqualsEachDocumentAlone) {
 // train.recompute: selective (the attention core) and full (whole layers) give the same loss and
 // the same gradients, bit for bit -- the same arithmetic on the same inputs -- and keep less.
 TEST(Model, RecomputationGivesTheSameBits) {
-    for (Precision prec : {Precision::fp32, Precision::bf16}) {
-        Tiny c(false, false);
+    for (const auto& [prec, kind] : std::vector<std::pair<Precision, std::string>>{
+             {Precision::fp32, "mha"}, {Precision::bf16, "mha"}, {Precision::fp32, "mla"}, {Precision::bf16, "mla"}}) {
+        Tiny c(false, false, kind);
         auto be = make_cpu_backend(1);
         ParamTable table = make_param_table(c.m);
         quintet::MpiCommunicator self(MPI_COMM_SELF);
@@ -212,9 +227,9 @@ TEST(Model, RecomputationGivesTheSameBits) {
             kept.push_back(2 * m.slot_bytes() + m.workspace_bytes());
         }
         for (int k = 1; k < 3; ++k) {
-            EXPECT_EQ(losses[k], losses[0]) << k;
-            EXPECT_EQ(0, std::memcmp(grads[k].data(), grads[0].data(), grads[0].size() * 4)) << k;
-            EXPECT_LT(kept[k], kept[0]) << k;
+            EXPECT_EQ(losses[k], losses[0]) << k << " " << kind;
+            EXPECT_EQ(0, std::memcmp(grads[k].data(), grads[0].data(), grads[0].size() * 4)) << k << " " << kind;
+            EXPECT_LT(kept[k], kept[0]) << k << " " << kind;
         }
         EXPECT_LT(kept[2], kept[1]);
     }
@@ -279,6 +294,19 @@ TEST(Params, CountsMatmulParametersForSixNP) {
     ParamTable tt = make_param_table(c.m);
     EXPECT_EQ(tt.matmul_params, t.matmul_params);  // the tied head still multiplies every token
     EXPECT_EQ(tt.total + 17 * 16, t.total);
+    // MLA (nope 4, rope 4, v 6, kv_lora 6, q_lora 10, 4 heads): q_a 10x16, q_b 32x10,
+    // kv_a 10x16, kv_b 40x6, o 16x24; the norms do not multiply tokens.
+    Tiny mla(false, false, "mla");
+    ParamTable tm = make_param_table(mla.m);
+    layer = 160 + 320 + 160 + 240 + 384 + 3 * 384;
+    EXPECT_EQ(tm.matmul_params, 2 * layer + 17 * 16);
+    EXPECT_EQ(tm.find("model.layers.1.self_attn.kv_b_proj.weight")->rows, 40);
+    EXPECT_EQ(tm.find("model.layers.1.self_attn.kv_a_layernorm.weight")->ndim, 1);
+    EXPECT_EQ(tm.find("model.layers.1.self_attn.q_proj.weight"), nullptr);
+    Tiny mq(false, false, "mla_q");
+    ParamTable tq = make_param_table(mq.m);
+    EXPECT_EQ(tq.find("model.layers.0.self_attn.q_proj.weight")->rows, 32);
+    EXPECT_EQ(tq.find("model.layers.0.self_attn.q_a_proj.weight"), nullptr);
 }
 
 }  // namespace

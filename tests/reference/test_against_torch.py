@@ -62,11 +62,18 @@ log_every = 4
 # same points (docs/cuda.md), so they differ only where an fp32 sum in another order rounds to
 # the other bf16 neighbour -- far below the bf16-vs-fp32 gap, which is checked to be larger.
 BF16_TOL = 1e-4
+MLA = ["--model.attention=mla", "--model.n_kv_heads=0", "--model.kv_lora_rank=16", "--model.qk_nope_dim=8",
+       "--model.qk_rope_dim=8", "--model.v_head_dim=12", "--init.std=0.1", "--train.steps=10"]
 variants = {
     "gqa": ([], 1e-5),
     "tied_yarn": (["--model.tie_embeddings=true", "--rope.scaling=yarn", "--rope.factor=4",
                    "--rope.original_max_position=16", "--init.scheme=fan_in"], 1e-5),
     "gqa_bf16": (["--train.precision=bf16"], BF16_TOL),
+    # MLA (DESIGN section 2) at init std 0.1, with and without query compression and YaRN.
+    "mla": (MLA + ["--model.q_lora_rank=24"], 1e-5),
+    "mla_noq_yarn": (MLA + ["--model.q_lora_rank=0", "--rope.scaling=yarn", "--rope.factor=4",
+                            "--rope.original_max_position=16"], 1e-5),
+    "mla_bf16": (MLA + ["--model.q_lora_rank=24", "--train.precision=bf16"], BF16_TOL),
 }
 worst = 0.0
 failed = False
@@ -76,11 +83,12 @@ for name, (extra, tol) in variants.items():
            "--parallel.microbatches=2"] + extra
     run(mpi + ["--train.steps=0", f"--output.run_dir={name}_s0"])
     run(mpi + [f"--output.run_dir={name}"])
+    steps = 10 if "--train.steps=10" in extra else 8
     with h5py.File(os.path.join(work, name, "metrics.h5"), "r") as m:
         ours = [float(x) for x in m["/train/loss"][:]]
     out = run([sys.executable, os.path.join(src, "scripts/torch_reference.py"), "check",
-               "--checkpoint", f"{name}_s0/checkpoints/step_00000000.h5", "--steps", "8",
-               "--set", "train.steps=8", "--threads", "1"])
+               "--checkpoint", f"{name}_s0/checkpoints/step_00000000.h5", "--steps", str(steps),
+               "--set", f"train.steps={steps}", "--threads", "1"])
     theirs = [float(line.split()[3]) for line in out.splitlines() if line.startswith("step ")]
     if len(theirs) != len(ours):
         sys.exit(f"FAILED: {name}: {len(ours)} quintet losses, {len(theirs)} torch losses\n{out}")
@@ -89,7 +97,7 @@ for name, (extra, tol) in variants.items():
         worst = max(worst, rel)
         ok = rel <= tol
         failed |= not ok
-        print(f"{name:10s} step {s + 1:2d}  quintet {a:.7f}  torch {b:.7f}  rel {rel:.1e} {'ok' if ok else 'FAIL'}")
+        print(f"{name:12s} step {s + 1:2d}  quintet {a:.7f}  torch {b:.7f}  rel {rel:.1e} {'ok' if ok else 'FAIL'}")
     curves[name] = ours
     if name == "gqa_bf16":
         bf16_torch = theirs
@@ -102,11 +110,17 @@ for name, (extra, tol) in variants.items():
 # attention (and with it RoPE) moves the loss: plain and YaRN must differ.
 run(["mpirun", "--oversubscribe", "-n", "1", binary, "train", "tiny.deck", "--train.steps=0",
      "--init.std=0.4", "--output.run_dir=evalck"])
+# The same for MLA: YaRN's mscale^2 multiplies its logits (not cos/sin), at every position of 96.
+run(["mpirun", "--oversubscribe", "-n", "1", binary, "train", "tiny.deck", "--train.steps=0",
+     "--init.std=0.4", "--output.run_dir=evalmla"] + MLA[:-2] + ["--model.q_lora_rank=24"])
 evals = {}
-for label, sets in (("eval T=96", ["data.seq_len=96"]),
-                    ("eval T=96 yarn", ["data.seq_len=96", "rope.scaling=yarn", "rope.factor=4"]),
-                    ("eval T=48", [])):
-    ck = "evalck/checkpoints/step_00000000.h5"
+for label, sets, ck in (
+        ("eval T=96", ["data.seq_len=96"], "evalck"),
+        ("eval T=96 yarn", ["data.seq_len=96", "rope.scaling=yarn", "rope.factor=4"], "evalck"),
+        ("eval T=48", [], "evalck"),
+        ("mla eval T=96", ["data.seq_len=96"], "evalmla"),
+        ("mla eval T=96 yarn", ["data.seq_len=96", "rope.scaling=yarn", "rope.factor=4"], "evalmla")):
+    ck = f"{ck}/checkpoints/step_00000000.h5"
     ours_line = run(["mpirun", "--oversubscribe", "-n", "2", binary, "eval", "--checkpoint", ck,
                      "--data", "tokens.h5", "--parallel.cp=2", "--eval.batches=3"]
                     + [f"--{x}" for x in sets]).strip().splitlines()[-1]
@@ -119,10 +133,11 @@ for label, sets in (("eval T=96", ["data.seq_len=96"]),
     ok = rel <= 1e-5 and ours_line.split()[1:] == theirs_line.split()[1:]
     failed |= not ok
     evals[label] = a
-    print(f"{label:16s} quintet {ours_line}  torch {theirs_line}  rel {rel:.1e} {'ok' if ok else 'FAIL'}")
-if abs(evals["eval T=96"] - evals["eval T=96 yarn"]) < 1e-3:
-    failed = True
-    print("YaRN did not change the loss: the eval comparison would not see a RoPE error")
+    print(f"{label:20s} quintet {ours_line}  torch {theirs_line}  rel {rel:.1e} {'ok' if ok else 'FAIL'}")
+for kind in ("", "mla "):
+    if abs(evals[kind + "eval T=96"] - evals[kind + "eval T=96 yarn"]) < 1e-3:
+        failed = True
+        print(f"{kind}YaRN did not change the loss: the eval comparison would not see a RoPE error")
 gap = max(abs(a - b) / abs(b) for a, b in zip(curves["gqa_bf16"], curves["gqa"]))
 print(f"bf16 vs fp32 (quintet): worst relative difference {gap:.2e}")
 worst_bf16 = max(abs(a - b) / abs(b) for a, b in zip(curves["gqa_bf16"], bf16_torch))

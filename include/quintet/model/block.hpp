@@ -1,5 +1,5 @@
 // The two blocks of a decoder layer as modules (DESIGN §1 "Layers are modules"): an attention
-// block (model.attention: mha = GQA in model/mha.cpp; mla later) and a feed-forward block
+// block (model.attention: mha = GQA in model/mha.cpp; mla in model/mla.cpp) and a feed-forward block
 // (SwiGLU in model/swiglu.cpp; MoE later). Each block kind adds its own tensors to the parameter
 // table, allocates its own saved activations per microbatch slot, and owns an explicit forward
 // and backward with its collectives. ModelChunk (model/transformer.hpp) composes them per layer
@@ -201,7 +201,9 @@ public:
     // ctx.done); returns dL/dxn [Nr, C] (this rank's rows; scratch valid until the next call).
     virtual const float* backward(int slot, const TokenInfo& tok, const float* params,
                                   float* grads, const Act& xn, const float* dh) = 0;
-    virtual std::unique_ptr<KvCache> make_cache(int max_len) const = 0;
+    // full_kv: cache what training attends to (per-head K and V) even where the kind has a
+    // compressed form (MLA's latent); for measuring what the compression saves.
+    virtual std::unique_ptr<KvCache> make_cache(int max_len, bool full_kv = false) const = 0;
 };
 
 // y[Nr, C] = h[Nr, C] + FeedForward(hn) for layer `layer`.

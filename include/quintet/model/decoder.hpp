@@ -19,7 +19,8 @@ public:
     // params: the whole model's arena in `table`'s layout. train_seq_len stands in for
     // rope.original_max_position = 0 (as in training).
     Decoder(Backend& be, const ModelConfig& model, const RopeConfig& rope, int train_seq_len,
-            const ParamTable& table, const std::vector<float>& params, int max_len);
+            const ParamTable& table, const std::vector<float>& params, int max_len,
+            bool full_kv = false);  // full_kv: per-head K|V even where a compressed cache exists
 
     // Feeds token `id` at position `pos` (0, 1, 2, ... in order); returns the logits [V] of the
     // next token. Positions must be < max_len.

@@ -72,6 +72,7 @@ struct ParamSpec {
 // Resolved model dims (defaults applied), global and this rank's tensor-parallel share.
 struct ModelDims {
     int V, C, L, NH, NKV, HD, F;
+    int Dqk, Dv;                 // attention head dims of q.k and of v (MHA: HD, HD; MLA: nope+rope, v)
     bool tied;
     int tp = 1, tp_rank = 0;
     int NHl, NKVl, Fl;           // local query heads, kv heads, ffn width

@@ -72,7 +72,7 @@ public:
     // Generation (whole model, tp = 1, B = 1): caches[l] is layer l's cache. Feeds the T rows
     // of `ids` (host [T]) at positions pos0, pos0+1, ... and returns the logits of the last row
     // (host [V], valid until the next call).
-    std::vector<std::unique_ptr<KvCache>> make_caches(int max_len) const;
+    std::vector<std::unique_ptr<KvCache>> make_caches(int max_len, bool full_kv = false) const;
     const std::vector<float>& forward_cached(const float* params, const int32_t* ids, int pos0,
                                              std::vector<std::unique_ptr<KvCache>>& caches);
 

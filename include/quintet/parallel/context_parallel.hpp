@@ -15,6 +15,9 @@
 
 namespace quintet {
 
+// How MLA moves keys and values under cp (parallel.cp_mla_kv).
+enum class MlaKv { ring, latent };
+
 class ContextParallel {
 public:
     // B samples of T tokens (the whole sequence) per microbatch. collective over cp (none here)
@@ -23,6 +26,7 @@ public:
     ContextParallel(const ContextParallel&) = delete;
     ContextParallel& operator=(const ContextParallel&) = delete;
 
+    MlaKv mla_kv = MlaKv::ring;
     int size() const { return cp_; }
     int rank() const { return rank_; }
     int chunk_len() const { return Tc_; }     // T / (2 cp)
@@ -43,6 +47,24 @@ public:
                             const AttentionArgs& a, const int32_t* k_pos_all,
                             const int32_t* k_doc_all);
 
+    // MLA's latent mode (parallel.cp_mla_kv = latent): instead of a ring of per-head K/V, every
+    // rank gathers the compressed rows of all ranks and expands them itself.
+    // all[cp][n] = every rank's local[n], rank-major. collective over cp
+    void gather_rows(const float* local, float* all, size_t n);
+    // local[n] = sum over ranks of their all[rank_][n] (the backward of gather_rows). collective over cp
+    void reduce_scatter_rows(const float* all, float* local, size_t n);
+    // Attention of the local queries over every rank's keys, already here: k_all/v_all rank-major
+    // [cp][B*local_len()] rows with a's k/v strides; the blocks in the ring's order, merged.
+    void attention_forward_gathered(float* out, float* lse, const float* q, const float* k_all,
+                                    const float* v_all, const AttentionArgs& a,
+                                    const int32_t* k_pos_all, const int32_t* k_doc_all);
+    // dq accumulates; dk_all/dv_all accumulate every block's share (their owners' sums come from
+    // reduce_scatter_rows of what the caller derives from them).
+    void attention_backward_gathered(float* dq, float* dk_all, float* dv_all, const float* dout,
+                                     const float* out, const float* lse, const float* q,
+                                     const float* k_all, const float* v_all, const AttentionArgs& a,
+                                     const int32_t* k_pos_all, const int32_t* k_doc_all);
+
     // Accounting since the last reset: seconds blocked waiting on the ring (exposed), seconds
     // from posting each transfer to its completion (comm, overlapping compute), bytes sent.
     double exposed_s = 0, comm_s = 0, bytes = 0;
@@ -51,6 +73,9 @@ public:
 private:
     // Block buffers [rows, kw + vw]: K in columns [0, kw), V in [kw, kw + vw).
     void ensure(size_t floats);
+    void ensure_partials(const AttentionArgs& a);
+    AttentionArgs block_args(const AttentionArgs& a, int j, const int32_t* k_pos_all,
+                             const int32_t* k_doc_all) const;
     void pack(float* dst, const float* k, const float* v, const AttentionArgs& a, int kw, int vw);
     struct Transfer {
         int handle = -1;

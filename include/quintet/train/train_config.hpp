@@ -18,6 +18,7 @@ struct ParallelConfig {
     std::string pp_layers = "";
     double bucket_mb = 25.0;     // DP gradient bucket size in MiB
     bool overlap_dp = true;      // bucket all-reduces overlap the backward (all-reduce mode)
+    std::string cp_mla_kv = "ring";  // MLA under cp: ring of per-head K/V | latent all-gather
 };
 
 struct DataConfig {

@@ -1,0 +1,473 @@
+// model.attention = mla: Multi-head Latent Attention (DeepSeek-V2; DESIGN §2 "MLA", maths and
+// cache derivation in docs/math.md §7). Per token:
+//     q      = q_b(RMSNorm(q_a(x)))  (or q_proj(x))          per head [q_nope | q_rope]
+//     [c|kr] = kv_a_proj_with_mqa(x)                          c: the latent, kr: one shared k_rope
+//     [kn|v] = kv_b(RMSNorm(c))                               per head
+//     key    = [kn | RoPE(kr)], query = [q_nope | RoPE(q_rope)], scale 1/sqrt(nope+rope) * mscale²
+// Training materialises per-head K and V and runs the general attention operation with
+// Dqk = nope + rope and Dv = v_head_dim. Generation caches only [RMSNorm(c) | RoPE(kr)] per token
+// and absorbs kv_b into the query and the output (MlaLatentCache).
+//
+// Tensor parallelism (docs/parallelism.md): q_b (or q_proj) and kv_b are column-parallel by head,
+// o_proj row-parallel; q_a, kv_a and their norms are replicated over tp. Their gradients on a tp
+// rank are the share of its heads (every step of their backward is linear in the incoming
+// gradient), so they are summed over tp (GradSync::tp), and dx is reduced over tp once at the end.
+//
+// Context parallelism: parallel.cp_mla_kv = ring sends per-head K|V round the ring (as MHA);
+// latent all-gathers the compressed rows [c | RoPE(kr)] (kv_lora_rank + qk_rope_dim numbers per
+// token instead of n_heads * (nope + rope + v)) and every rank expands all of them with kv_b.
+#include <algorithm>
+#include <cmath>
+
+#include "quintet/core/error.hpp"
+#include "quintet/model/block.hpp"
+#include "quintet/model/rope.hpp"
+
+namespace quintet {
+
+namespace {
+
+std::string prefix(int layer) { return "model.layers." + std::to_string(layer) + ".self_attn."; }
+
+struct MlaShape {
+    int C, NH, NHl, h0, dn, dr, dv, rq, rkv;
+    int Dqk() const { return dn + dr; }
+    int Qw() const { return NHl * Dqk(); }        // q (and the assembled K) columns on this rank
+    int KVBw() const { return NHl * (dn + dv); }  // kv_b output columns on this rank
+    int Aw() const { return NHl * dv; }           // V and the attention output columns
+    int Lw() const { return rkv + dr; }           // the latent row [c | k_rope]
+};
+
+MlaShape mla_shape(const ModelConfig& m, const ModelDims& d) {
+    return {d.C, d.NH, d.NHl, d.tp_rank * d.NHl, m.qk_nope_dim, m.qk_rope_dim, m.v_head_dim,
+            m.q_lora_rank, m.kv_lora_rank};
+}
+
+// The compressed cache of generation: per past token [RMSNorm(c) | RoPE(kr)], Lw floats.
+struct MlaLatentCache final : KvCache {
+    Backend& be;
+    float* lat = nullptr;    // [max_len, Lw]
+    int32_t* pos = nullptr;  // [max_len] 0, 1, 2, ...
+    int len = 0, max_len = 0, width = 0;
+    MlaLatentCache(Backend& b, int max_len_, int width_) : be(b), max_len(max_len_), width(width_) {
+        lat = be.alloc(size_t(max_len) * width);
+        pos = be.alloc_i32(size_t(max_len));
+        std::vector<int32_t> p(static_cast<size_t>(max_len));
+        for (int i = 0; i < max_len; ++i) p[size_t(i)] = i;
+        be.from_host_i32(pos, p.data(), p.size());
+    }
+    ~MlaLatentCache() override {
+        be.release(lat);
+        be.release_i32(pos);
+    }
+    size_t bytes_per_token() const override { return size_t(width) * sizeof(float); }
+};
+
+// The uncompressed alternative (quintet generate --kv-cache full): per-head K and V per token,
+// as training computes them; for measuring what the latent cache saves.
+struct MlaFullCache final : KvCache {
+    Backend& be;
+    float *k = nullptr, *v = nullptr;  // [max_len, Qw], [max_len, Aw]
+    int32_t* pos = nullptr;
+    int len = 0, max_len = 0, kw = 0, vw = 0;
+    MlaFullCache(Backend& b, int max_len_, int kw_, int vw_) : be(b), max_len(max_len_), kw(kw_), vw(vw_) {
+        k = be.alloc(size_t(max_len) * kw);
+        v = be.alloc(size_t(max_len) * vw);
+        pos = be.alloc_i32(size_t(max_len));
+        std::vector<int32_t> p(static_cast<size_t>(max_len));
+        for (int i = 0; i < max_len; ++i) p[size_t(i)] = i;
+        be.from_host_i32(pos, p.data(), p.size());
+    }
+    ~MlaFullCache() override {
+        be.release(k);
+        be.release(v);
+        be.release_i32(pos);
+    }
+    size_t bytes_per_token() const override { return size_t(kw + vw) * sizeof(float); }
+};
+
+class MlaAttention final : public AttentionBlock {
+    struct Saved {
+        float* qa = nullptr;      // [N, rq] q_a(x), the q norm's input (q_lora_rank > 0)
+        float* qa_rstd = nullptr; // [N]
+        Act qan;                  // [N, rq] RMSNorm(qa), q_b's input
+        float* q = nullptr;       // [N, Qw] per head [q_nope | RoPE(q_rope)]
+        float* c = nullptr;       // [R, rkv] the latent before its norm (R = N, or cp*N latent)
+        float* c_rstd = nullptr;  // [R]
+        Act cn;                   // [R, rkv] RMSNorm(c), kv_b's input
+        float* k = nullptr;       // [R, Qw] per head [k_nope | RoPE(kr)]
+        float* v = nullptr;       // [R, Aw]
+        Act att;                  // [N, Aw] attention output
+        float* lse = nullptr;     // [B, NHl, T]
+    };
+
+public:
+    MlaAttention(BlockContext& ctx, const ModelConfig& m, const ParamTable& table, int layer)
+        : c_(ctx), s_(mla_shape(m, ctx.d)), eps_(float(m.norm_eps)) {
+        const std::string p = prefix(layer);
+        if (s_.rq > 0) {
+            wqa_ = table.offset_of(p + "q_a_proj.weight");
+            wqan_ = table.offset_of(p + "q_a_layernorm.weight");
+            wq_ = table.offset_of(p + "q_b_proj.weight");
+        } else {
+            wq_ = table.offset_of(p + "q_proj.weight");
+        }
+        wkva_ = table.offset_of(p + "kv_a_proj_with_mqa.weight");
+        wkvan_ = table.offset_of(p + "kv_a_layernorm.weight");
+        wkvb_ = table.offset_of(p + "kv_b_proj.weight");
+        wo_ = table.offset_of(p + "o_proj.weight");
+        latent_ = c_.cp && c_.cp->size() > 1 && c_.cp->mla_kv == MlaKv::latent;
+        R_ = latent_ ? c_.cp->size() * c_.N : c_.N;
+        // RoPE on the rope dims only; YaRN's mscale² multiplies the softmax scale (cos/sin plain).
+        rope_ = c_.rope_table(s_.dr, 1.0);
+        const double ms = rope_mscale(c_.rope);
+        scale_ = float(ms * ms / std::sqrt(double(s_.Dqk())));
+        const size_t N = size_t(c_.N), R = size_t(R_);
+        kr_ = c_.scratch("mla.kr", R * s_.dr);
+        kvb_ = c_.scratch("mla.kvb", R * s_.KVBw());
+        stage_ = c_.scratch("mla.stage", std::max(R * s_.rkv, N * std::max(s_.rq, s_.Aw())));
+        datt_ = c_.scratch("mla.datt", N * s_.Aw());
+        dq_ = c_.scratch("mla.dq", N * s_.Qw());
+        dk_ = c_.scratch("mla.dk", R * s_.Qw());
+        dv_ = c_.scratch("mla.dv", R * s_.Aw());
+        dkr_ = c_.scratch("mla.dkr", R * s_.dr);
+        dc_ = c_.scratch("mla.dc", R * s_.rkv);
+        dcn_ = c_.scratch("mla.dcn", R * std::max(s_.rkv, s_.rq));
+        lse_scratch_ = c_.scratch("mla.lse", size_t(c_.B) * s_.NHl * c_.T);
+        if (latent_) {
+            lat_ = c_.scratch("mla.latent", N * s_.Lw());
+            lat_all_ = c_.scratch("mla.latent_all", R * s_.Lw());
+        }
+        if (c_.bf16()) att32_ = c_.scratch("mla.att_fp32", N * s_.Aw());
+        c_.reserve_lowp(std::max({N * s_.C, N * s_.Qw(), R * s_.KVBw(), R * s_.rkv, N * s_.rq, N * s_.Aw()}));
+        if (c_.recompute == Recompute::selective) {
+            att_ws_ = c_.act_shared("mla.recomputed_out", N * s_.Aw());
+            lse_ws_ = c_.scratch("mla.recomputed_lse", size_t(c_.B) * s_.NHl * c_.T);
+        }
+    }
+
+    void add_slot() override {
+        const size_t N = size_t(c_.N), R = size_t(R_);
+        Saved s;
+        if (s_.rq > 0) {
+            s.qa = c_.buf(N * s_.rq, true);
+            s.qa_rstd = c_.buf(N, true);
+            s.qan = c_.act(N * s_.rq);
+        }
+        s.q = c_.buf(N * s_.Qw(), true);
+        s.c = c_.buf(R * s_.rkv, true);
+        s.c_rstd = c_.buf(R, true);
+        s.cn = c_.act(R * s_.rkv);
+        s.k = c_.buf(R * s_.Qw(), true);
+        s.v = c_.buf(R * s_.Aw(), true);
+        if (c_.recompute == Recompute::selective) {
+            s.att = att_ws_;
+            s.lse = lse_ws_;
+        } else {
+            s.att = c_.act(N * s_.Aw());
+            s.lse = c_.buf(size_t(c_.B) * s_.NHl * c_.T, true);
+        }
+        slots_.push_back(s);
+    }
+
+    void forward(int slot, const TokenInfo& tok, const float* params, const Act& xn, const float* x,
+                 float* h, KvCache* cache) override {
+        const int N = c_.N, C = s_.C;
+        Saved& s = slots_[size_t(slot)];
+        const Mat X = c_.gathered(xn, N, C);
+        // q = q_b(RMSNorm(q_a(x))) or q_proj(x); RoPE on each head's q_rope.
+        if (s_.rq > 0) {
+            c_.mm(false, true, N, s_.rq, C, X, C, c_.weight(params + wqa_), C, 0.0f, s.qa, s_.rq);
+            float* qan = c_.produce(s.qan, stage_);
+            c_.be.rmsnorm_forward(qan, s.qa_rstd, s.qa, params + wqan_, N, s_.rq, eps_);
+            c_.keep(s.qan, qan, size_t(N) * s_.rq);
+            c_.mm(false, true, N, s_.Qw(), s_.rq, c_.local(s.qan), s_.rq, c_.weight(params + wq_), s_.rq,
+                  0.0f, s.q, s_.Qw());
+        } else {
+            c_.mm(false, true, N, s_.Qw(), C, X, C, c_.weight(params + wq_), C, 0.0f, s.q, s_.Qw());
+        }
+        c_.be.rope_forward(s.q, rope_.cos, rope_.sin, tok.rope_pos, q_rope_args(N));
+        // The latent c and the shared k_rope: the two row blocks of kv_a_proj_with_mqa.
+        float* c_local = latent_ ? dc_ : s.c;  // latent mode: gathered into s.c below
+        c_.mm(false, true, N, s_.rkv, C, X, C, c_.weight(params + wkva_), C, 0.0f, c_local, s_.rkv);
+        c_.mm(false, true, N, s_.dr, C, X, C, c_.weight(params + wkva_ + size_t(s_.rkv) * C), C, 0.0f, kr_,
+              s_.dr);
+        c_.be.rope_forward(kr_, rope_.cos, rope_.sin, tok.rope_pos, kr_rope_args(N));
+        if (cache) {
+            forward_cached(s, tok, params, cache);
+            c_.row_parallel_residual(h, x, c_.local(s.att), s_.Aw(), params + wo_);
+            return;
+        }
+        if (latent_) {  // every rank's [c | RoPE(kr)]: all-gather, then unpack rank-major rows
+            c_.be.copy_2d(lat_, s_.Lw(), c_local, s_.rkv, N, s_.rkv, false);
+            c_.be.copy_2d(lat_ + s_.rkv, s_.Lw(), kr_, s_.dr, N, s_.dr, false);
+            c_.cp->gather_rows(lat_, lat_all_, size_t(N) * s_.Lw());
+            c_.be.copy_2d(s.c, s_.rkv, lat_all_, s_.Lw(), R_, s_.rkv, false);
+            c_.be.copy_2d(kr_, s_.dr, lat_all_ + s_.rkv, s_.Lw(), R_, s_.dr, false);
+        }
+        expand(s, params, R_);
+        core_forward(s, tok);
+        c_.row_parallel_residual(h, x, c_.local(s.att), s_.Aw(), params + wo_);
+    }
+
+    const float* backward(int slot, const TokenInfo& tok, const float* params, float* grads,
+                          const Act& xn, const float* dh) override {
+        const int N = c_.N, C = s_.C, R = R_;
+        const int Qw = s_.Qw(), Aw = s_.Aw(), KVBw = s_.KVBw(), Dqk = s_.Dqk();
+        Saved& s = slots_[size_t(slot)];
+        if (c_.recompute == Recompute::selective) core_forward(s, tok);  // the same bits again
+        // o_proj (row-parallel): datt = dh Wo, dWo += dh^T att.
+        Mat Dh = c_.lowp(c_.tp.gather(dh, c_.full_a, N, C), size_t(N) * C);
+        c_.mm(false, false, N, Aw, C, Dh, C, c_.weight(params + wo_), Aw, 0.0f, datt_, Aw);
+        c_.mm(true, false, C, Aw, N, Dh, C, c_.local(s.att), Aw, 1.0f, grads + wo_, Aw);
+        const float* att = s.att.f;
+        if (c_.bf16()) {  // rowsum(dO * O) reads the stored (bf16) output, widened
+            c_.be.from_bf16(att32_, s.att.b, size_t(N) * Aw);
+            att = att32_;
+        }
+        c_.be.zero(dq_, size_t(N) * Qw);
+        c_.be.zero(dk_, size_t(R) * Qw);
+        c_.be.zero(dv_, size_t(R) * Aw);
+        const AttentionArgs a = args(tok);
+        if (latent_)
+            c_.cp->attention_backward_gathered(dq_, dk_, dv_, datt_, att, s.lse, s.q, s.k, s.v, a, tok.pos_all,
+                                               tok.doc_all);
+        else if (c_.cp)
+            c_.cp->attention_backward(dq_, dk_, dv_, datt_, att, s.lse, s.q, s.k, s.v, a, tok.pos_all,
+                                      tok.doc_all);
+        else
+            c_.be.attention_backward(dq_, dk_, dv_, datt_, att, s.lse, s.q, s.k, s.v, a);
+        // dK, dV back into kv_b's layout; d(RoPE(kr)) = the sum over heads of dK's rope columns.
+        const size_t rh = size_t(R) * s_.NHl;
+        c_.be.copy_2d(kvb_, s_.dn + s_.dv, dk_, Dqk, rh, s_.dn, false);
+        c_.be.copy_2d(kvb_ + s_.dn, s_.dn + s_.dv, dv_, s_.dv, rh, s_.dv, false);
+        for (int hh = 0; hh < s_.NHl; ++hh)
+            c_.be.copy_2d(dkr_, s_.dr, dk_ + size_t(hh) * Dqk + s_.dn, Qw, R, s_.dr, hh > 0);
+        // kv_b: dW += dkvb^T cn; dcn = dkvb W; then the norm of the latent.
+        Mat dkvb = c_.lowp(kvb_, size_t(R) * KVBw);
+        c_.mm(true, false, KVBw, s_.rkv, R, dkvb, KVBw, c_.local(s.cn), s_.rkv, 1.0f, grads + wkvb_, s_.rkv);
+        c_.mm(false, false, R, s_.rkv, KVBw, dkvb, KVBw, c_.weight(params + wkvb_), s_.rkv, 0.0f, dcn_, s_.rkv);
+        c_.be.zero(dc_, size_t(R) * s_.rkv);
+        c_.be.rmsnorm_backward(dc_, grads + wkvan_, dcn_, s.c, params + wkvan_, s.c_rstd, R, s_.rkv);
+        const float* dc = dc_;
+        if (latent_) {  // every rank's share of this rank's latent rows comes home
+            c_.be.copy_2d(lat_all_, s_.Lw(), dc_, s_.rkv, R, s_.rkv, false);
+            c_.be.copy_2d(lat_all_ + s_.rkv, s_.Lw(), dkr_, s_.dr, R, s_.dr, false);
+            c_.cp->reduce_scatter_rows(lat_all_, lat_, size_t(N) * s_.Lw());
+            c_.be.copy_2d(dcn_, s_.rkv, lat_, s_.Lw(), N, s_.rkv, false);
+            c_.be.copy_2d(dkr_, s_.dr, lat_ + s_.rkv, s_.Lw(), N, s_.dr, false);
+            dc = dcn_;
+        }
+        c_.be.rope_backward(dkr_, rope_.cos, rope_.sin, tok.rope_pos, kr_rope_args(N));
+        // kv_a_proj_with_mqa: its two row blocks; dx = dc W_c + dkr W_kr (+ the q path below).
+        const Mat X = c_.gathered(xn, N, C);
+        Mat Dc = c_.lowp(dc, size_t(N) * s_.rkv);
+        c_.mm(true, false, s_.rkv, C, N, Dc, s_.rkv, X, C, 1.0f, grads + wkva_, C);
+        c_.mm(false, false, N, C, s_.rkv, Dc, s_.rkv, c_.weight(params + wkva_), C, 0.0f, c_.full_b, C);
+        Mat Dkr = c_.lowp(dkr_, size_t(N) * s_.dr);
+        c_.mm(true, false, s_.dr, C, N, Dkr, s_.dr, X, C, 1.0f, grads + wkva_ + size_t(s_.rkv) * C, C);
+        c_.mm(false, false, N, C, s_.dr, Dkr, s_.dr, c_.weight(params + wkva_ + size_t(s_.rkv) * C), C, 1.0f,
+              c_.full_b, C);
+        // The query path.
+        c_.be.rope_backward(dq_, rope_.cos, rope_.sin, tok.rope_pos, q_rope_args(N));
+        Mat Dq = c_.lowp(dq_, size_t(N) * Qw);
+        if (s_.rq > 0) {
+            c_.mm(true, false, Qw, s_.rq, N, Dq, Qw, c_.local(s.qan), s_.rq, 1.0f, grads + wq_, s_.rq);
+            c_.mm(false, false, N, s_.rq, Qw, Dq, Qw, c_.weight(params + wq_), s_.rq, 0.0f, dcn_, s_.rq);
+            float* dqa = stage_;
+            c_.be.zero(dqa, size_t(N) * s_.rq);
+            c_.be.rmsnorm_backward(dqa, grads + wqan_, dcn_, s.qa, params + wqan_, s.qa_rstd, N, s_.rq);
+            Mat Dqa = c_.lowp(dqa, size_t(N) * s_.rq);
+            c_.mm(true, false, s_.rq, C, N, Dqa, s_.rq, X, C, 1.0f, grads + wqa_, C);
+            c_.mm(false, false, N, C, s_.rq, Dqa, s_.rq, c_.weight(params + wqa_), C, 1.0f, c_.full_b, C);
+        } else {
+            c_.mm(true, false, Qw, C, N, Dq, Qw, X, C, 1.0f, grads + wq_, C);
+            c_.mm(false, false, N, C, Qw, Dq, Qw, c_.weight(params + wq_), C, 1.0f, c_.full_b, C);
+        }
+        const float* dxn = c_.tp.reduce(c_.full_b, c_.dshard, N, C);
+        c_.done(grads + wo_, size_t(C) * Aw);
+        c_.done(grads + wkvb_, size_t(KVBw) * s_.rkv);
+        c_.done(grads + wkvan_, size_t(s_.rkv));
+        c_.done(grads + wkva_, size_t(s_.Lw()) * C);
+        c_.done(grads + wq_, size_t(Qw) * (s_.rq > 0 ? s_.rq : C));
+        if (s_.rq > 0) {
+            c_.done(grads + wqan_, size_t(s_.rq));
+            c_.done(grads + wqa_, size_t(s_.rq) * C);
+        }
+        return dxn;
+    }
+
+    std::unique_ptr<KvCache> make_cache(int max_len, bool full_kv) const override {
+        QUINTET_CHECK(c_.d.tp == 1, "generation runs on one rank (tp = 1)");
+        if (full_kv) return std::make_unique<MlaFullCache>(c_.be, max_len, s_.Qw(), s_.Aw());
+        // The absorbed query and output of the latent cache (generation only; not in training).
+        qlat_ = c_.scratch("mla.qlat", size_t(c_.N) * s_.NHl * s_.Lw());
+        olat_ = c_.scratch("mla.olat", size_t(c_.N) * s_.NHl * s_.rkv);
+        return std::make_unique<MlaLatentCache>(c_.be, max_len, s_.Lw());
+    }
+
+private:
+    RopeArgs q_rope_args(int N) const { return {N, s_.NHl, s_.Dqk(), s_.dn, s_.dr, s_.Qw()}; }
+    RopeArgs kr_rope_args(int N) const { return {N, 1, s_.dr, 0, s_.dr, s_.dr}; }
+
+    AttentionArgs args(const TokenInfo& tok) const {
+        AttentionArgs a;
+        a.B = c_.B, a.Tq = c_.T, a.Tk = c_.T;
+        a.NH = a.NKV = s_.NHl;
+        a.Dqk = s_.Dqk(), a.Dv = s_.dv;
+        a.q_stride = a.k_stride = s_.Qw();
+        a.v_stride = a.o_stride = s_.Aw();
+        a.scale = scale_;
+        a.causal = true;
+        a.q_pos = a.k_pos = tok.pos;
+        a.q_doc = a.k_doc = tok.doc;
+        return a;
+    }
+
+    // rows [0, R) of s.c (and kr_) -> RMSNorm -> kv_b -> per-head K = [k_nope | RoPE(kr)], V.
+    void expand(Saved& s, const float* params, int R) {
+        float* cn = c_.produce(s.cn, stage_);
+        c_.be.rmsnorm_forward(cn, s.c_rstd, s.c, params + wkvan_, R, s_.rkv, eps_);
+        c_.keep(s.cn, cn, size_t(R) * s_.rkv);
+        c_.mm(false, true, R, s_.KVBw(), s_.rkv, c_.local(s.cn), s_.rkv, c_.weight(params + wkvb_), s_.rkv,
+              0.0f, kvb_, s_.KVBw());
+        assemble_kv(s.k, s.v, kvb_, kr_, R);
+    }
+
+    void assemble_kv(float* k, float* v, const float* kvb, const float* kr, int R) {
+        const size_t rh = size_t(R) * s_.NHl;  // (row, head) pairs: kv_b's rows are head-major per token
+        c_.be.copy_2d(k, s_.Dqk(), kvb, s_.dn + s_.dv, rh, s_.dn, false);
+        c_.be.copy_2d(v, s_.dv, kvb + s_.dn, s_.dn + s_.dv, rh, s_.dv, false);
+        for (int hh = 0; hh < s_.NHl; ++hh)
+            c_.be.copy_2d(k + size_t(hh) * s_.Dqk() + s_.dn, s_.Qw(), kr, s_.dr, R, s_.dr, false);
+    }
+
+    // The attention core over the local keys, the ring, or every rank's gathered keys.
+    void core_forward(Saved& s, const TokenInfo& tok) {
+        const int N = c_.N;
+        float* att = c_.produce(s.att, datt_);
+        const AttentionArgs a = args(tok);
+        if (latent_)
+            c_.cp->attention_forward_gathered(att, s.lse, s.q, s.k, s.v, a, tok.pos_all, tok.doc_all);
+        else if (c_.cp)
+            c_.cp->attention_forward(att, s.lse, s.q, s.k, s.v, a, tok.pos_all, tok.doc_all);
+        else
+            c_.be.attention_forward(att, s.lse, s.q, s.k, s.v, a);
+        c_.keep(s.att, att, size_t(N) * s_.Aw());
+    }
+
+    // Generation: the new rows (B = 1) join the cache, then attend to all of it.
+    void forward_cached(Saved& s, const TokenInfo& tok, const float* params, KvCache* cache) {
+        const int N = c_.N;
+        QUINTET_CHECK(c_.B == 1 && !c_.bf16(), "MLA generation: one sequence, fp32");
+        float* att = c_.produce(s.att, datt_);
+        if (auto* fc = dynamic_cast<MlaFullCache*>(cache)) {  // per-head K|V, as training
+            QUINTET_CHECK(fc->len + N <= fc->max_len, "KV cache: within max_len");
+            expand(s, params, N);
+            c_.be.copy(fc->k + size_t(fc->len) * fc->kw, s.k, size_t(N) * fc->kw);
+            c_.be.copy(fc->v + size_t(fc->len) * fc->vw, s.v, size_t(N) * fc->vw);
+            fc->len += N;
+            AttentionArgs a = args(tok);
+            a.Tk = fc->len;
+            a.k_pos = fc->pos;
+            a.q_doc = a.k_doc = nullptr;
+            c_.be.attention_forward(att, lse_scratch_, s.q, fc->k, fc->v, a);
+            c_.keep(s.att, att, size_t(N) * s_.Aw());
+            return;
+        }
+        auto& lc = static_cast<MlaLatentCache&>(*cache);
+        QUINTET_CHECK(lc.len + N <= lc.max_len, "KV cache: within max_len");
+        const int Lw = s_.Lw(), rkv = s_.rkv, dn = s_.dn, dv = s_.dv, NHl = s_.NHl;
+        // The cache row: [RMSNorm(c) | RoPE(kr)].
+        float* row = lc.lat + size_t(lc.len) * Lw;
+        c_.be.rmsnorm_forward(stage_, s.c_rstd, s.c, params + wkvan_, N, rkv, eps_);
+        c_.be.copy_2d(row, Lw, stage_, rkv, N, rkv, false);
+        c_.be.copy_2d(row + rkv, Lw, kr_, s_.dr, N, s_.dr, false);
+        lc.len += N;
+        // Absorb kv_b's key half into the query: q_lat[h] = [q_nope[h] W_kb[h] | RoPE(q_rope[h])],
+        // so that q_lat[h] . [cn | kr] = q_nope[h] . (W_kb[h] cn) + q_rope[h] . kr.
+        const float* wkvb = params + wkvb_;
+        float* qlat = qlat_;  // [N, NHl, Lw]
+        for (int hh = 0; hh < NHl; ++hh) {
+            const float* wkb = wkvb + size_t(hh) * (dn + dv) * rkv;  // rows [h(dn+dv), h(dn+dv)+dn)
+            c_.be.gemm(false, false, N, rkv, dn, 1.0f, s.q + size_t(hh) * s_.Dqk(), s_.Qw(), wkb, rkv, 0.0f,
+                       qlat + size_t(hh) * Lw, NHl * Lw);
+            c_.be.copy_2d(qlat + size_t(hh) * Lw + rkv, size_t(NHl) * Lw, s.q + size_t(hh) * s_.Dqk() + dn,
+                          s_.Qw(), N, s_.dr, false);
+        }
+        // One latent "kv head" shared by every query head (MQA over [cn | kr], values cn).
+        AttentionArgs a;
+        a.B = 1, a.Tq = N, a.Tk = lc.len;
+        a.NH = NHl, a.NKV = 1;
+        a.Dqk = Lw, a.Dv = rkv;
+        a.q_stride = NHl * Lw, a.k_stride = a.v_stride = Lw, a.o_stride = NHl * rkv;
+        a.scale = scale_;  // the scale of the uncompressed head dims, 1/sqrt(nope + rope)
+        a.causal = true;
+        a.q_pos = tok.pos, a.k_pos = lc.pos;
+        float* olat = olat_;  // [N, NHl * rkv]
+        c_.be.attention_forward(olat, lse_scratch_, qlat, lc.lat, lc.lat, a);
+        // Absorb kv_b's value half into the output: out[h] = o_lat[h] W_vb[h]^T.
+        for (int hh = 0; hh < NHl; ++hh) {
+            const float* wvb = wkvb + (size_t(hh) * (dn + dv) + dn) * rkv;  // [dv, rkv]
+            c_.be.gemm(false, true, N, dv, rkv, 1.0f, olat + size_t(hh) * rkv, NHl * rkv, wvb, rkv, 0.0f,
+                       att + size_t(hh) * dv, s_.Aw());
+        }
+        c_.keep(s.att, att, size_t(N) * s_.Aw());
+    }
+
+    BlockContext& c_;
+    const MlaShape s_;
+    const float eps_;
+    bool latent_ = false;
+    int R_ = 0;  // key rows this rank expands: N, or cp * N in latent mode
+    float scale_ = 1.0f;
+    size_t wqa_ = 0, wqan_ = 0, wq_ = 0, wkva_ = 0, wkvan_ = 0, wkvb_ = 0, wo_ = 0;
+    BlockContext::RopeTable rope_{};
+    float *kr_, *kvb_, *stage_, *datt_, *dq_, *dk_, *dv_, *dkr_, *dc_, *dcn_, *lse_scratch_;
+    float *lat_ = nullptr, *lat_all_ = nullptr, *att32_ = nullptr;
+    mutable float *qlat_ = nullptr, *olat_ = nullptr;
+    Act att_ws_;
+    float* lse_ws_ = nullptr;
+    std::vector<Saved> slots_;
+};
+
+}  // namespace
+
+void mla_add_params(const ModelConfig& m, ParamBuilder& b, int layer) {
+    const ModelDims& d = b.dims();
+    const MlaShape s = mla_shape(m, d);
+    const bool held = b.holds_layer(layer);
+    const std::string p = prefix(layer);
+    // Replicated over tp: each tp rank's gradient is its heads' share, summed over tp.
+    auto replicated = [&](ParamSpec spec, bool matmul) {
+        if (d.tp > 1) spec.sync = GradSync::tp;
+        spec.writer = d.tp_rank == 0;
+        b.add(spec, held, matmul);
+    };
+    if (s.rq > 0) {
+        replicated(ParamBuilder::whole(p + "q_a_proj.weight", s.rq, s.C, InitRule::normal), true);
+        replicated(ParamBuilder::vector(p + "q_a_layernorm.weight", s.rq, InitRule::ones), false);
+        b.add(ParamBuilder::row_shard(p + "q_b_proj.weight", s.NH * s.Dqk(), s.rq, s.Qw(), s.h0 * s.Dqk(),
+                                      InitRule::normal),
+              held, true);
+    } else {
+        b.add(ParamBuilder::row_shard(p + "q_proj.weight", s.NH * s.Dqk(), s.C, s.Qw(), s.h0 * s.Dqk(),
+                                      InitRule::normal),
+              held, true);
+    }
+    replicated(ParamBuilder::whole(p + "kv_a_proj_with_mqa.weight", s.Lw(), s.C, InitRule::normal), true);
+    replicated(ParamBuilder::vector(p + "kv_a_layernorm.weight", s.rkv, InitRule::ones), false);
+    b.add(ParamBuilder::row_shard(p + "kv_b_proj.weight", s.NH * (s.dn + s.dv), s.rkv, s.KVBw(),
+                                  s.h0 * (s.dn + s.dv), InitRule::normal),
+          held, true);
+    b.add(ParamBuilder::col_shard(p + "o_proj.weight", s.C, s.NH * s.dv, s.Aw(), s.h0 * s.dv,
+                                  InitRule::out_proj),
+          held, true);
+}
+
+std::unique_ptr<AttentionBlock> make_mla_attention(BlockContext& ctx, const ModelConfig& m,
+                                                   const ParamTable& table, int layer) {
+    return std::make_unique<MlaAttention>(ctx, m, table, layer);
+}
+
+}  // namespace quintet

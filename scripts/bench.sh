@@ -18,7 +18,7 @@
 # after this one (side by side, interleaved) and the table adds its tok/s and the ratio: the
 # "no slower than the commit before" check of a refactor.
 #
-# Environment: REPEATS (3), BENCH_DECKS ("small medium"; "mla" for inputs/bench_mla.deck), BENCH_THREADS (2), BASELINE,
+# Environment: REPEATS (3), BENCH_DECKS ("small medium"; "mla", "moe" for inputs/bench_{mla,moe}.deck), BENCH_THREADS (2), BASELINE,
 #   BENCH_CORPUS (text for `quintet prepare`; default ../shared/data/tinyshakespeare.txt if
 #   present, else data/quickstart.txt), PYTHON (an interpreter with torch, numpy and h5py).
 # Output: the table on stdout; raw numbers, logs and the table under runs/bench_results/.
@@ -105,7 +105,10 @@ print(f"--vocab {vocab} --d-model {g('model.d_model')} --n-layers {g('model.n_la
       f"--warmup-steps 2 --steps {max(steps - 2, 1)}"
       + (f" --attention mla --kv-lora-rank {g('model.kv_lora_rank')} --q-lora-rank {g('model.q_lora_rank', '0')}"
          f" --qk-nope-dim {g('model.qk_nope_dim')} --qk-rope-dim {g('model.qk_rope_dim')}"
-         f" --v-head-dim {g('model.v_head_dim')}" if g("model.attention", "mha") == "mla" else ""))
+         f" --v-head-dim {g('model.v_head_dim')}" if g("model.attention", "mha") == "mla" else "")
+      + (f" --moe-experts {g('moe.experts')} --moe-top-k {g('moe.top_k', '2')} --moe-shared {g('moe.shared_experts', '0')}"
+         f" --moe-ffn-dim {g('moe.ffn_dim', '0')} --moe-balance {g('moe.balance', 'aux_loss')}"
+         if int(g("moe.experts", "0")) > 0 else ""))
 EOF
 }
 

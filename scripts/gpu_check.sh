@@ -6,7 +6,7 @@
 #   2b. `quintet train` for 20 steps of a tiny deck with train.device = cpu and = cuda, in fp32
 #      and bf16 (1 rank; with 2+ GPUs also tp=2 and dp=2 with the overlapped reduction over
 #      NCCL): cuda fp32 vs cpu fp32 to 1e-4, cuda bf16 vs cpu bf16 to 2e-3, bf16 vs fp32 to 2%;
-#      and MLA (model.attention = mla), cuda vs cpu fp32 to 1e-4
+#      and MLA (model.attention = mla) and MoE (moe.experts = 4), cuda vs cpu fp32 to 1e-4
 #   3. quintet_cuda_bench: cuBLAS/cuBLASLt GEMM rates, then the training step of a ~125M and a
 #      ~350M model at seq 1024 in bf16 and fp32 (tokens/s, MFU against the bf16 dense peak)
 #   4. a short report: $OUT/report.md (raw logs beside it)
@@ -110,9 +110,14 @@ if [[ $status_build == ok ]]; then
     # MLA (model.attention = mla) on the same deck, CPU against CUDA.
     mla=(--model.attention=mla --model.n_kv_heads=0 --model.kv_lora_rank=32 --model.q_lora_rank=48
          --model.qk_nope_dim=16 --model.qk_rope_dim=8 --model.v_head_dim=16)
+    # MoE (4 experts, top-2, a shared expert) likewise.
+    moe=(--moe.experts=4 --moe.top_k=2 --moe.shared_experts=1 --moe.ffn_dim=64)
     for dev in cpu cuda; do
         dir="$OUT/train_1_${dev}_fp32_mla"; rm -rf "$dir"
         timeout 120 mpirun --oversubscribe -n 1 "$Q" train inputs/quickstart.deck "${common[@]}" "${mla[@]}" \
+            --train.device="$dev" --output.run_dir="$dir" > "$dir.log" 2>&1 || ok=0
+        dir="$OUT/train_1_${dev}_fp32_moe"; rm -rf "$dir"
+        timeout 120 mpirun --oversubscribe -n 1 "$Q" train inputs/quickstart.deck "${common[@]}" "${moe[@]}" \
             --train.device="$dev" --output.run_dir="$dir" > "$dir.log" 2>&1 || ok=0
     done
     if [[ $ok == 1 ]] && "${PYTHON:-/usr/bin/python3}" - "$OUT" > "$OUT/train_compare.txt" 2>&1 <<'PYEOF'
@@ -124,7 +129,8 @@ ok = True
 # (run, reference, tolerance)
 checks = [("train_1_cuda_fp32", "train_1_cpu_fp32", 1e-4), ("train_1_cuda_bf16", "train_1_cpu_bf16", 2e-3),
           ("train_1_cuda_bf16", "train_1_cpu_fp32", 2e-2), ("train_2_cuda_fp32", "train_1_cpu_fp32", 1e-4),
-          ("train_2_cuda_bf16", "train_1_cpu_bf16", 2e-3), ("train_1_cuda_fp32_mla", "train_1_cpu_fp32_mla", 1e-4)]
+          ("train_2_cuda_bf16", "train_1_cpu_bf16", 2e-3), ("train_1_cuda_fp32_mla", "train_1_cpu_fp32_mla", 1e-4),
+          ("train_1_cuda_fp32_moe", "train_1_cpu_fp32_moe", 1e-4)]
 for run, ref, tol in checks:
     if not os.path.exists(f"{out}/{run}/metrics.h5"):
         continue

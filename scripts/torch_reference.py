@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Independent PyTorch reference for quintet's dense Llama-style decoder (MHA/GQA or MLA).
+"""Independent PyTorch reference for quintet's Llama-style decoder (MHA/GQA or MLA; dense
+SwiGLU or DeepSeek-style MoE feed-forward blocks).
 
 Written from the shared DESIGN.md, sections 2-4 (model maths, training semantics, files), not
 from quintet's C++, so that agreement between the two means something.
@@ -14,14 +15,23 @@ Three modes:
             torch_reference.py bench --vocab 8192 --d-model 512 --n-layers 8 --n-heads 8 \
                 --attention mla --kv-lora-rank 128 --q-lora-rank 192 --qk-nope-dim 32 \
                 --qk-rope-dim 16 --v-head-dim 32 --seq-len 512 --micro-batch 8 --threads 2
+          MoE feed-forward blocks (8 experts, top-2, one shared expert, expert width 512):
+            torch_reference.py bench --vocab 8192 --d-model 512 --n-layers 8 --n-heads 8 \
+                --n-kv-heads 8 --seq-len 512 --micro-batch 8 --moe-experts 8 --moe-top-k 2 \
+                --moe-shared 1 --moe-ffn-dim 512 --threads 2
           prints one line:
             torch_tokens_per_s=<f> step_time_s=<median> threads=<n> runtime=<OpenMP|...>
-            torch_version=<v> flops_per_token=<int> params=<int> ...  (attention=mla with MLA)
+            torch_version=<v> flops_per_token=<int> params=<int> ...  (attention=mla with MLA;
+            with MoE, moe=E<E>:top<k>:shared<S>:ffn<F>:<balance>, and params counts the active
+            parameters per token)
 
   check   continue training from a quintet checkpoint with exactly DESIGN section 3
             torch_reference.py check --checkpoint run/checkpoints/step_00000000.h5 \
                 --data data/quickstart.h5 --steps 20 [--out losses.txt] [--double]
           prints (and writes to --out) one line per step:  step <s> loss <8 significant digits>
+          (with --print-aux and an MoE model:  step <s> loss <x> ce <x> aux <x>, where
+          loss = ce + moe.aux_coef * aux and aux = the sum over MoE layers of the balance loss,
+          averaged over the step's microbatches; 0 unless moe.balance = aux_loss)
 
   eval    the validation cross-entropy of a checkpoint, as quintet eval (DESIGN section 5)
             torch_reference.py eval --checkpoint ck.h5 --data data/quickstart.h5 \
@@ -29,13 +39,17 @@ Three modes:
           prints  val_loss=<f> seq_len=<T> tokens=<n>
 
   check and eval build the model the checkpoint's deck describes: model.attention = mha (GQA
-  with n_kv_heads) or mla (kv_lora_rank, q_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim).
+  with n_kv_heads) or mla (kv_lora_rank, q_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim);
+  moe.experts > 0 makes the layers moe.layers names MoE blocks (DESIGN section 2: experts,
+  top_k, shared_experts, ffn_dim, norm_topk, balance = aux_loss | aux_free | none, aux_coef,
+  bias_rate), checkpoint names as HF DeepSeek-V2 (mlp.gate.weight, mlp.experts.{e}.*,
+  mlp.shared_experts.*, the aux-free bias /params/...mlp.gate.e_score_correction_bias).
 
   With train.precision = bf16 in the checkpoint's deck, every linear layer multiplies
   bf16-rounded operands in fp32 (weights, inputs, and in backward the output gradient), as
-  docs/cuda.md defines bf16 mode; everything else stays fp32.
+  docs/cuda.md defines bf16 mode; everything else stays fp32 (the MoE router's gate and every
+  expert matrix are linear layers; the router's softmax and top-k are fp32).
 
-Dense models only (moe.experts = 0), attention mha or mla; MoE stops with an error.
 Needs torch (>= 1.13, CPU is fine), numpy and h5py.
 """
 import argparse
@@ -78,7 +92,9 @@ DECK_DEFAULTS = {
     "model.qk_nope_dim": "0", "model.qk_rope_dim": "0", "model.v_head_dim": "0",
     "rope.theta": "10000", "rope.scaling": "none", "rope.factor": "1",
     "rope.original_max_position": "0", "rope.beta_fast": "32", "rope.beta_slow": "1",
-    "moe.experts": "0",
+    "moe.experts": "0", "moe.top_k": "2", "moe.shared_experts": "0", "moe.ffn_dim": "0",
+    "moe.layers": "all", "moe.norm_topk": "true", "moe.balance": "aux_loss",
+    "moe.aux_coef": "0.01", "moe.bias_rate": "0.001",
     "parallel.dp": "0", "parallel.microbatches": "1",
     "data.path": "", "data.seq_len": "128", "data.micro_batch_size": "8", "data.order": "random",
     "data.val_fraction": "0.05",
@@ -146,6 +162,25 @@ def resolve_ffn_dim(ffn_dim, d_model):
     return (8 * d_model + 191) // 192 * 64
 
 
+def parse_moe_layers(text, n_layers):
+    """moe.layers: 'all' or a comma list of layer indices -> the set of MoE layer indices."""
+    t = text.strip()
+    if t.lower() == "all":
+        return frozenset(range(n_layers))
+    out = set()
+    for item in t.split(","):
+        item = item.strip()
+        try:
+            i = int(item)
+        except ValueError:
+            raise ValueError(f"moe.layers = '{text}': '{item}' is not a layer index "
+                             f"('all' or a comma list of indices 0..{n_layers - 1})") from None
+        if not 0 <= i < n_layers:
+            raise ValueError(f"moe.layers = '{text}': layer {i} is not in 0..{n_layers - 1}")
+        out.add(i)
+    return frozenset(out)
+
+
 # --------------------------------------------------------------------------------------------
 # Model
 
@@ -153,12 +188,36 @@ class ModelConfig:
     def __init__(self, vocab, d_model, n_layers, n_heads, n_kv_heads, ffn_dim, norm_eps=1e-5,
                  tie_embeddings=False, theta=10000.0, scaling="none", factor=1.0,
                  original_max_position=0, beta_fast=32.0, beta_slow=1.0, attention="mha",
-                 kv_lora_rank=0, q_lora_rank=0, qk_nope_dim=0, qk_rope_dim=0, v_head_dim=0):
+                 kv_lora_rank=0, q_lora_rank=0, qk_nope_dim=0, qk_rope_dim=0, v_head_dim=0,
+                 moe_experts=0, moe_top_k=2, moe_shared=0, moe_ffn_dim=0, moe_layers="all",
+                 moe_norm_topk=True, moe_balance="aux_loss", moe_aux_coef=0.01,
+                 moe_bias_rate=0.001):
         self.vocab = vocab
         self.d_model = d_model
         self.n_layers = n_layers
         self.n_heads = n_heads
         self.ffn_dim = resolve_ffn_dim(ffn_dim, d_model)
+        # MoE (DESIGN section 2): experts = 0 is a dense model.
+        self.moe_experts = moe_experts
+        self.moe_layer_set = frozenset()
+        if moe_experts < 0:
+            raise ValueError(f"moe.experts = {moe_experts} must be >= 0")
+        if moe_experts > 0:
+            if not 1 <= moe_top_k <= moe_experts:
+                raise ValueError(f"moe.top_k = {moe_top_k} must be in 1..moe.experts "
+                                 f"({moe_experts})")
+            if moe_shared < 0 or moe_ffn_dim < 0:
+                raise ValueError("moe.shared_experts and moe.ffn_dim must be >= 0")
+            if moe_balance not in ("aux_loss", "aux_free", "none"):
+                raise ValueError(f"moe.balance = '{moe_balance}' (aux_loss | aux_free | none)")
+            self.moe_top_k = moe_top_k
+            self.moe_shared = moe_shared
+            self.moe_ffn_dim = moe_ffn_dim if moe_ffn_dim > 0 else self.ffn_dim
+            self.moe_layer_set = parse_moe_layers(moe_layers, n_layers)
+            self.moe_norm_topk = moe_norm_topk
+            self.moe_balance = moe_balance
+            self.moe_aux_coef = moe_aux_coef
+            self.moe_bias_rate = moe_bias_rate
         self.norm_eps = norm_eps
         self.tie_embeddings = tie_embeddings
         self.theta = theta
@@ -210,20 +269,35 @@ class ModelConfig:
         m = self.yarn_mscale()
         return m * m / math.sqrt(self.qk_head_dim)
 
+    def is_moe_layer(self, i):
+        return i in self.moe_layer_set
+
+    def ffn_params(self, i):
+        """Active matmul parameters per token of layer i's feed-forward block: 3 d F (SwiGLU),
+        or for MoE the router E d + top_k routed experts 3 d F_e + the shared expert
+        3 d (S F_e)."""
+        d = self.d_model
+        if not self.is_moe_layer(i):
+            return 3 * d * self.ffn_dim
+        fe = self.moe_ffn_dim
+        return (self.moe_experts * d + self.moe_top_k * 3 * d * fe
+                + 3 * d * self.moe_shared * fe)
+
     def matmul_params(self):
         """P of DESIGN's FLOP count: every matrix that multiplies tokens (LM head included,
-        embedding lookup excluded)."""
+        embedding lookup excluded); for MoE the active ones (router, top_k experts, shared)."""
+        ffn = sum(self.ffn_params(i) for i in range(self.n_layers))
         if self.mla:
             d, nh = self.d_model, self.n_heads
             rq, rkv = self.q_lora_rank, self.kv_lora_rank
             q_rows = nh * self.qk_head_dim
             q = d * rq + rq * q_rows if rq > 0 else d * q_rows      # q_a + q_b, or q_proj
             kv = d * (rkv + self.qk_rope_dim) + rkv * nh * (self.qk_nope_dim + self.v_head_dim)
-            per_layer = q + kv + nh * self.v_head_dim * d + 3 * d * self.ffn_dim
-            return self.n_layers * per_layer + self.vocab * d
+            per_layer = q + kv + nh * self.v_head_dim * d
+            return self.n_layers * per_layer + ffn + self.vocab * d
         d, hd, nh, nkv = self.d_model, self.head_dim, self.n_heads, self.n_kv_heads
-        per_layer = d * nh * hd + 2 * d * nkv * hd + nh * hd * d + 3 * d * self.ffn_dim
-        return self.n_layers * per_layer + self.vocab * d
+        per_layer = d * nh * hd + 2 * d * nkv * hd + nh * hd * d
+        return self.n_layers * per_layer + ffn + self.vocab * d
 
     def flops_per_token(self, seq_len):
         """PaLM convention: 6 P + 6 L T NH (d_qk + d_v)."""
@@ -255,7 +329,20 @@ def model_config_from_deck(deck, vocab):
         theta=deck.float("rope.theta"), scaling=deck.str("rope.scaling"),
         factor=deck.float("rope.factor"),
         original_max_position=deck.int("rope.original_max_position"),
-        beta_fast=deck.float("rope.beta_fast"), beta_slow=deck.float("rope.beta_slow"), **mla)
+        beta_fast=deck.float("rope.beta_fast"), beta_slow=deck.float("rope.beta_slow"), **mla,
+        **moe_kwargs_from_deck(deck))
+
+
+def moe_kwargs_from_deck(deck):
+    """ModelConfig's moe_* arguments from the deck's [moe] keys (read only when experts > 0)."""
+    experts = deck.int("moe.experts")
+    if experts == 0:
+        return {}
+    return dict(moe_experts=experts, moe_top_k=deck.int("moe.top_k"),
+                moe_shared=deck.int("moe.shared_experts"), moe_ffn_dim=deck.int("moe.ffn_dim"),
+                moe_layers=deck.str("moe.layers"), moe_norm_topk=deck.bool("moe.norm_topk"),
+                moe_balance=deck.str("moe.balance"), moe_aux_coef=deck.float("moe.aux_coef"),
+                moe_bias_rate=deck.float("moe.bias_rate"))
 
 
 def rope_tables(cfg, seq_len, dtype):
@@ -323,8 +410,100 @@ def build_model_class(bf16=False):
         x1, x2 = x.reshape(B, T, H, 2, hd // 2).unbind(-2)
         return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-2).view(B, T, H, hd)
 
-    class Layer(nn.Module):
+    def swiglu(x, w_gate_up, w_down):
+        gate, up = linear(x, w_gate_up).chunk(2, dim=-1)
+        return linear(F.silu(gate) * up, w_down)
+
+    class MoE(nn.Module):
+        """DeepSeek-style MoE feed-forward block (DESIGN section 2): router gate [E, d], E routed
+        SwiGLU experts of width F_e, optionally one shared SwiGLU of width S*F_e (HF DeepSeek-V2
+        merges the S shared experts into one). Routed experts are stacked: w_gate_up [E, 2F_e, d]
+        (gate rows then up rows of each expert), w_down [E, d, F_e]."""
         def __init__(self, cfg):
+            super().__init__()
+            E, d, fe, S = cfg.moe_experts, cfg.d_model, cfg.moe_ffn_dim, cfg.moe_shared
+            self.cfg = cfg
+            self.gate = nn.Parameter(torch.empty(E, d))
+            self.w_gate_up = nn.Parameter(torch.empty(E, 2 * fe, d))
+            self.w_down = nn.Parameter(torch.empty(E, d, fe))
+            if S > 0:
+                self.ws_gate_up = nn.Parameter(torch.empty(2 * S * fe, d))
+                self.ws_down = nn.Parameter(torch.empty(d, S * fe))
+            else:
+                self.ws_gate_up = self.ws_down = None
+            # aux-loss-free balancing bias: chooses experts, never weights; not a parameter.
+            self.register_buffer("bias", torch.zeros(E))
+            self.aux = None    # balance loss E * sum_e f_e P_e of the last forward (a tensor)
+            self.load = None   # routing choices per expert of the last forward [E] int64
+
+        def hf_views(self, prefix, get):
+            fe, S = self.cfg.moe_ffn_dim, self.cfg.moe_shared
+            m = prefix + "mlp."
+            views = {m + "gate.weight": get(self.gate)}
+            for e in range(self.cfg.moe_experts):
+                views[m + f"experts.{e}.gate_proj.weight"] = get(self.w_gate_up)[e, 0:fe]
+                views[m + f"experts.{e}.up_proj.weight"] = get(self.w_gate_up)[e, fe:2 * fe]
+                views[m + f"experts.{e}.down_proj.weight"] = get(self.w_down)[e]
+            if S > 0:
+                views[m + "shared_experts.gate_proj.weight"] = get(self.ws_gate_up)[0:S * fe]
+                views[m + "shared_experts.up_proj.weight"] = get(self.ws_gate_up)[S * fe:]
+                views[m + "shared_experts.down_proj.weight"] = get(self.ws_down)
+            return views
+
+        def route(self, x, gate):
+            """x [N, d] -> p [N, E] (softmax of the router logits), idx [N, k] (chosen experts,
+            by p, or p + bias under aux_free; ties to the lower index), w [N, k] (the chosen
+            p, renormalised to sum 1 under norm_topk)."""
+            cfg = self.cfg
+            p = torch.softmax(linear(x, gate), dim=-1)
+            with torch.no_grad():
+                score = p + self.bias.to(p.dtype) if cfg.moe_balance == "aux_free" else p
+                # stable descending sort: equal scores keep index order -> lower index wins
+                idx = torch.sort(score, dim=-1, descending=True, stable=True).indices
+                idx = idx[:, :cfg.moe_top_k]
+            w = p.gather(1, idx)
+            if cfg.moe_norm_topk:
+                w = w / w.sum(dim=-1, keepdim=True)
+            return p, idx, w
+
+        def forward(self, h):
+            return self.moe(h, self.gate, self.w_gate_up, self.w_down, self.ws_gate_up,
+                            self.ws_down)
+
+        def moe(self, h, gate, w_gate_up, w_down, ws_gate_up, ws_down):
+            """h [..., d] -> [..., d]; the weights are arguments so gradcheck can drive them.
+            Tokens grouped by expert (stable argsort of the flat expert ids), one GEMM per
+            expert over its tokens, scattered back with index_add."""
+            E, k = self.cfg.moe_experts, self.cfg.moe_top_k
+            shape = h.shape
+            x = h.reshape(-1, shape[-1])
+            N = x.shape[0]
+            p, idx, w = self.route(x, gate)
+            flat = idx.reshape(-1)                                  # [N*k], choice j = n*k + i
+            load = torch.bincount(flat, minlength=E)
+            order = torch.argsort(flat, stable=True)                # choices sorted by expert
+            tok = torch.div(order, k, rounding_mode="floor")        # their token
+            xs = x.index_select(0, tok)
+            ws = w.reshape(-1).index_select(0, order)
+            parts = []
+            off = 0
+            for e, c in enumerate(load.tolist()):
+                if c:
+                    parts.append(swiglu(xs[off:off + c], w_gate_up[e], w_down[e]))
+                    off += c
+            ys = torch.cat(parts) * ws[:, None]
+            out = torch.zeros_like(x).index_add(0, tok, ys)
+            if ws_gate_up is not None:
+                out = out + swiglu(x, ws_gate_up, ws_down)
+            # Switch/GShard balance loss over these N tokens: f_e = share of the N*k choices
+            # (counts, no gradient), P_e = mean router probability.
+            f = load.to(p.dtype) / (k * N)
+            self.aux = E * (f * p.mean(dim=0)).sum()
+            self.load = load
+            return out.view(shape)
+
+    class Layer(nn.Module):
+        def __init__(self, cfg, index=0):
             super().__init__()
             d, hd = cfg.d_model, cfg.head_dim
             self.cfg = cfg
@@ -335,24 +514,34 @@ def build_model_class(bf16=False):
             self.wqkv = nn.Parameter(torch.empty(self.q_rows + 2 * self.kv_rows, d))
             self.wo = nn.Parameter(torch.empty(d, self.q_rows))
             self.ffn_norm = nn.Parameter(torch.ones(d))
-            # gate and up stacked along rows.
-            self.w_gate_up = nn.Parameter(torch.empty(2 * cfg.ffn_dim, d))
-            self.w_down = nn.Parameter(torch.empty(d, cfg.ffn_dim))
+            if cfg.is_moe_layer(index):
+                self.moe = MoE(cfg)
+            else:
+                self.moe = None
+                # gate and up stacked along rows.
+                self.w_gate_up = nn.Parameter(torch.empty(2 * cfg.ffn_dim, d))
+                self.w_down = nn.Parameter(torch.empty(d, cfg.ffn_dim))
 
         def hf_views(self, prefix, get):
             """{HF name: view into get(param)} for every logical HF tensor of this layer."""
             q, kv, f = self.q_rows, self.kv_rows, self.cfg.ffn_dim
-            return {
+            views = {
                 prefix + "input_layernorm.weight": get(self.attn_norm),
                 prefix + "self_attn.q_proj.weight": get(self.wqkv)[0:q],
                 prefix + "self_attn.k_proj.weight": get(self.wqkv)[q:q + kv],
                 prefix + "self_attn.v_proj.weight": get(self.wqkv)[q + kv:q + 2 * kv],
                 prefix + "self_attn.o_proj.weight": get(self.wo),
                 prefix + "post_attention_layernorm.weight": get(self.ffn_norm),
+            }
+            if self.moe is not None:
+                views.update(self.moe.hf_views(prefix, get))
+                return views
+            views.update({
                 prefix + "mlp.gate_proj.weight": get(self.w_gate_up)[0:f],
                 prefix + "mlp.up_proj.weight": get(self.w_gate_up)[f:2 * f],
                 prefix + "mlp.down_proj.weight": get(self.w_down),
-            }
+            })
+            return views
 
         def forward(self, x, cos, sin, mask):
             cfg = self.cfg
@@ -375,12 +564,14 @@ def build_model_class(bf16=False):
             o = o.view(B, nh, T, hd).transpose(1, 2).reshape(B, T, nh * hd)
             x = x + linear(o, self.wo)
             h = rmsnorm(x, self.ffn_norm, cfg.norm_eps)
+            if self.moe is not None:
+                return x + self.moe(h)
             gate, up = linear(h, self.w_gate_up).chunk(2, dim=-1)
             return x + linear(F.silu(gate) * up, self.w_down)
 
     class MLALayer(nn.Module):
         """DeepSeek-V2 multi-head latent attention (DESIGN section 2, MLA) + the SwiGLU FFN."""
-        def __init__(self, cfg):
+        def __init__(self, cfg, index=0):
             super().__init__()
             d, nh = cfg.d_model, cfg.n_heads
             self.cfg = cfg
@@ -399,8 +590,12 @@ def build_model_class(bf16=False):
             self.wkv_b = nn.Parameter(torch.empty(nh * (cfg.qk_nope_dim + cfg.v_head_dim), rkv))
             self.wo = nn.Parameter(torch.empty(d, nh * cfg.v_head_dim))
             self.ffn_norm = nn.Parameter(torch.ones(d))
-            self.w_gate_up = nn.Parameter(torch.empty(2 * cfg.ffn_dim, d))
-            self.w_down = nn.Parameter(torch.empty(d, cfg.ffn_dim))
+            if cfg.is_moe_layer(index):
+                self.moe = MoE(cfg)
+            else:
+                self.moe = None
+                self.w_gate_up = nn.Parameter(torch.empty(2 * cfg.ffn_dim, d))
+                self.w_down = nn.Parameter(torch.empty(d, cfg.ffn_dim))
 
         def hf_views(self, prefix, get):
             qi, f = self.q_in_rows, self.cfg.ffn_dim
@@ -418,6 +613,11 @@ def build_model_class(bf16=False):
                 a + "kv_b_proj.weight": get(self.wkv_b),
                 a + "o_proj.weight": get(self.wo),
                 prefix + "post_attention_layernorm.weight": get(self.ffn_norm),
+            })
+            if self.moe is not None:
+                views.update(self.moe.hf_views(prefix, get))
+                return views
+            views.update({
                 prefix + "mlp.gate_proj.weight": get(self.w_gate_up)[0:f],
                 prefix + "mlp.up_proj.weight": get(self.w_gate_up)[f:2 * f],
                 prefix + "mlp.down_proj.weight": get(self.w_down),
@@ -453,6 +653,8 @@ def build_model_class(bf16=False):
             o = o.view(B, nh, T, dv).transpose(1, 2).reshape(B, T, nh * dv)
             x = x + linear(o, self.wo)
             h = rmsnorm(x, self.ffn_norm, eps)
+            if self.moe is not None:
+                return x + self.moe(h)
             gate, up = linear(h, self.w_gate_up).chunk(2, dim=-1)
             return x + linear(F.silu(gate) * up, self.w_down)
 
@@ -462,7 +664,9 @@ def build_model_class(bf16=False):
             self.cfg = cfg
             self.embed = nn.Parameter(torch.empty(cfg.vocab, cfg.d_model))
             layer_class = MLALayer if cfg.mla else Layer
-            self.layers = nn.ModuleList(layer_class(cfg) for _ in range(cfg.n_layers))
+            self.layers = nn.ModuleList(layer_class(cfg, i) for i in range(cfg.n_layers))
+            # MoE blocks in layer order, with their layer index
+            self.moe_blocks = [(i, l.moe) for i, l in enumerate(self.layers) if l.moe is not None]
             self.norm = nn.Parameter(torch.ones(cfg.d_model))
             self.lm_head = None if cfg.tie_embeddings else nn.Parameter(
                 torch.empty(cfg.vocab, cfg.d_model))
@@ -476,6 +680,17 @@ def build_model_class(bf16=False):
             if self.lm_head is not None:
                 views["lm_head.weight"] = get(self.lm_head)
             return views
+
+        def hf_buffers(self):
+            """{HF name: buffer} of the non-trained tensors (the aux-free balancing biases)."""
+            return {f"model.layers.{i}.mlp.gate.e_score_correction_bias": m.bias
+                    for i, m in self.moe_blocks}
+
+        def moe_aux(self):
+            """Sum over MoE layers of the balance loss of the last forward (None if dense)."""
+            if not self.moe_blocks:
+                return None
+            return sum(m.aux for _, m in self.moe_blocks)
 
         def init_normal(self, std, generator=None):
             with torch.no_grad():
@@ -555,8 +770,13 @@ def cmd_bench(args):
         mla = dict(attention="mla", kv_lora_rank=args.kv_lora_rank, q_lora_rank=args.q_lora_rank,
                    qk_nope_dim=args.qk_nope_dim, qk_rope_dim=args.qk_rope_dim,
                    v_head_dim=args.v_head_dim)
+    moe = {}
+    if args.moe_experts > 0:
+        moe = dict(moe_experts=args.moe_experts, moe_top_k=args.moe_top_k,
+                   moe_shared=args.moe_shared, moe_ffn_dim=args.moe_ffn_dim,
+                   moe_layers=args.moe_layers, moe_balance=args.moe_balance)
     cfg = ModelConfig(args.vocab, args.d_model, args.n_layers, args.n_heads, args.n_kv_heads,
-                      args.ffn_dim, **mla)
+                      args.ffn_dim, **mla, **moe)
     Decoder = build_model_class()
     model = Decoder(cfg)
     model.init_normal(0.02)
@@ -569,9 +789,13 @@ def cmd_bench(args):
         opt.zero_grad(set_to_none=True)
         logits = model(data[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, V), data[:, 1:].reshape(-1))
+        if model.moe_blocks and cfg.moe_balance == "aux_loss":
+            loss = loss + cfg.moe_aux_coef * model.moe_aux()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
         opt.step()
+        if model.moe_blocks and cfg.moe_balance == "aux_free":
+            update_moe_biases(model, [m.load for _, m in model.moe_blocks], cfg.moe_bias_rate)
         return loss.item()
 
     for _ in range(args.warmup_steps):
@@ -590,7 +814,12 @@ def cmd_bench(args):
           f"runtime={runtime_word(torch)} torch_version={torch.__version__} "
           f"omp_wait_policy={wait} flops_per_token={fpt} params={cfg.matmul_params()} "
           f"model_gflops={tok_s * fpt / 1e9:.6g} steps={args.steps} last_loss={loss:.6g}"
-          + (" attention=mla" if cfg.mla else ""), flush=True)
+          + (" attention=mla" if cfg.mla else "")
+          + (f" moe=E{cfg.moe_experts}:top{cfg.moe_top_k}:shared{cfg.moe_shared}:"
+             f"ffn{cfg.moe_ffn_dim}:{cfg.moe_balance}"
+             + ("" if len(cfg.moe_layer_set) == cfg.n_layers else
+                ":layers" + ",".join(map(str, sorted(cfg.moe_layer_set))))
+             if cfg.moe_experts > 0 else ""), flush=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -609,6 +838,42 @@ def read_deck_attr(f):
         if isinstance(v, bytes):
             v = v.decode()
     return str(v)
+
+
+def moe_words(cfg):
+    return (f"moe: E={cfg.moe_experts} top_k={cfg.moe_top_k} shared={cfg.moe_shared} "
+            f"ffn={cfg.moe_ffn_dim} layers={','.join(map(str, sorted(cfg.moe_layer_set)))} "
+            f"norm_topk={'true' if cfg.moe_norm_topk else 'false'} balance={cfg.moe_balance}")
+
+
+def load_moe_biases(ck, path, model, cfg):
+    """The aux-free biases from /params/...mlp.gate.e_score_correction_bias [E]; absent: 0."""
+    import numpy as np
+    import torch
+    absent = []
+    for name, buf in model.hf_buffers().items():
+        if f"params/{name}" not in ck:
+            absent.append(name)
+            continue
+        arr = np.asarray(ck[f"params/{name}"][()], dtype=np.float32)
+        if tuple(arr.shape) != tuple(buf.shape):
+            sys.exit(f"{path}: /params/{name} has shape {arr.shape}, model wants "
+                     f"{tuple(buf.shape)}")
+        buf.copy_(torch.from_numpy(arr))
+    if absent and cfg.moe_balance == "aux_free":
+        print(f"# {path}: no {absent[0]}" + (f" (and {len(absent) - 1} more)" if len(absent) > 1
+                                              else "") + "; the aux-free bias starts at 0",
+              file=sys.stderr)
+
+
+def update_moe_biases(model, loads, bias_rate):
+    """Aux-loss-free balancing after a step: bias_e += rate * sign(mean_load - load_e), loads
+    over the whole global batch; sign(mean - load_e) = sign(sum(load) - E load_e) exactly."""
+    import torch
+    with torch.no_grad():
+        for ld, (_, m) in zip(loads, model.moe_blocks):
+            sgn = torch.sign((int(ld.sum()) - ld.numel() * ld).to(m.bias.dtype))
+            m.bias.add_(sgn * bias_rate)
 
 
 def cmd_check(args):
@@ -631,8 +896,6 @@ def cmd_check(args):
 
         if deck.str("model.attention") not in ("mha", "mla"):
             sys.exit("check: only model.attention = mha or mla is implemented here")
-        if deck.int("moe.experts") != 0:
-            sys.exit("check: only dense models (moe.experts = 0) are implemented here")
         if deck.str("data.order") != "sequential":
             sys.exit(f"check: data.order must be 'sequential' (deck has "
                      f"'{deck.str('data.order')}'); pass --set data.order=sequential only if the "
@@ -660,9 +923,12 @@ def cmd_check(args):
         if missing:
             sys.exit(f"{args.checkpoint}: missing parameters: {', '.join(missing[:8])}"
                      + (" ..." if len(missing) > 8 else ""))
-        extra = sorted(set(ck["params"].keys()) - set(views)) if "params" in ck else []
+        buffers = model.hf_buffers()
+        extra = (sorted(set(ck["params"].keys()) - set(views) - set(buffers))
+                 if "params" in ck else [])
         if extra:
-            sys.exit(f"{args.checkpoint}: parameters this dense model does not have: "
+            sys.exit(f"{args.checkpoint}: parameters this "
+                     f"{'model' if model.moe_blocks else 'dense model'} does not have: "
                      f"{', '.join(extra[:8])}")
         with torch.no_grad():
             for name, view in views.items():
@@ -671,6 +937,7 @@ def cmd_check(args):
                     sys.exit(f"{args.checkpoint}: /params/{name} has shape {arr.shape}, "
                              f"model wants {tuple(view.shape)}")
                 view.copy_(torch.from_numpy(arr))
+            load_moe_biases(ck, args.checkpoint, model, cfg)
         model.to(dtype)
 
         lr_max, lr_min = deck.float("train.lr"), deck.float("train.lr_min")
@@ -724,6 +991,13 @@ def cmd_check(args):
           f"d={cfg.d_model} L={cfg.n_layers} {attn} "
           f"ffn={cfg.ffn_dim} T={T} GB={gb} (dp={dp} mb={deck.int('parallel.microbatches')} "
           f"mbs={mbs}) train_tokens={n_train} start_step={start}", file=sys.stderr)
+    moe = bool(model.moe_blocks)
+    if moe:
+        print(f"# {moe_words(cfg)} aux_coef={cfg.moe_aux_coef:g} "
+              f"bias_rate={cfg.moe_bias_rate:g}", file=sys.stderr)
+    use_aux = moe and cfg.moe_balance == "aux_loss"
+    aux_free = moe and cfg.moe_balance == "aux_free"
+    n_mb = len(range(0, gb, mbs))  # microbatches per step (the aux loss is averaged over them)
 
     lines = []
     out = open(args.out, "w") if args.out else None
@@ -734,8 +1008,12 @@ def cmd_check(args):
         opt.zero_grad(set_to_none=True)
         denom = gb * T
         loss_sum = 0.0
+        aux_sum = 0.0
+        loads = [torch.zeros(cfg.moe_experts, dtype=torch.int64) for _ in model.moe_blocks]
         # Gradient accumulation over chunks of micro_batch_size samples; the loss is the mean
-        # over every target token of the global batch.
+        # over every target token of the global batch (+ under moe.balance = aux_loss, aux_coef
+        # times the MoE balance loss of each microbatch, summed over MoE layers, averaged over
+        # the step's microbatches).
         for c0 in range(0, gb, mbs):
             j = torch.arange(c0, min(c0 + mbs, gb), dtype=torch.int64)
             offs = ((s * gb + j) * T) % n_train
@@ -744,19 +1022,37 @@ def cmd_check(args):
             logits = model(sample[:, :-1])
             ce = F.cross_entropy(logits.reshape(-1, vocab).to(dtype),
                                  sample[:, 1:].reshape(-1), reduction="sum")
-            (ce / denom).backward()
+            if use_aux:
+                aux = model.moe_aux()
+                (ce / denom + cfg.moe_aux_coef * aux / n_mb).backward()
+                aux_sum += aux.item()
+            else:
+                (ce / denom).backward()
+            for ld, (_, m) in zip(loads, model.moe_blocks):
+                ld += m.load
             loss_sum += ce.item()
         loss = loss_sum / denom
+        aux_mean = aux_sum / n_mb
+        if use_aux:
+            loss = loss + cfg.moe_aux_coef * aux_mean
         if grad_clip > 0:
             gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=grad_clip))
         else:
             gnorm = float(torch.norm(torch.stack(
                 [p.grad.detach().norm(2) for p in model.parameters() if p.grad is not None]), 2))
         opt.step()
+        if aux_free:
+            update_moe_biases(model, loads, cfg.moe_bias_rate)
         line = f"step {s} loss {loss:.8g}"
+        if args.print_aux and moe:
+            line += f" ce {loss_sum / denom:.8g} aux {aux_mean:.8g}"
         print(line, flush=True)
         if args.verbose:
             print(f"#   lr {lr:.8g} grad_norm {gnorm:.8g}", file=sys.stderr, flush=True)
+            for ld, (i, m) in zip(loads, model.moe_blocks):
+                print(f"#   layer {i} load {ld.tolist()}"
+                      + (f" bias {[float(f'{b:.8g}') for b in m.bias.tolist()]}"
+                         if aux_free else ""), file=sys.stderr, flush=True)
         lines.append(line)
         if out:
             out.write(line + "\n")
@@ -785,8 +1081,6 @@ def cmd_eval(args):
             k, _, v = item.partition("=")
             kv[k.strip().lstrip("-")] = v.strip()
         deck = Deck(kv)
-        if deck.int("moe.experts") != 0:
-            sys.exit("eval: only dense models (moe.experts = 0) are implemented here")
         with h5py.File(args.data, "r") as df:
             vocab = int(df.attrs["vocab_size"])
             tokens = np.asarray(df["tokens"][:], dtype=np.int64)
@@ -797,6 +1091,8 @@ def cmd_eval(args):
         with torch.no_grad():
             for name, view in model.hf_views().items():
                 view.copy_(torch.from_numpy(np.asarray(ck[f"params/{name}"][()], dtype=np.float32)))
+            if model.moe_blocks:
+                load_moe_biases(ck, args.checkpoint, model, cfg)
     T = deck.int("data.seq_len")
     mbs = deck.int("data.micro_batch_size")
     batches = deck.int("eval.batches")
@@ -836,6 +1132,14 @@ def main(argv=None):
     b.add_argument("--qk-nope-dim", type=int, default=0, help="MLA: q/k dims without RoPE")
     b.add_argument("--qk-rope-dim", type=int, default=0, help="MLA: q/k dims with RoPE")
     b.add_argument("--v-head-dim", type=int, default=0, help="MLA: value dims per head")
+    b.add_argument("--moe-experts", type=int, default=0, help="MoE experts per layer (0 = dense)")
+    b.add_argument("--moe-top-k", type=int, default=2, help="MoE: experts per token")
+    b.add_argument("--moe-shared", type=int, default=0, help="MoE: shared experts")
+    b.add_argument("--moe-ffn-dim", type=int, default=0,
+                   help="MoE: expert hidden width (0 = the dense ffn_dim)")
+    b.add_argument("--moe-layers", default="all", help="MoE: 'all' or a comma list of layers")
+    b.add_argument("--moe-balance", choices=("aux_loss", "aux_free", "none"), default="aux_loss",
+                   help="MoE: load balancing (aux_coef 0.01, bias_rate 0.001)")
     b.add_argument("--seq-len", type=int, required=True)
     b.add_argument("--micro-batch", type=int, required=True)
     b.add_argument("--steps", type=int, default=10, help="timed steps")
@@ -856,7 +1160,10 @@ def main(argv=None):
     c.add_argument("--no-optim-state", action="store_true",
                    help="ignore /optim moments of a step>0 checkpoint")
     c.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
-    c.add_argument("--verbose", action="store_true", help="lr and grad norm per step on stderr")
+    c.add_argument("--verbose", action="store_true",
+                   help="lr and grad norm per step on stderr (MoE: expert loads, aux-free bias)")
+    c.add_argument("--print-aux", action="store_true",
+                   help="MoE: append 'ce <x> aux <x>' to each step line (loss = ce + aux_coef*aux)")
     e = sub.add_parser("eval", help="validation cross-entropy of a checkpoint (DESIGN section 5)")
     e.add_argument("--checkpoint", required=True)
     e.add_argument("--data", required=True)

@@ -1,5 +1,6 @@
 #include "quintet/io/metrics.hpp"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "quintet/core/error.hpp"
@@ -23,7 +24,7 @@ MetricsFile::MetricsFile(const std::string& run_dir, const std::string& deck_tex
     if (!keep) return;
     // Drop rows of steps >= first_step in every group that has a "step" column.
     // /eval has its own step column; /timing and /pipeline rows align with /train's.
-    for (const char* group : {"/train", "/eval", "/timing", "/pipeline"}) {
+    for (const char* group : {"/train", "/eval", "/timing", "/pipeline", "/moe"}) {
         std::string steps = std::string(group == std::string("/eval") ? "/eval" : "/train") + "/step";
         if (!h5::exists(file_, steps) || !h5::exists(file_, group)) continue;
         h5::Handle ds = h5::dataset(H5Dopen2(file_, steps.c_str(), H5P_DEFAULT));
@@ -39,7 +40,11 @@ MetricsFile::MetricsFile(const std::string& run_dir, const std::string& deck_tex
             char name[256];
             H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT);
             h5::Handle d = h5::dataset(H5Dopen2(g, name, H5P_DEFAULT));
-            H5Dset_extent(d, &keep_rows);
+            auto dims = h5::dataset_shape(d);  // [step, ...]: keep the trailing dims
+            if (dims.empty()) continue;
+            std::vector<hsize_t> ext(dims.begin(), dims.end());
+            ext[0] = std::min<hsize_t>(keep_rows, ext[0]);
+            H5Dset_extent(d, ext.data());
         }
     }
 }
@@ -79,6 +84,38 @@ void MetricsFile::append_value(const std::string& path, double v) {
 void MetricsFile::append(const std::string& group,
                          const std::vector<std::pair<std::string, double>>& row) {
     for (auto& [name, v] : row) append_value(group + "/" + name, v);
+}
+
+void MetricsFile::append_matrix(const std::string& path, const std::vector<double>& v, int rows, int cols) {
+    QUINTET_CHECK(v.size() == size_t(rows) * size_t(cols), "metrics: matrix of the wrong size for " + path);
+    auto it = open_.find(path);
+    if (it == open_.end()) {
+        hid_t id;
+        if (h5::exists(file_, path)) {
+            id = H5Dopen2(file_, path.c_str(), H5P_DEFAULT);
+        } else {
+            h5::Handle g = h5::group(h5::create_groups(file_, path.substr(0, path.rfind('/'))));
+            hsize_t dims[3] = {0, hsize_t(rows), hsize_t(cols)};
+            hsize_t maxdims[3] = {H5S_UNLIMITED, hsize_t(rows), hsize_t(cols)};
+            hsize_t chunk[3] = {16, hsize_t(rows), hsize_t(cols)};
+            h5::Handle sp = h5::space(H5Screate_simple(3, dims, maxdims));
+            h5::Handle dcpl = h5::plist(H5Pcreate(H5P_DATASET_CREATE));
+            H5Pset_chunk(dcpl, 3, chunk);
+            id = H5Dcreate2(file_, path.c_str(), H5T_IEEE_F64LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+        }
+        it = open_.emplace(path, h5::dataset(h5::check(id, "metrics dataset " + path))).first;
+    }
+    hid_t ds = it->second;
+    const auto shape = h5::dataset_shape(ds);
+    QUINTET_CHECK(shape.size() == 3 && shape[1] == hsize_t(rows) && shape[2] == hsize_t(cols),
+                  "metrics: " + path + " has another shape");
+    hsize_t start[3] = {shape[0], 0, 0}, count[3] = {1, hsize_t(rows), hsize_t(cols)};
+    hsize_t ext[3] = {shape[0] + 1, hsize_t(rows), hsize_t(cols)};
+    h5::check(H5Dset_extent(ds, ext), "extend " + path);
+    h5::Handle fs = h5::space(H5Dget_space(ds));
+    H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, nullptr, count, nullptr);
+    h5::Handle ms = h5::space(H5Screate_simple(3, count, nullptr));
+    h5::check(H5Dwrite(ds, H5T_NATIVE_DOUBLE, ms, fs, H5P_DEFAULT, v.data()), "write " + path);
 }
 
 void MetricsFile::flush() { H5Fflush(file_, H5F_SCOPE_GLOBAL); }

@@ -1,5 +1,5 @@
 // Which block kind each layer runs, from the deck: model.attention (mha | mla)
-// and the feed-forward kind (SwiGLU; MoE on the layers moe.layers names, not built yet).
+// and the feed-forward kind (SwiGLU; MoE on the layers moe.layers names).
 #include "layer_kinds.hpp"
 
 #include "quintet/core/error.hpp"
@@ -10,9 +10,6 @@ namespace {
 void require_known(const ModelConfig& m) {
     QUINTET_CHECK(m.attention == "mha" || m.attention == "mla", "model.attention = " + m.attention + " is not built");
 }
-void require_dense(const ModelConfig& m) {
-    QUINTET_CHECK(m.moe.experts == 0, "moe.experts > 0 is not built");
-}
 }  // namespace
 
 void attention_add_params(const ModelConfig& m, ParamBuilder& b, int layer) {
@@ -22,8 +19,8 @@ void attention_add_params(const ModelConfig& m, ParamBuilder& b, int layer) {
 }
 
 void feed_forward_add_params(const ModelConfig& m, ParamBuilder& b, int layer) {
-    require_dense(m);
-    swiglu_add_params(b, layer);
+    if (moe_layer(m, layer)) moe_add_params(m, b, layer);
+    else swiglu_add_params(b, layer);
 }
 
 std::unique_ptr<AttentionBlock> make_attention_block(BlockContext& ctx, const ModelConfig& m,
@@ -35,7 +32,7 @@ std::unique_ptr<AttentionBlock> make_attention_block(BlockContext& ctx, const Mo
 
 std::unique_ptr<FeedForwardBlock> make_feed_forward_block(BlockContext& ctx, const ModelConfig& m,
                                                           const ParamTable& table, int layer) {
-    require_dense(m);
+    if (moe_layer(m, layer)) return make_moe_feed_forward(ctx, m, table, layer);
     return make_swiglu_feed_forward(ctx, table, layer);
 }
 

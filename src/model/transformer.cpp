@@ -245,9 +245,27 @@ double ModelChunk::forward(int si, const float* params, const int32_t* ids, cons
 }
 
 double ModelChunk::aux_loss(int si) const {
-    double a = 0.0;
-    for (const auto& l : layers_) a += l.ffn->aux_loss(si);
+    double a = 0.0;  // (full recompute runs every forward in block slot 0)
+    for (const auto& l : layers_) a += l.ffn->aux_loss(full_recompute_ ? 0 : si);
     return a;
+}
+
+int ModelChunk::moe_experts() const {
+    int e = 0;
+    for (const auto& l : layers_) e = std::max(e, l.ffn->experts());
+    return e;
+}
+
+void ModelChunk::take_expert_load(std::vector<double>& load, int E) {
+    for (size_t i = 0; i < layers_.size(); ++i)
+        if (layers_[i].ffn->experts() > 0)
+            layers_[i].ffn->take_load(load.data() + size_t(plan_.layer_begin + int(i)) * E);
+}
+
+void ModelChunk::update_balance_bias(float* params, const std::vector<double>& load, int E) {
+    for (size_t i = 0; i < layers_.size(); ++i)
+        if (layers_[i].ffn->experts() > 0)
+            layers_[i].ffn->update_bias(params, load.data() + size_t(plan_.layer_begin + int(i)) * E);
 }
 
 void ModelChunk::backward(int si, const float* params, float* grads, GradReadyHook* hook) {
@@ -277,7 +295,11 @@ void ModelChunk::backward(int si, const float* params, float* grads, GradReadyHo
         LayerSaved& l = full_recompute_ ? ws_layers_[size_t(i)] : s.layers[size_t(i)];
         const int bslot = full_recompute_ ? 0 : si;
         // Full recompute: the layer's forward again, from its kept input (the same bits).
-        if (full_recompute_) forward_layer(size_t(i), 0, l, s.tok, params, s.res[size_t(i)], recompute_out_, nullptr);
+        if (full_recompute_) {
+            ctx_.recomputing = true;
+            forward_layer(size_t(i), 0, l, s.tok, params, s.res[size_t(i)], recompute_out_, nullptr);
+            ctx_.recomputing = false;
+        }
         // Feed-forward branch; dres flows straight through the residual.
         const float* dhn = layer.ffn->backward(bslot, params, grads, l.xn2, dres);
         be_.rmsnorm_backward(dres, grads + layer.ln2, dhn, l.h, params + layer.ln2, l.rstd2, Nr, C);

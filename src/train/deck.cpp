@@ -125,7 +125,7 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_double("rope.beta_slow", &r.beta_slow, 0, 1e6, "YaRN: rotations below which a dim is fully interpolated", true),
         opt_bool("rope.document_positions", &r.document_positions,
                  "RoPE positions restart at each document of a packed sample (documents end at data.eos_id)"),
-        opt_int("moe.experts", &e.experts, 0, 1 << 20, "routed experts E; 0 = dense FFN (MoE: not yet supported)"),
+        opt_int("moe.experts", &e.experts, 0, 1 << 20, "routed experts E; 0 = dense FFN"),
         opt_int("moe.top_k", &e.top_k, 1, 1 << 20, "experts chosen per token"),
         opt_int("moe.shared_experts", &e.shared_experts, 0, 1 << 20, "always-on shared experts"),
         opt_int("moe.ffn_dim", &e.ffn_dim, 0, big, "hidden width of each expert; 0 = model.ffn_dim"),
@@ -340,9 +340,31 @@ void deck_validate(const Deck& d, int world) {
     const auto& p = d.parallel;
     const int kv = m.n_kv_heads == 0 ? m.n_heads : m.n_kv_heads;
     // Features that belong to later work stop here, naming the key.
-    if (d.model.moe.experts != 0)
-        config_fail("moe.experts", S(d.model.moe.experts), "MoE is not yet supported in this build (valid: 0)");
     if (p.ep != 1) config_fail("parallel.ep", S(p.ep), "expert parallelism is not yet supported (valid: 1)");
+    if (m.moe.experts > 0) {  // DESIGN §2 "MoE"
+        const auto& e = m.moe;
+        if (e.top_k > e.experts)
+            config_fail("moe.top_k", S(e.top_k), "must be at most moe.experts = " + S(e.experts));
+        if (e.layers != "all") {
+            std::stringstream ls(e.layers);
+            std::string item;
+            int n = 0;
+            while (std::getline(ls, item, ',')) {
+                size_t pos = 0;
+                int v = -1;
+                try { v = std::stoi(item, &pos); } catch (...) { pos = 0; }
+                if (pos == 0 || pos != item.size() || v < 0 || v >= m.n_layers)
+                    config_fail("moe.layers", e.layers,
+                                "expected all, or a comma list of layer indices in [0, " + S(m.n_layers) + ")");
+                ++n;
+            }
+            if (n == 0) config_fail("moe.layers", e.layers, "expected all, or a comma list of layer indices");
+        }
+        if (p.tp > 1 && !p.sequence_parallel)
+            config_fail("parallel.sequence_parallel", "false",
+                        "MoE layers with parallel.tp > 1 need sequence parallelism (each tp rank routes its "
+                        "own rows, as in Megatron-Core): set parallel.sequence_parallel = true");
+    }
     if (d.train.device == "cuda") {
 #ifndef QUINTET_WITH_CUDA
         config_fail("train.device", "cuda",

@@ -149,7 +149,10 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
         chunks_.push_back(std::make_unique<ModelChunk>(be_, deck.model, deck.rope, table_, plan, tp_,
                                                        dc.micro_batch_size, dc.seq_len, opt));
         if (params_bf16_) chunks_.back()->set_bf16_weights(params_, params_bf16_);
+        // DESIGN §3: the aux loss is averaged over the step's microbatches of all replicas.
+        chunks_.back()->set_aux_scale(1.0 / double(grid.dp().size() * deck.parallel.microbatches));
     }
+    if (deck.model.moe.experts > 0) moe_load_.assign(size_t(deck.model.n_layers) * deck.model.moe.experts, 0.0);
     const int pp = grid.pp().size(), stage = grid.coord(kPP);
     exec_ = std::make_unique<PipelineExecutor>(
         chunks_, be_, comms_.group(Group::pp), stage, deck.parallel.virtual_stages,
@@ -223,6 +226,8 @@ StepStats Trainer::step(int64_t s) {
     if (cp_) cp_->reset_stats();
     be_.zero(grads_, table_.total);
     sync_->begin_step(grads_);
+    if (!moe_load_.empty())  // routing counted since the last step (evaluation) is not this step's
+        for (auto& c : chunks_) c->take_expert_load(moe_load_, deck_.model.moe.experts);
     // 1. This replica's microbatches through the pipeline schedule: forward, backward.
     // Microbatch g of the global batch (DESIGN §3): replica r runs [r*m, (r+1)*m).
     const int64_t g0 = int64_t(grid_.coord(kDP)) * p.microbatches;
@@ -247,6 +252,16 @@ StepStats Trainer::step(int64_t s) {
     opt_->clip(grads_, norm);
     const double lr = lr_at(deck_.train, s);
     opt_->update(params_, grads_, s, lr);
+    if (!moe_load_.empty()) {
+        // The global batch's routing choices per (layer, expert), the same on every rank; the
+        // aux-free biases move from them (DESIGN §2), identically everywhere.
+        const int E = deck_.model.moe.experts;
+        std::fill(moe_load_.begin(), moe_load_.end(), 0.0);
+        for (auto& c : chunks_) c->take_expert_load(moe_load_, E);
+        grid_.world().all_reduce_sum(moe_load_.data(), moe_load_.size());
+        for (auto& c : chunks_) c->update_balance_bias(params_, moe_load_, E);
+        st.expert_load = moe_load_;
+    }
     refresh_bf16_weights();
     const double t4 = now_s();
     st.ce_loss = sums[0] / (double(gb) * T);
@@ -454,6 +469,9 @@ int Trainer::run() {
                 row.emplace_back("stage" + std::to_string(i) + "_activation_mib", act_mib[i]);
             }
             metrics->append("/pipeline", row);
+            if (!st.expert_load.empty())
+                metrics->append_matrix("/moe/expert_load", st.expert_load, deck_.model.n_layers,
+                                       deck_.model.moe.experts);
         }
         if (s % deck_.output.log_every == 0 || s == t.steps) {
             double el = now_s() - t_start;

@@ -89,7 +89,8 @@ TEST(Deck, LayoutAndShapeChecks) {
     EXPECT_NE(with({"--model.n_kv_heads=3"}, 1).find("model.n_kv_heads"), std::string::npos);
     EXPECT_NE(with({"--model.attention=mla"}, 1).find("model.kv_lora_rank"), std::string::npos);  // dims needed
     EXPECT_NE(with({"--model.kv_lora_rank=8"}, 1).find("is an MLA key"), std::string::npos);
-    EXPECT_NE(with({"--moe.experts=8"}, 1).find("moe.experts"), std::string::npos);
+    EXPECT_EQ(with({"--moe.experts=8"}, 1), "");  // MoE is built now
+    EXPECT_NE(with({"--moe.experts=2", "--moe.top_k=3"}, 1).find("moe.top_k"), std::string::npos);
     EXPECT_NE(with({"--rope.scaling=yarn"}, 1).find("rope.factor"), std::string::npos);
     EXPECT_NE(with({"--train.lr=1e-4", "--train.lr_min=1e-3"}, 1).find("train.lr_min"), std::string::npos);
 }

@@ -74,6 +74,48 @@ TEST(CpuKernels, CrossEntropyGradientMatchesFiniteDifferences) {
     EXPECT_LT(gradcheck(z, g, f, 1e-2f, 66).rel(), 1e-2);
 }
 
+// The router (softmax, top-k, renormalised weights) and its backward: L = sum(dw * weight) +
+// sum over rows of daux . probs, differentiated through the chosen experts (fixed away from
+// ties: the top-k set does not change under the small steps).
+TEST(CpuKernels, MoeRouteBackwardMatchesFiniteDifferences) {
+    auto be = make_cpu_backend(1);
+    const int N = 9, E = 6, k = 2;
+    auto z = randn(size_t(N) * E, 60, 2.0f), R = randn(size_t(N) * k, 61), daux = randn(E, 62);
+    for (bool norm : {false, true}) {
+        std::vector<float> p(size_t(N) * E), w(size_t(N) * k), dz(p.size());
+        std::vector<int32_t> ex(size_t(N) * k);
+        be->moe_route(p.data(), ex.data(), w.data(), z.data(), nullptr, N, E, k, norm);
+        const std::vector<int32_t> chosen = ex;
+        be->moe_route_backward(dz.data(), R.data(), p.data(), ex.data(), w.data(), daux.data(), N, E, k, norm);
+        auto f = [&] {
+            be->moe_route(p.data(), ex.data(), w.data(), z.data(), nullptr, N, E, k, norm);
+            EXPECT_EQ(ex, chosen);
+            double l = dot(w, R);
+            for (int t = 0; t < N; ++t)
+                for (int e = 0; e < E; ++e) l += double(daux[e]) * p[size_t(t) * E + e];
+            return l;
+        };
+        auto r = gradcheck(z, dz, f, 1e-3f, 54);
+        EXPECT_LT(r.rel(), 1e-2) << "norm=" << norm;
+        // Weights: the chosen probs, descending; renormalised to sum 1.
+        be->moe_route(p.data(), ex.data(), w.data(), z.data(), nullptr, N, E, k, norm);
+        for (int t = 0; t < N; ++t) {
+            EXPECT_GE(p[size_t(t) * E + ex[size_t(t) * k]], p[size_t(t) * E + ex[size_t(t) * k + 1]]);
+            if (norm) EXPECT_NEAR(w[size_t(t) * k] + w[size_t(t) * k + 1], 1.0f, 1e-6);
+            else EXPECT_EQ(w[size_t(t) * k], p[size_t(t) * E + ex[size_t(t) * k]]);
+        }
+    }
+    // The bias only chooses: a large bias on expert 5 picks it everywhere, its weight stays p_5.
+    std::vector<float> bias(E, 0.0f), p(size_t(N) * E), w(size_t(N) * k);
+    bias[5] = 10.0f;
+    std::vector<int32_t> ex(size_t(N) * k);
+    be->moe_route(p.data(), ex.data(), w.data(), z.data(), bias.data(), N, E, k, false);
+    for (int t = 0; t < N; ++t) {
+        EXPECT_EQ(ex[size_t(t) * k], 5);
+        EXPECT_EQ(w[size_t(t) * k], p[size_t(t) * E + 5]);
+    }
+}
+
 TEST(CpuKernels, Copy2dPacksAndAccumulatesStridedColumns) {
     auto b = be();
     const size_t rows = 300, cols = 7, ld_src = 19, ld_dst = 9;  // > 2^16 elements: threaded

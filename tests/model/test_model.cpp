@@ -36,6 +36,17 @@ struct Tiny {
             rope.original_max_position = 4;
         }
         init.std = 0.3;  // large enough that every path carries gradient well above fp32 noise
+        if (attention.rfind("moe", 0) == 0) {  // moe | moe_free: the feed-forward kind
+            m.moe.experts = 4;
+            m.moe.top_k = 2;
+            m.moe.ffn_dim = 8;
+            m.moe.shared_experts = attention == "moe" ? 1 : 0;
+            m.moe.balance = attention == "moe" ? "aux_loss" : "aux_free";
+            m.moe.aux_coef = 0.5;  // large, so that the aux term's gradient shows
+            m.moe.norm_topk = attention == "moe";
+            m.moe.layers = attention == "moe" ? "all" : "1";
+            return;
+        }
         if (attention != "mha") {
             m.attention = "mla";
             m.n_kv_heads = 0;
@@ -95,6 +106,55 @@ TEST(Model, GradientMatchesFiniteDifferencesTiedWithYarn) { check_model_gradient
 // o_proj) against central differences, with and without query compression and YaRN.
 TEST(Model, MlaGradientMatchesFiniteDifferences) { check_model_gradient(false, false, "mla"); }
 TEST(Model, MlaGradientMatchesFiniteDifferencesPlainQueryWithYarn) { check_model_gradient(true, true, "mla_q"); }
+
+// MoE (router, k of E SwiGLU experts, a shared expert, the aux loss) against central differences
+// of ce + aux. Steps of 1e-3 keep every token's top-k choice fixed (a choice flip would show as
+// an O(1) error).
+void check_moe_gradient(const std::string& kind) {
+    Tiny c(false, false, kind);
+    auto be = make_cpu_backend(1);
+    ParamTable table = make_param_table(c.m);
+    const int B = 2, T = 9, N = B * T;
+    quintet::MpiCommunicator self(MPI_COMM_SELF);
+    TensorParallel tp(self, false);
+    ModelChunk model(*be, c.m, c.rope, table, stage_chunks(c.m.n_layers, 1, 1, 0, "")[0], tp, B, T);
+    std::vector<float> params(table.total), grads(table.total, 0.0f);
+    init_params(params.data(), table, c.m, c.init, 42, 0, table.total);
+    std::vector<int32_t> ids, tgt;
+    random_tokens(N, ids, tgt);
+    const double ce = model.forward_backward(params.data(), grads.data(), ids.data(), tgt.data(), 1.0f);
+    const double aux = model.aux_loss(0);
+    if (kind == "moe") EXPECT_GT(aux, 0.0);
+    auto f = [&] {
+        const double l = model.forward_loss(params.data(), ids.data(), tgt.data());
+        return l + model.aux_loss(0);
+    };
+    EXPECT_NEAR(f(), ce + aux, 1e-5 * std::abs(ce));
+    int checked = 0, with_grad = 0;
+    for (const auto& s : table.specs) {
+        if (!s.trainable()) continue;
+        std::vector<float> x(params.begin() + s.offset, params.begin() + s.offset + s.numel());
+        std::vector<float> an(grads.begin() + s.offset, grads.begin() + s.offset + s.numel());
+        auto fx = [&] {
+            std::copy(x.begin(), x.end(), params.begin() + s.offset);
+            return f();
+        };
+        auto r = quintet::testing::gradcheck(x, an, fx, 1e-3f, 12, 5);
+        std::copy(x.begin(), x.end(), params.begin() + s.offset);
+        EXPECT_LT(r.rel(), 3e-2) << kind << " " << s.name << " max grad " << r.max_grad << " err " << r.max_abs_err;
+        if (s.name.find(".mlp.experts.") != std::string::npos) {  // an expert may get no token
+            ++checked;
+            with_grad += r.max_grad > 1e-5;
+        } else {
+            EXPECT_GT(r.max_grad, 1e-5) << kind << " " << s.name << " has no gradient";
+        }
+    }
+    EXPECT_EQ(checked, (kind == "moe" ? 2 : 1) * 4 * 3);  // every expert tensor of every MoE layer
+    EXPECT_GE(with_grad, checked * 2 / 3) << "too few experts were routed to for the check to mean much";
+}
+
+TEST(Model, MoeGradientMatchesFiniteDifferences) { check_moe_gradient("moe"); }
+TEST(Model, MoeAuxFreeOnOneLayerGradientMatchesFiniteDifferences) { check_moe_gradient("moe_free"); }
 
 // train.precision = bf16: the same chunk with bf16 GEMM operands. Its loss and gradients follow
 // the fp32 ones to bf16's precision (8 bits of mantissa), yet really differ from them (the bf16
@@ -303,6 +363,21 @@ TEST(Params, CountsMatmulParametersForSixNP) {
     EXPECT_EQ(tm.find("model.layers.1.self_attn.kv_b_proj.weight")->rows, 40);
     EXPECT_EQ(tm.find("model.layers.1.self_attn.kv_a_layernorm.weight")->ndim, 1);
     EXPECT_EQ(tm.find("model.layers.1.self_attn.q_proj.weight"), nullptr);
+    // MoE (4 experts of width 8, top 2, 1 shared): P counts the router, k experts and the shared
+    // one -- the parameters a token multiplies -- not all E experts.
+    Tiny moe(false, false, "moe");
+    ParamTable te = make_param_table(moe.m);
+    EXPECT_EQ(te.matmul_params, 2 * (768 + 4 * 16 + 2 * 3 * 8 * 16 + 3 * 8 * 16) + 17 * 16);
+    EXPECT_EQ(te.find("model.layers.0.mlp.experts.3.down_proj.weight")->cols, 8);
+    EXPECT_EQ(te.find("model.layers.0.mlp.shared_experts.up_proj.weight")->rows, 8);
+    EXPECT_EQ(te.find("model.layers.0.mlp.gate_proj.weight"), nullptr);
+    Tiny free(false, false, "moe_free");  // MoE on layer 1 only, an aux-free bias buffer
+    ParamTable tf = make_param_table(free.m);
+    EXPECT_NE(tf.find("model.layers.0.mlp.gate_proj.weight"), nullptr);
+    const ParamSpec* bias = tf.find("model.layers.1.mlp.gate.e_score_correction_bias");
+    ASSERT_NE(bias, nullptr);
+    EXPECT_FALSE(bias->trainable());
+    EXPECT_EQ(tf.find("model.layers.1.mlp.shared_experts.up_proj.weight"), nullptr);
     Tiny mq(false, false, "mla_q");
     ParamTable tq = make_param_table(mq.m);
     EXPECT_EQ(tq.find("model.layers.0.self_attn.q_proj.weight")->rows, 32);

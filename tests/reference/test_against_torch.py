@@ -64,6 +64,7 @@ log_every = 4
 BF16_TOL = 1e-4
 MLA = ["--model.attention=mla", "--model.n_kv_heads=0", "--model.kv_lora_rank=16", "--model.qk_nope_dim=8",
        "--model.qk_rope_dim=8", "--model.v_head_dim=12", "--init.std=0.1", "--train.steps=10"]
+MOE = ["--moe.experts=4", "--moe.top_k=2", "--moe.ffn_dim=24", "--init.std=0.1", "--train.steps=10"]
 variants = {
     "gqa": ([], 1e-5),
     "tied_yarn": (["--model.tie_embeddings=true", "--rope.scaling=yarn", "--rope.factor=4",
@@ -74,6 +75,11 @@ variants = {
     "mla_noq_yarn": (MLA + ["--model.q_lora_rank=0", "--rope.scaling=yarn", "--rope.factor=4",
                             "--rope.original_max_position=16"], 1e-5),
     "mla_bf16": (MLA + ["--model.q_lora_rank=24", "--train.precision=bf16"], BF16_TOL),
+    # MoE (DESIGN section 2): aux-loss balancing with a shared expert; aux-free (the bias moves
+    # every step and changes the routing) on a subset of layers without shared experts.
+    "moe": (MOE + ["--moe.shared_experts=1", "--moe.aux_coef=0.1"], 1e-5),
+    "moe_free": (MOE + ["--moe.balance=aux_free", "--moe.bias_rate=0.01", "--moe.layers=1",
+                        "--moe.norm_topk=false"], 1e-5),
 }
 worst = 0.0
 failed = False

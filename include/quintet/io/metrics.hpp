@@ -3,6 +3,7 @@
 // /train/{step, loss, ce_loss, aux_loss, lr, grad_norm, tokens_per_s, mfu, step_time_s}
 // /eval/{step, loss}    /timing/<phase> (seconds per step, aligned with /train/step)
 // /pipeline/stage<s>_{idle_fraction, activation_mib} (aligned with /train/step)
+// /moe/expert_load [step, layer, expert] (aligned with /train/step)
 #pragma once
 #include <map>
 #include <string>
@@ -20,6 +21,9 @@ public:
     ~MetricsFile();
     // Appends one row to each named dataset of `group` (creating it on first use).
     void append(const std::string& group, const std::vector<std::pair<std::string, double>>& row);
+    // Appends one [rows, cols] slice to the 3-D dataset `path` [step, rows, cols]
+    // (e.g. /moe/expert_load [step, layer, expert]).
+    void append_matrix(const std::string& path, const std::vector<double>& v, int rows, int cols);
     void flush();
 
 private:

@@ -131,6 +131,29 @@ public:
     // strided columns (K|V blocks of the context-parallel ring) and adding them back.
     virtual void copy_2d(float* dst, size_t ld_dst, const float* src, size_t ld_src, size_t rows,
                          size_t cols, bool accumulate) = 0;
+    // ---- Mixture of Experts (DESIGN §2 "MoE"; docs/math.md §9) ----
+    // The router, per row of logits[N,E]: probs = softmax(logits); the k experts of largest
+    // probs + bias (bias[E] or null; ties to the lower index), in descending order, into
+    // expert[N,k] (backend int32 memory); their probs into weight[N,k], renormalised to sum 1
+    // when `norm`.
+    virtual void moe_route(float* probs, int32_t* expert, float* weight, const float* logits,
+                           const float* bias, int N, int E, int k, bool norm) = 0;
+    // dlogits[N,E] (overwritten) from dweight[N,k]; daux[E] (or null) is added to every row's
+    // dL/dprobs (the load-balancing loss's term).
+    virtual void moe_route_backward(float* dlogits, const float* dweight, const float* probs,
+                                    const int32_t* expert, const float* weight, const float* daux,
+                                    int N, int E, int k, bool norm) = 0;
+    // dst[r, :] = src[idx[r], :] for r < n, rows of C floats.
+    virtual void gather_rows(float* dst, const float* src, const int32_t* idx, int n, int C) = 0;
+    // out[t, :] += sum over j < k, in order, of weight[t,j] * y[slot[t,j], :] (weight null: 1).
+    virtual void moe_combine(float* out, const float* y, const int32_t* slot, const float* weight,
+                             int N, int k, int C) = 0;
+    // dy[slot[t,j], :] = weight[t,j] * dout[t, :] (every slot row written once), and
+    // dweight[t,j] = dout[t, :] . y[slot[t,j], :].
+    virtual void moe_combine_backward(float* dy, float* dweight, const float* dout, const float* y,
+                                      const int32_t* slot, const float* weight, int N, int k,
+                                      int C) = 0;
+
     // Fused softmax cross-entropy: logits[N,V] are replaced by grad_scale * (softmax - onehot);
     // losses[N] (host memory) gets each row's -log p(target). Targets < 0 are ignored (loss 0, grad 0).
     virtual void xent_forward_backward(float* logits, float* losses, const int32_t* targets, int N,

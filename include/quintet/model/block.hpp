@@ -1,6 +1,6 @@
 // The two blocks of a decoder layer as modules (DESIGN §1 "Layers are modules"): an attention
 // block (model.attention: mha = GQA in model/mha.cpp; mla in model/mla.cpp) and a feed-forward block
-// (SwiGLU in model/swiglu.cpp; MoE later). Each block kind adds its own tensors to the parameter
+// (SwiGLU in model/swiglu.cpp; MoE in model/moe.cpp). Each block kind adds its own tensors to the parameter
 // table, allocates its own saved activations per microbatch slot, and owns an explicit forward
 // and backward with its collectives. ModelChunk (model/transformer.hpp) composes them per layer
 // from the deck, with the RMSNorms and the residual stream around them:
@@ -136,6 +136,12 @@ public:
     const float* master() const { return master_; }
     void reserve_lowp(size_t n);  // the widest operand lowp() will round (bf16 only)
 
+    // MoE's load-balancing loss: d(step loss)/d(this microbatch's aux) = aux_coef * aux_scale
+    // (1 / the step's microbatches over all replicas; the trainer sets it). recomputing: the
+    // forward being run is train.recompute = full's second one (count nothing twice).
+    double aux_scale = 1.0;
+    bool recomputing = false;
+
     // The hook of the current backward (or null), told of each finished gradient.
     GradReadyHook* hook = nullptr;
     void done(float* g, size_t n) {
@@ -216,6 +222,11 @@ public:
                                   const float* dy) = 0;
     // This microbatch's auxiliary loss (MoE load balancing), already weighted; 0 for dense.
     virtual double aux_loss(int slot) const { (void)slot; return 0.0; }
+    // MoE: experts (0 for dense); this step's routing choices per expert added to out[E] (and
+    // reset); the aux-free bias moved from the global batch's loads load[E].
+    virtual int experts() const { return 0; }
+    virtual void take_load(double* out) { (void)out; }
+    virtual void update_bias(float* params, const double* load) { (void)params; (void)load; }
 };
 
 // The block kinds: their tensors (ParamBuilder) and their instances for one chunk.

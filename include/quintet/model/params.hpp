@@ -128,6 +128,8 @@ public:
     // A tensor of the whole model, also held here when `held`: its shard fields (lrows, ...)
     // describe this rank's part. Tensors are laid out in the order they are added, per region.
     void add(const ParamSpec& spec, bool held, bool matmul);
+    // Parameters a token multiplies beyond the matmul tensors added (MoE: k of E experts).
+    void add_active(size_t n) { t_.matmul_params += n; }
     // Shorthands for the common shards: the whole tensor; rows [row0, row0+lrows); columns.
     static ParamSpec whole(const std::string& name, int rows, int cols, InitRule init);
     static ParamSpec vector(const std::string& name, int n, InitRule init);

@@ -57,6 +57,13 @@ public:
                    float grad_scale, bool need_grad);
     // The auxiliary losses the blocks of this chunk added in slot's last forward (MoE; 0 dense).
     double aux_loss(int slot) const;
+    // MoE: the largest expert count of this chunk's layers (0: dense); this step's routing
+    // choices added into load[layer * E + e] (and reset); the aux-free biases moved from the
+    // global batch's loads (the same on every rank); d(loss)/d(aux) per microbatch.
+    int moe_experts() const;
+    void take_expert_load(std::vector<double>& load, int E);
+    void update_balance_bias(float* params, const std::vector<double>& load, int E);
+    void set_aux_scale(double s) { ctx_.aux_scale = s; }
     // Backward of the microbatch in `slot`: the last chunk starts from its saved dlogits, the
     // others from grad_output(slot). Parameter gradients accumulate into `grads`; the first chunk
     // ends in the embedding, the others leave grad_input(slot) for the previous stage.

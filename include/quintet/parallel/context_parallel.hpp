@@ -27,6 +27,8 @@ public:
     ContextParallel& operator=(const ContextParallel&) = delete;
 
     MlaKv mla_kv = MlaKv::ring;
+    // Small statistics summed over the cp group (MoE's balance counts). collective over cp
+    void all_reduce_sum(float* x, size_t n) const { comm_.all_reduce_sum(x, n); }
     int size() const { return cp_; }
     int rank() const { return rank_; }
     int chunk_len() const { return Tc_; }     // T / (2 cp)

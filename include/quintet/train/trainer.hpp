@@ -29,6 +29,7 @@ struct StepStats {
     double dp_early = 0;  // DP buckets whose reduction started during the backward
     double t_tp = 0, tp_bytes = 0;
     double t_cp = 0, t_cp_exposed = 0, cp_bytes = 0;  // the context-parallel ring
+    std::vector<double> expert_load;  // MoE: [layer * E + e] routing choices of the global batch
 };
 
 // Where a run's weights come from, and the context they were trained at (DESIGN §5): the
@@ -83,6 +84,7 @@ private:
     std::vector<ChunkPlan> plans_;
     ParamTable table_;
     std::vector<std::unique_ptr<ModelChunk>> chunks_;
+    std::vector<double> moe_load_;  // MoE: [n_layers * experts] this step's routing choices
     std::unique_ptr<PipelineExecutor> exec_;
     std::unique_ptr<GradientSync> sync_;
     std::unique_ptr<AdamW> opt_;

@@ -191,6 +191,18 @@ public:
                             const float* lse, const float* q, const float* k, const float* v,
                             const AttentionArgs& a) override;
 
+    // cpu_moe.cpp
+    void moe_route(float* probs, int32_t* expert, float* weight, const float* logits,
+                   const float* bias, int N, int E, int k, bool norm) override;
+    void moe_route_backward(float* dlogits, const float* dweight, const float* probs,
+                            const int32_t* expert, const float* weight, const float* daux, int N,
+                            int E, int k, bool norm) override;
+    void gather_rows(float* dst, const float* src, const int32_t* idx, int n, int C) override;
+    void moe_combine(float* out, const float* y, const int32_t* slot, const float* weight, int N,
+                     int k, int C) override;
+    void moe_combine_backward(float* dy, float* dweight, const float* dout, const float* y,
+                              const int32_t* slot, const float* weight, int N, int k, int C) override;
+
     void swiglu_forward(float* out, const float* gu, int N, int F) override {
 #pragma omp parallel for schedule(static)
         for (int n = 0; n < N; ++n) {

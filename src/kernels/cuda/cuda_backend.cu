@@ -139,6 +139,25 @@ public:
         auto* s = static_cast<float*>(scratch(cuda::attention_backward_scratch_bytes(a)));
         cuda::attention_backward(compute_, limits_, dq, dk, dv, dout, out, lse, q, k, v, a, s);
     }
+    void moe_route(float* probs, int32_t* expert, float* weight, const float* logits, const float* bias,
+                   int N, int E, int k, bool norm) override {
+        cuda::moe_route(compute_, probs, expert, weight, logits, bias, N, E, k, norm);
+    }
+    void moe_route_backward(float* dlogits, const float* dweight, const float* probs, const int32_t* expert,
+                            const float* weight, const float* daux, int N, int E, int k, bool norm) override {
+        cuda::moe_route_backward(compute_, dlogits, dweight, probs, expert, weight, daux, N, E, k, norm);
+    }
+    void gather_rows(float* dst, const float* src, const int32_t* idx, int n, int C) override {
+        cuda::gather_rows(compute_, dst, src, idx, n, C);
+    }
+    void moe_combine(float* out, const float* y, const int32_t* slot, const float* weight, int N, int k,
+                     int C) override {
+        cuda::moe_combine(compute_, out, y, slot, weight, N, k, C);
+    }
+    void moe_combine_backward(float* dy, float* dweight, const float* dout, const float* y, const int32_t* slot,
+                              const float* weight, int N, int k, int C) override {
+        cuda::moe_combine_backward(compute_, dy, dweight, dout, y, slot, weight, N, k, C);
+    }
     void swiglu_forward(float* out, const float* gu, int N, int F) override {
         cuda::swiglu_forward(compute_, out, gu, N, F);
     }

@@ -51,6 +51,16 @@ void attention_backward(cudaStream_t st, const AttentionLimits& lim, float* dq, 
                         float* scratch);
 
 // ---- elementwise.cu ----
+void moe_route(cudaStream_t st, float* probs, int32_t* expert, float* weight, const float* logits,
+               const float* bias, int N, int E, int k, bool norm);
+void moe_route_backward(cudaStream_t st, float* dlogits, const float* dweight, const float* probs,
+                        const int32_t* expert, const float* weight, const float* daux, int N, int E,
+                        int k, bool norm);
+void gather_rows(cudaStream_t st, float* dst, const float* src, const int32_t* idx, int n, int C);
+void moe_combine(cudaStream_t st, float* out, const float* y, const int32_t* slot, const float* weight,
+                 int N, int k, int C);
+void moe_combine_backward(cudaStream_t st, float* dy, float* dweight, const float* dout, const float* y,
+                          const int32_t* slot, const float* weight, int N, int k, int C);
 void swiglu_forward(cudaStream_t st, float* out, const float* gu, int N, int F);
 void swiglu_backward(cudaStream_t st, float* dgu, const float* dout, const float* gu, int N,
                      int F);

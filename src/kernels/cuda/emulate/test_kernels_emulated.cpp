@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -18,6 +19,7 @@
 #include "../attention_kernels.cuh"
 #include "../elementwise_kernels.cuh"
 #include "../embedding_kernels.cuh"
+#include "../moe_kernels.cuh"
 #include "../reduce_kernels.cuh"
 #include "../rmsnorm_kernels.cuh"
 #include "../rope_kernels.cuh"
@@ -215,6 +217,58 @@ TEST(EmulatedKernels, Copy2dAccumulates) {
     EXPECT_TRUE(std::equal(c.begin(), c.end(), e.begin()));  // the same float additions
     for (size_t r = 0; r < rows; ++r)
         for (size_t k = cols; k < ld_dst; ++k) ASSERT_EQ(e[r * ld_dst + k], dst[r * ld_dst + k]);
+}
+
+// The MoE routing kernels against the CPU backend: the same expert choices and bits.
+TEST(EmulatedKernels, MoeRouteGatherCombine) {
+    auto be = cpu();
+    const int N = 45, E = 7, k = 3, C = 33;
+    auto logits = randn(size_t(N) * E, 50, 2.0f), bias = randn(E, 51, 0.05f);
+    for (int e = 0; e < E; ++e) logits[size_t(4) * E + e] = 0.5f;  // row 4: all tied
+    for (bool norm : {false, true})
+        for (const float* b : {static_cast<const float*>(nullptr), static_cast<const float*>(bias.data())}) {
+            std::vector<float> p(size_t(N) * E), w(size_t(N) * k), p_e(p.size()), w_e(w.size());
+            std::vector<int32_t> ex(size_t(N) * k), ex_e(ex.size());
+            be->moe_route(p.data(), ex.data(), w.data(), logits.data(), b, N, E, k, norm);
+            launch(dim3(grid_for(N)), dim3(kThreads), 0, [&] {
+                moe_route_kernel(p_e.data(), ex_e.data(), w_e.data(), logits.data(), b, N, E, k, norm);
+            });
+            EXPECT_EQ(ex, ex_e);
+            EXPECT_EQ(0, std::memcmp(w.data(), w_e.data(), w.size() * 4));
+            EXPECT_EQ(0, std::memcmp(p.data(), p_e.data(), p.size() * 4));
+            if (!b) EXPECT_EQ((std::vector<int32_t>(ex.begin() + 12, ex.begin() + 15)), (std::vector<int32_t>{0, 1, 2}));
+            auto dw = randn(w.size(), 52), daux = randn(E, 53);
+            std::vector<float> dz(p.size()), dz_e(p.size());
+            be->moe_route_backward(dz.data(), dw.data(), p.data(), ex.data(), w.data(), daux.data(), N, E, k, norm);
+            launch(dim3(grid_for(N)), dim3(kThreads), 0, [&] {
+                moe_route_backward_kernel(dz_e.data(), dw.data(), p.data(), ex.data(), w.data(), daux.data(), N,
+                                          E, k, norm);
+            });
+            EXPECT_LT(rel_err(dz_e, dz), kTol);  // (the compilers may contract to FMAs differently)
+        }
+    // Gather, combine and its backward over a permutation of the N*k slots.
+    std::vector<int32_t> slot(size_t(N) * k), src(size_t(N) * k);
+    std::iota(slot.begin(), slot.end(), 0);
+    std::shuffle(slot.begin(), slot.end(), std::mt19937(54));
+    for (size_t tj = 0; tj < slot.size(); ++tj) src[size_t(slot[tj])] = int32_t(tj / k);
+    auto x = randn(size_t(N) * C, 55), y = randn(size_t(N) * k * C, 56), w = randn(size_t(N) * k, 57);
+    auto out = randn(size_t(N) * C, 58), dout = randn(size_t(N) * C, 59);
+    std::vector<float> xs(y.size()), xs_e(y.size()), o = out, o_e = out, dy(y.size()), dy_e(y.size());
+    std::vector<float> dw(w.size()), dw_e(w.size());
+    be->gather_rows(xs.data(), x.data(), src.data(), N * k, C);
+    be->moe_combine(o.data(), y.data(), slot.data(), w.data(), N, k, C);
+    be->moe_combine_backward(dy.data(), dw.data(), dout.data(), y.data(), slot.data(), w.data(), N, k, C);
+    launch(dim3(grid_for(xs.size())), dim3(kThreads), 0,
+           [&] { gather_rows_kernel(xs_e.data(), x.data(), src.data(), N * k, C); });
+    launch(dim3(grid_for(o.size())), dim3(kThreads), 0,
+           [&] { moe_combine_kernel(o_e.data(), y.data(), slot.data(), w.data(), N, k, C); });
+    launch(dim3(grid_for(w.size())), dim3(kThreads), 0, [&] {
+        moe_combine_backward_kernel(dy_e.data(), dw_e.data(), dout.data(), y.data(), slot.data(), w.data(), N, k, C);
+    });
+    EXPECT_EQ(xs, xs_e);
+    EXPECT_EQ(0, std::memcmp(o.data(), o_e.data(), o.size() * 4));
+    EXPECT_EQ(0, std::memcmp(dy.data(), dy_e.data(), dy.size() * 4));
+    EXPECT_LT(rel_err(dw_e, dw), kTol);  // the same sums in the same order
 }
 
 TEST(EmulatedKernels, SwigluAddScaleAdamw) {

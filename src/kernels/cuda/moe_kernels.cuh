@@ -1,0 +1,114 @@
+// Device code of the MoE routing kernels (see moe.cu): the router's softmax and top-k and its
+// backward (one thread per token row), and the row gathers between token order and expert
+// order (one thread per output element). The same arithmetic, in the same order, as the CPU
+// backend's cpu_moe.cpp. Included by moe.cu and by emulate/.
+#pragma once
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "common.cuh"
+
+#ifndef QUINTET_GRID_STRIDE
+#define QUINTET_GRID_STRIDE(i, n)                                                     \
+    for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);           \
+         i += size_t(gridDim.x) * blockDim.x)
+#endif
+
+namespace quintet::cuda::kern {
+
+__global__ void moe_route_kernel(float* probs, int32_t* expert, float* weight, const float* logits,
+                                 const float* bias, int N, int E, int k, bool norm) {
+    QUINTET_GRID_STRIDE(row, size_t(N)) {
+        const float* z = logits + row * E;
+        float* p = probs + row * E;
+        float mx = z[0];
+        for (int e = 1; e < E; ++e) mx = fmaxf(mx, z[e]);
+        float sum = 0.0f;
+        for (int e = 0; e < E; ++e) sum += (p[e] = expf(z[e] - mx));
+        const float inv = 1.0f / sum;
+        for (int e = 0; e < E; ++e) p[e] *= inv;
+        int32_t* ex = expert + row * k;
+        float* w = weight + row * k;
+        float chosen = 0.0f;
+        for (int j = 0; j < k; ++j) {
+            int best = -1;
+            float bs = 0.0f;
+            for (int e = 0; e < E; ++e) {
+                bool taken = false;
+                for (int i = 0; i < j; ++i) taken |= ex[i] == e;
+                if (taken) continue;
+                const float s = bias ? p[e] + bias[e] : p[e];
+                if (best < 0 || s > bs) best = e, bs = s;
+            }
+            ex[j] = best;
+            w[j] = p[best];
+            chosen += p[best];
+        }
+        if (norm)
+            for (int j = 0; j < k; ++j) w[j] /= chosen;
+    }
+}
+
+__global__ void moe_route_backward_kernel(float* dlogits, const float* dweight, const float* probs,
+                                          const int32_t* expert, const float* weight,
+                                          const float* daux, int N, int E, int k, bool norm) {
+    QUINTET_GRID_STRIDE(row, size_t(N)) {
+        const float* p = probs + row * E;
+        const int32_t* ex = expert + row * k;
+        const float* w = weight + row * k;
+        const float* dw = dweight + row * k;
+        float* dp = dlogits + row * E;
+        for (int e = 0; e < E; ++e) dp[e] = daux ? daux[e] : 0.0f;
+        if (norm) {
+            float s = 0.0f, dot = 0.0f;
+            for (int j = 0; j < k; ++j) s += p[ex[j]], dot += dw[j] * w[j];
+            for (int j = 0; j < k; ++j) dp[ex[j]] += (dw[j] - dot) / s;
+        } else {
+            for (int j = 0; j < k; ++j) dp[ex[j]] += dw[j];
+        }
+        float dot = 0.0f;
+        for (int e = 0; e < E; ++e) dot += p[e] * dp[e];
+        for (int e = 0; e < E; ++e) dp[e] = p[e] * (dp[e] - dot);
+    }
+}
+
+__global__ void gather_rows_kernel(float* dst, const float* src, const int32_t* idx, int n, int C) {
+    QUINTET_GRID_STRIDE(i, size_t(n) * C) {
+        const size_t r = i / C, c = i % C;
+        dst[i] = src[size_t(idx[r]) * C + c];
+    }
+}
+
+__global__ void moe_combine_kernel(float* out, const float* y, const int32_t* slot, const float* weight,
+                                   int N, int k, int C) {
+    QUINTET_GRID_STRIDE(i, size_t(N) * C) {
+        const size_t t = i / C, c = i % C;
+        float o = out[i];
+        for (int j = 0; j < k; ++j) {
+            const float w = weight ? weight[t * k + j] : 1.0f;
+            o += w * y[size_t(slot[t * k + j]) * C + c];
+        }
+        out[i] = o;
+    }
+}
+
+// One thread per (token, choice): C-long loops (deterministic, no atomics).
+__global__ void moe_combine_backward_kernel(float* dy, float* dweight, const float* dout, const float* y,
+                                            const int32_t* slot, const float* weight, int N, int k, int C) {
+    QUINTET_GRID_STRIDE(tj, size_t(N) * k) {
+        const size_t t = tj / k;
+        const float w = weight[tj];
+        const float* d = dout + t * C;
+        const float* r = y + size_t(slot[tj]) * C;
+        float* g = dy + size_t(slot[tj]) * C;
+        float dot = 0.0f;
+        for (int c = 0; c < C; ++c) {
+            g[c] = w * d[c];
+            dot += d[c] * r[c];
+        }
+        dweight[tj] = dot;
+    }
+}
+
+}  // namespace quintet::cuda::kern

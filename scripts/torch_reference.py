@@ -502,6 +502,27 @@ def build_model_class(bf16=False):
             self.load = load
             return out.view(shape)
 
+    class DenseFFN(nn.Module):
+        """The dense SwiGLU feed-forward: down(silu(gate(x)) * up(x)), gate and up stacked."""
+        def __init__(self, cfg):
+            super().__init__()
+            self.f = cfg.ffn_dim
+            self.w_gate_up = nn.Parameter(torch.empty(2 * cfg.ffn_dim, cfg.d_model))
+            self.w_down = nn.Parameter(torch.empty(cfg.d_model, cfg.ffn_dim))
+
+        def hf_views(self, prefix, get):
+            f = self.f
+            return {prefix + "mlp.gate_proj.weight": get(self.w_gate_up)[0:f],
+                    prefix + "mlp.up_proj.weight": get(self.w_gate_up)[f:2 * f],
+                    prefix + "mlp.down_proj.weight": get(self.w_down)}
+
+        def forward(self, h):
+            return swiglu(h, self.w_gate_up, self.w_down)
+
+    def feed_forward(cfg, index):
+        """Layer `index`'s feed-forward block: MoE on the layers moe.layers names, else dense."""
+        return MoE(cfg) if cfg.is_moe_layer(index) else DenseFFN(cfg)
+
     class Layer(nn.Module):
         def __init__(self, cfg, index=0):
             super().__init__()
@@ -514,17 +535,11 @@ def build_model_class(bf16=False):
             self.wqkv = nn.Parameter(torch.empty(self.q_rows + 2 * self.kv_rows, d))
             self.wo = nn.Parameter(torch.empty(d, self.q_rows))
             self.ffn_norm = nn.Parameter(torch.ones(d))
-            if cfg.is_moe_layer(index):
-                self.moe = MoE(cfg)
-            else:
-                self.moe = None
-                # gate and up stacked along rows.
-                self.w_gate_up = nn.Parameter(torch.empty(2 * cfg.ffn_dim, d))
-                self.w_down = nn.Parameter(torch.empty(d, cfg.ffn_dim))
+            self.ffn = feed_forward(cfg, index)
 
         def hf_views(self, prefix, get):
             """{HF name: view into get(param)} for every logical HF tensor of this layer."""
-            q, kv, f = self.q_rows, self.kv_rows, self.cfg.ffn_dim
+            q, kv = self.q_rows, self.kv_rows
             views = {
                 prefix + "input_layernorm.weight": get(self.attn_norm),
                 prefix + "self_attn.q_proj.weight": get(self.wqkv)[0:q],
@@ -533,14 +548,7 @@ def build_model_class(bf16=False):
                 prefix + "self_attn.o_proj.weight": get(self.wo),
                 prefix + "post_attention_layernorm.weight": get(self.ffn_norm),
             }
-            if self.moe is not None:
-                views.update(self.moe.hf_views(prefix, get))
-                return views
-            views.update({
-                prefix + "mlp.gate_proj.weight": get(self.w_gate_up)[0:f],
-                prefix + "mlp.up_proj.weight": get(self.w_gate_up)[f:2 * f],
-                prefix + "mlp.down_proj.weight": get(self.w_down),
-            })
+            views.update(self.ffn.hf_views(prefix, get))
             return views
 
         def forward(self, x, cos, sin, mask):
@@ -564,10 +572,7 @@ def build_model_class(bf16=False):
             o = o.view(B, nh, T, hd).transpose(1, 2).reshape(B, T, nh * hd)
             x = x + linear(o, self.wo)
             h = rmsnorm(x, self.ffn_norm, cfg.norm_eps)
-            if self.moe is not None:
-                return x + self.moe(h)
-            gate, up = linear(h, self.w_gate_up).chunk(2, dim=-1)
-            return x + linear(F.silu(gate) * up, self.w_down)
+            return x + self.ffn(h)
 
     class MLALayer(nn.Module):
         """DeepSeek-V2 multi-head latent attention (DESIGN section 2, MLA) + the SwiGLU FFN."""
@@ -590,15 +595,10 @@ def build_model_class(bf16=False):
             self.wkv_b = nn.Parameter(torch.empty(nh * (cfg.qk_nope_dim + cfg.v_head_dim), rkv))
             self.wo = nn.Parameter(torch.empty(d, nh * cfg.v_head_dim))
             self.ffn_norm = nn.Parameter(torch.ones(d))
-            if cfg.is_moe_layer(index):
-                self.moe = MoE(cfg)
-            else:
-                self.moe = None
-                self.w_gate_up = nn.Parameter(torch.empty(2 * cfg.ffn_dim, d))
-                self.w_down = nn.Parameter(torch.empty(d, cfg.ffn_dim))
+            self.ffn = feed_forward(cfg, index)
 
         def hf_views(self, prefix, get):
-            qi, f = self.q_in_rows, self.cfg.ffn_dim
+            qi = self.q_in_rows
             a = prefix + "self_attn."
             views = {prefix + "input_layernorm.weight": get(self.attn_norm)}
             if self.cfg.q_lora_rank > 0:
@@ -614,14 +614,7 @@ def build_model_class(bf16=False):
                 a + "o_proj.weight": get(self.wo),
                 prefix + "post_attention_layernorm.weight": get(self.ffn_norm),
             })
-            if self.moe is not None:
-                views.update(self.moe.hf_views(prefix, get))
-                return views
-            views.update({
-                prefix + "mlp.gate_proj.weight": get(self.w_gate_up)[0:f],
-                prefix + "mlp.up_proj.weight": get(self.w_gate_up)[f:2 * f],
-                prefix + "mlp.down_proj.weight": get(self.w_down),
-            })
+            views.update(self.ffn.hf_views(prefix, get))
             return views
 
         def forward(self, x, cos, sin, mask):
@@ -653,10 +646,7 @@ def build_model_class(bf16=False):
             o = o.view(B, nh, T, dv).transpose(1, 2).reshape(B, T, nh * dv)
             x = x + linear(o, self.wo)
             h = rmsnorm(x, self.ffn_norm, eps)
-            if self.moe is not None:
-                return x + self.moe(h)
-            gate, up = linear(h, self.w_gate_up).chunk(2, dim=-1)
-            return x + linear(F.silu(gate) * up, self.w_down)
+            return x + self.ffn(h)
 
     class Decoder(nn.Module):
         def __init__(self, cfg):
@@ -666,7 +656,7 @@ def build_model_class(bf16=False):
             layer_class = MLALayer if cfg.mla else Layer
             self.layers = nn.ModuleList(layer_class(cfg, i) for i in range(cfg.n_layers))
             # MoE blocks in layer order, with their layer index
-            self.moe_blocks = [(i, l.moe) for i, l in enumerate(self.layers) if l.moe is not None]
+            self.moe_blocks = [(i, l.ffn) for i, l in enumerate(self.layers) if isinstance(l.ffn, MoE)]
             self.norm = nn.Parameter(torch.ones(cfg.d_model))
             self.lm_head = None if cfg.tie_embeddings else nn.Parameter(
                 torch.empty(cfg.vocab, cfg.d_model))

@@ -54,25 +54,28 @@ MetricsFile::~MetricsFile() {
     if (file_.valid()) H5Fflush(file_, H5F_SCOPE_GLOBAL);
 }
 
-void MetricsFile::append_value(const std::string& path, double v) {
+hid_t MetricsFile::extendible(const std::string& path, const std::vector<hsize_t>& inner, hsize_t chunk_rows) {
     auto it = open_.find(path);
-    if (it == open_.end()) {
-        hid_t id;
-        if (h5::exists(file_, path)) {
-            id = H5Dopen2(file_, path.c_str(), H5P_DEFAULT);
-        } else {
-            h5::Handle g = h5::group(h5::create_groups(file_, path.substr(0, path.rfind('/'))));
-            hsize_t dims = 0, maxdims = H5S_UNLIMITED, chunk = 256;
-            h5::Handle sp = h5::space(H5Screate_simple(1, &dims, &maxdims));
-            h5::Handle dcpl = h5::plist(H5Pcreate(H5P_DATASET_CREATE));
-            H5Pset_chunk(dcpl, 1, &chunk);
-            bool is_step = path.size() >= 5 && path.compare(path.size() - 5, 5, "/step") == 0;
-            id = H5Dcreate2(file_, path.c_str(), is_step ? H5T_STD_I64LE : H5T_IEEE_F64LE, sp,
-                            H5P_DEFAULT, dcpl, H5P_DEFAULT);
-        }
-        it = open_.emplace(path, h5::dataset(h5::check(id, "metrics dataset " + path))).first;
+    if (it != open_.end()) return it->second;
+    hid_t id;
+    if (h5::exists(file_, path)) {
+        id = H5Dopen2(file_, path.c_str(), H5P_DEFAULT);
+    } else {
+        h5::Handle g = h5::group(h5::create_groups(file_, path.substr(0, path.rfind('/'))));
+        std::vector<hsize_t> dims{0}, maxdims{H5S_UNLIMITED}, chunk{chunk_rows};
+        for (hsize_t d : inner) dims.push_back(d), maxdims.push_back(d), chunk.push_back(d);
+        h5::Handle sp = h5::space(H5Screate_simple(int(dims.size()), dims.data(), maxdims.data()));
+        h5::Handle dcpl = h5::plist(H5Pcreate(H5P_DATASET_CREATE));
+        H5Pset_chunk(dcpl, int(chunk.size()), chunk.data());
+        const bool is_step = path.size() >= 5 && path.compare(path.size() - 5, 5, "/step") == 0;
+        id = H5Dcreate2(file_, path.c_str(), is_step ? H5T_STD_I64LE : H5T_IEEE_F64LE, sp, H5P_DEFAULT,
+                        dcpl, H5P_DEFAULT);
     }
-    hid_t ds = it->second;
+    return open_.emplace(path, h5::dataset(h5::check(id, "metrics dataset " + path))).first->second;
+}
+
+void MetricsFile::append_value(const std::string& path, double v) {
+    hid_t ds = extendible(path, {}, 256);
     hsize_t n = h5::dataset_shape(ds)[0], one = 1, newn = n + 1;
     h5::check(H5Dset_extent(ds, &newn), "extend " + path);
     h5::Handle fs = h5::space(H5Dget_space(ds));
@@ -88,24 +91,7 @@ void MetricsFile::append(const std::string& group,
 
 void MetricsFile::append_matrix(const std::string& path, const std::vector<double>& v, int rows, int cols) {
     QUINTET_CHECK(v.size() == size_t(rows) * size_t(cols), "metrics: matrix of the wrong size for " + path);
-    auto it = open_.find(path);
-    if (it == open_.end()) {
-        hid_t id;
-        if (h5::exists(file_, path)) {
-            id = H5Dopen2(file_, path.c_str(), H5P_DEFAULT);
-        } else {
-            h5::Handle g = h5::group(h5::create_groups(file_, path.substr(0, path.rfind('/'))));
-            hsize_t dims[3] = {0, hsize_t(rows), hsize_t(cols)};
-            hsize_t maxdims[3] = {H5S_UNLIMITED, hsize_t(rows), hsize_t(cols)};
-            hsize_t chunk[3] = {16, hsize_t(rows), hsize_t(cols)};
-            h5::Handle sp = h5::space(H5Screate_simple(3, dims, maxdims));
-            h5::Handle dcpl = h5::plist(H5Pcreate(H5P_DATASET_CREATE));
-            H5Pset_chunk(dcpl, 3, chunk);
-            id = H5Dcreate2(file_, path.c_str(), H5T_IEEE_F64LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-        }
-        it = open_.emplace(path, h5::dataset(h5::check(id, "metrics dataset " + path))).first;
-    }
-    hid_t ds = it->second;
+    hid_t ds = extendible(path, {hsize_t(rows), hsize_t(cols)}, 16);
     const auto shape = h5::dataset_shape(ds);
     QUINTET_CHECK(shape.size() == 3 && shape[1] == hsize_t(rows) && shape[2] == hsize_t(cols),
                   "metrics: " + path + " has another shape");

@@ -170,6 +170,26 @@ void BlockContext::set_bf16_weights(const float* master, const bf16_bits* shadow
     shadow_ = shadow;
 }
 
+PositionedCache::PositionedCache(Backend& b, int max_len_) : be(b), max_len(max_len_) {
+    pos = be.alloc_i32(size_t(max_len));
+    std::vector<int32_t> p(static_cast<size_t>(max_len));
+    for (int i = 0; i < max_len; ++i) p[size_t(i)] = i;
+    be.from_host_i32(pos, p.data(), p.size());
+}
+
+PositionedCache::~PositionedCache() { be.release_i32(pos); }
+
+KvRowsCache::KvRowsCache(Backend& b, int max_len_, int kw_, int vw_)
+    : PositionedCache(b, max_len_), kw(kw_), vw(vw_) {
+    k = be.alloc(size_t(max_len) * kw);
+    v = be.alloc(size_t(max_len) * vw);
+}
+
+KvRowsCache::~KvRowsCache() {
+    be.release(k);
+    be.release(v);
+}
+
 BlockContext::RopeTable BlockContext::rope_table(int dim, double amplitude) {
     for (const auto& t : tables_)
         if (t.dim == dim && t.amplitude == amplitude) return t.t;

@@ -14,28 +14,6 @@ namespace {
 
 std::string prefix(int layer) { return "model.layers." + std::to_string(layer) + ".self_attn."; }
 
-// The K/V of every past token of one sequence, per layer: [max_len, NKV*HD] each.
-struct MhaCache final : KvCache {
-    Backend& be;
-    float *k = nullptr, *v = nullptr;
-    int32_t* pos = nullptr;  // [max_len] 0, 1, 2, ...
-    int len = 0, max_len = 0, row = 0;
-    MhaCache(Backend& b, int max_len_, int row_) : be(b), max_len(max_len_), row(row_) {
-        k = be.alloc(size_t(max_len) * row);
-        v = be.alloc(size_t(max_len) * row);
-        pos = be.alloc_i32(size_t(max_len));
-        std::vector<int32_t> p(static_cast<size_t>(max_len));
-        for (int i = 0; i < max_len; ++i) p[size_t(i)] = i;
-        be.from_host_i32(pos, p.data(), p.size());
-    }
-    ~MhaCache() override {
-        be.release(k);
-        be.release(v);
-        be.release_i32(pos);
-    }
-    size_t bytes_per_token() const override { return size_t(2) * row * sizeof(float); }
-};
-
 class MhaAttention final : public AttentionBlock {
     struct Saved {
         float* qkv;  // [N, QKV] q | k | v after RoPE
@@ -97,7 +75,7 @@ public:
         }
         float* att = c_.produce(s.att, datt_);
         {
-            auto& kc = static_cast<MhaCache&>(*cache);
+            auto& kc = static_cast<KvRowsCache&>(*cache);
             QUINTET_CHECK(c_.B == 1 && kc.len + N <= kc.max_len, "KV cache: one sequence, within max_len");
             const int kvw = NKV_ * HD_;
             for (int n = 0; n < N; ++n) {
@@ -166,7 +144,7 @@ public:
 
     std::unique_ptr<KvCache> make_cache(int max_len, bool /*full_kv: MHA caches K|V anyway*/) const override {
         QUINTET_CHECK(c_.d.tp == 1, "generation runs on one rank (tp = 1)");
-        return std::make_unique<MhaCache>(c_.be, max_len, NKV_ * HD_);
+        return std::make_unique<KvRowsCache>(c_.be, max_len, NKV_ * HD_, NKV_ * HD_);
     }
 
 private:

@@ -43,47 +43,16 @@ MlaShape mla_shape(const ModelConfig& m, const ModelDims& d) {
             m.q_lora_rank, m.kv_lora_rank};
 }
 
-// The compressed cache of generation: per past token [RMSNorm(c) | RoPE(kr)], Lw floats.
-struct MlaLatentCache final : KvCache {
-    Backend& be;
-    float* lat = nullptr;    // [max_len, Lw]
-    int32_t* pos = nullptr;  // [max_len] 0, 1, 2, ...
-    int len = 0, max_len = 0, width = 0;
-    MlaLatentCache(Backend& b, int max_len_, int width_) : be(b), max_len(max_len_), width(width_) {
+// The compressed cache of generation: per past token [RMSNorm(c) | RoPE(kr)], Lw floats. (The
+// uncompressed alternative, quintet generate --kv-cache full, is a KvRowsCache of per-head K|V.)
+struct MlaLatentCache final : PositionedCache {
+    float* lat = nullptr;  // [max_len, Lw]
+    int width = 0;
+    MlaLatentCache(Backend& b, int max_len_, int width_) : PositionedCache(b, max_len_), width(width_) {
         lat = be.alloc(size_t(max_len) * width);
-        pos = be.alloc_i32(size_t(max_len));
-        std::vector<int32_t> p(static_cast<size_t>(max_len));
-        for (int i = 0; i < max_len; ++i) p[size_t(i)] = i;
-        be.from_host_i32(pos, p.data(), p.size());
     }
-    ~MlaLatentCache() override {
-        be.release(lat);
-        be.release_i32(pos);
-    }
+    ~MlaLatentCache() override { be.release(lat); }
     size_t bytes_per_token() const override { return size_t(width) * sizeof(float); }
-};
-
-// The uncompressed alternative (quintet generate --kv-cache full): per-head K and V per token,
-// as training computes them; for measuring what the latent cache saves.
-struct MlaFullCache final : KvCache {
-    Backend& be;
-    float *k = nullptr, *v = nullptr;  // [max_len, Qw], [max_len, Aw]
-    int32_t* pos = nullptr;
-    int len = 0, max_len = 0, kw = 0, vw = 0;
-    MlaFullCache(Backend& b, int max_len_, int kw_, int vw_) : be(b), max_len(max_len_), kw(kw_), vw(vw_) {
-        k = be.alloc(size_t(max_len) * kw);
-        v = be.alloc(size_t(max_len) * vw);
-        pos = be.alloc_i32(size_t(max_len));
-        std::vector<int32_t> p(static_cast<size_t>(max_len));
-        for (int i = 0; i < max_len; ++i) p[size_t(i)] = i;
-        be.from_host_i32(pos, p.data(), p.size());
-    }
-    ~MlaFullCache() override {
-        be.release(k);
-        be.release(v);
-        be.release_i32(pos);
-    }
-    size_t bytes_per_token() const override { return size_t(kw + vw) * sizeof(float); }
 };
 
 class MlaAttention final : public AttentionBlock {
@@ -299,7 +268,7 @@ public:
 
     std::unique_ptr<KvCache> make_cache(int max_len, bool full_kv) const override {
         QUINTET_CHECK(c_.d.tp == 1, "generation runs on one rank (tp = 1)");
-        if (full_kv) return std::make_unique<MlaFullCache>(c_.be, max_len, s_.Qw(), s_.Aw());
+        if (full_kv) return std::make_unique<KvRowsCache>(c_.be, max_len, s_.Qw(), s_.Aw());
         // The absorbed query and output of the latent cache (generation only; not in training).
         qlat_ = c_.scratch("mla.qlat", size_t(c_.N) * s_.NHl * s_.Lw());
         olat_ = c_.scratch("mla.olat", size_t(c_.N) * s_.NHl * s_.rkv);
@@ -361,7 +330,7 @@ private:
         const int N = c_.N;
         QUINTET_CHECK(c_.B == 1 && !c_.bf16(), "MLA generation: one sequence, fp32");
         float* att = c_.produce(s.att, datt_);
-        if (auto* fc = dynamic_cast<MlaFullCache*>(cache)) {  // per-head K|V, as training
+        if (auto* fc = dynamic_cast<KvRowsCache*>(cache)) {  // per-head K|V, as training
             QUINTET_CHECK(fc->len + N <= fc->max_len, "KV cache: within max_len");
             expand(s, params, N);
             c_.be.copy(fc->k + size_t(fc->len) * fc->kw, s.k, size_t(N) * fc->kw);

@@ -86,6 +86,11 @@ public:
         host_expert_.resize(R);
         host_slot_.resize(R);
         host_src_.resize(R);
+        next_.resize(size_t(E_));
+        host_probs_.resize(Nr * E_);
+        host_stats_.resize(size_t(2 * E_ + 1));
+        host_e_.resize(size_t(E_));
+        host_psum_.resize(size_t(E_));
     }
 
     void add_slot() override {
@@ -226,7 +231,7 @@ public:
         if (!bias_) return;
         double mean = 0;
         for (int e = 0; e < E_; ++e) mean += load[e] / E_;
-        std::vector<float> b(static_cast<size_t>(E_));
+        std::vector<float>& b = host_e_;
         c_.be.to_host(b.data(), params + bias_, size_t(E_));
         for (int e = 0; e < E_; ++e) {
             const double d = mean - load[e];
@@ -253,7 +258,7 @@ private:
             if (!c_.recomputing) load_[size_t(e)] += s.count[size_t(e)];
         }
         std::vector<int>& next = next_;
-        next.assign(s.offset.begin(), s.offset.end());
+        std::copy(s.offset.begin(), s.offset.end(), next.begin());
         for (int i = 0; i < R; ++i) {
             const int r = next[size_t(host_expert_[size_t(i)])]++;
             host_slot_[size_t(i)] = r;
@@ -269,10 +274,10 @@ private:
         s.aux = 0;
         if (balance_ != "aux_loss") return;
         const int Nr = c_.Nr;
-        host_probs_.resize(size_t(Nr) * E_);
         c_.be.to_host(host_probs_.data(), s.probs, host_probs_.size());
-        std::vector<float> st(static_cast<size_t>(2 * E_ + 1), 0.0f);  // counts | prob sums | tokens
-        std::vector<double> psum(static_cast<size_t>(E_), 0.0);
+        std::vector<float>& st = host_stats_;  // counts | prob sums | tokens
+        std::vector<double>& psum = host_psum_;
+        std::fill(psum.begin(), psum.end(), 0.0);
         for (int t = 0; t < Nr; ++t)
             for (int e = 0; e < E_; ++e) psum[size_t(e)] += host_probs_[size_t(t) * E_ + e];
         for (int e = 0; e < E_; ++e) {
@@ -284,7 +289,7 @@ private:
         if (c_.cp) c_.cp->all_reduce_sum(st.data(), st.size());
         const double T = st[size_t(2 * E_)];
         double aux = 0;
-        std::vector<float> daux(static_cast<size_t>(E_));
+        std::vector<float>& daux = host_e_;
         for (int e = 0; e < E_; ++e) {
             const double f = st[size_t(e)] / (double(k_) * T), P = st[size_t(E_ + e)] / T;
             aux += double(E_) * f * P;
@@ -305,7 +310,9 @@ private:
     std::vector<double> load_;  // this step's routing choices per expert (all microbatches)
     std::vector<int32_t> host_expert_, host_slot_, host_src_;
     std::vector<int> next_;
-    std::vector<float> host_probs_;
+    // Host staging, sized once (no allocation in the steady state).
+    std::vector<float> host_probs_, host_stats_, host_e_;
+    std::vector<double> host_psum_;
     std::vector<Saved> slots_;
 };
 

@@ -141,9 +141,7 @@ void ContextParallel::attention_forward(float* out, float* lse, const float* q, 
                                         const float* v, const AttentionArgs& a,
                                         const int32_t* k_pos_all, const int32_t* k_doc_all) {
     const size_t rows = size_t(a.B) * a.Tk;
-    AttentionArgs loc = a;
-    loc.k_pos = k_pos_all + size_t(rank_) * rows;
-    loc.k_doc = k_doc_all ? k_doc_all + size_t(rank_) * rows : nullptr;
+    const AttentionArgs loc = block_args(a, rank_, k_pos_all, k_doc_all);
     if (cp_ == 1) {
         be_.attention_forward(out, lse, q, k, v, loc);
         return;
@@ -165,10 +163,8 @@ void ContextParallel::attention_forward(float* out, float* lse, const float* q, 
             s = post_send(kv_[cur], n, kTagKv);
             r = post_recv(kv_[1 - cur], n, kTagKv);
         }
-        AttentionArgs blk = a;
-        blk.k_stride = blk.v_stride = w;
-        blk.k_pos = k_pos_all + size_t(j) * rows;
-        blk.k_doc = k_doc_all ? k_doc_all + size_t(j) * rows : nullptr;
+        AttentionArgs blk = block_args(a, j, k_pos_all, k_doc_all);
+        blk.k_stride = blk.v_stride = w;  // the packed K|V block
         be_.attention_forward(part_out_, part_lse_, q, kv_[cur], kv_[cur] + kw, blk);
         be_.attention_merge(out, lse, part_out_, part_lse_, a);
         cur = 1 - cur;
@@ -180,9 +176,7 @@ void ContextParallel::attention_backward(float* dq, float* dk, float* dv, const 
                                          const float* k, const float* v, const AttentionArgs& a,
                                          const int32_t* k_pos_all, const int32_t* k_doc_all) {
     const size_t rows = size_t(a.B) * a.Tk;
-    AttentionArgs loc = a;
-    loc.k_pos = k_pos_all + size_t(rank_) * rows;
-    loc.k_doc = k_doc_all ? k_doc_all + size_t(rank_) * rows : nullptr;
+    const AttentionArgs loc = block_args(a, rank_, k_pos_all, k_doc_all);
     if (cp_ == 1) {
         be_.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, loc);
         return;
@@ -210,10 +204,8 @@ void ContextParallel::attention_backward(float* dq, float* dk, float* dv, const 
         float* acc = dkv_[dcur];
         if (step == 1) be_.zero(acc, n);
         else wait(dr, "context-parallel ring (backward): recv dK/dV");
-        AttentionArgs blk = a;
-        blk.k_stride = blk.v_stride = w;
-        blk.k_pos = k_pos_all + size_t(j) * rows;
-        blk.k_doc = k_doc_all ? k_doc_all + size_t(j) * rows : nullptr;
+        AttentionArgs blk = block_args(a, j, k_pos_all, k_doc_all);
+        blk.k_stride = blk.v_stride = w;  // the packed K|V block
         be_.attention_backward(dq, acc, acc + kw, dout, out, lse, q, kv_[cur], kv_[cur] + kw, blk);
         wait(ds, "context-parallel ring (backward): send dK/dV");
         ds = post_send(acc, n, kTagDkv);

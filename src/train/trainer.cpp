@@ -260,7 +260,6 @@ StepStats Trainer::step(int64_t s) {
         for (auto& c : chunks_) c->take_expert_load(moe_load_, E);
         grid_.world().all_reduce_sum(moe_load_.data(), moe_load_.size());
         for (auto& c : chunks_) c->update_balance_bias(params_, moe_load_, E);
-        st.expert_load = moe_load_;
     }
     refresh_bf16_weights();
     const double t4 = now_s();
@@ -469,8 +468,8 @@ int Trainer::run() {
                 row.emplace_back("stage" + std::to_string(i) + "_activation_mib", act_mib[i]);
             }
             metrics->append("/pipeline", row);
-            if (!st.expert_load.empty())
-                metrics->append_matrix("/moe/expert_load", st.expert_load, deck_.model.n_layers,
+            if (!moe_load_.empty())  // the step's loads (step() filled them)
+                metrics->append_matrix("/moe/expert_load", moe_load_, deck_.model.n_layers,
                                        deck_.model.moe.experts);
         }
         if (s % deck_.output.log_every == 0 || s == t.steps) {

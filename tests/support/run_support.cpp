@@ -1,6 +1,8 @@
 #include "support/run_support.hpp"
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -88,6 +90,51 @@ void make_token_file(const fs::path& p, size_t n, int V, uint32_t seed) {
     }
     Tokenizer tok;  // byte tokenizer: vocab 256
     token_file_write(p.string(), t, tok);
+}
+
+void make_document_token_file(const fs::path& p, size_t n, uint32_t eos, uint32_t seed) {
+    std::mt19937 g(seed);
+    std::vector<uint32_t> t;
+    uint32_t x = 0;
+    for (size_t i = 0; i < n; ++i) {
+        if (g() % 9 == 0) {
+            t.push_back(eos);
+            continue;
+        }
+        x = (g() % 5 == 0) ? g() % 250 : (x * 7 + 3) % 250;
+        t.push_back(x);
+    }
+    Tokenizer tok;
+    tok.eos_id = int(eos);
+    token_file_write(p.string(), t, tok);
+}
+
+std::vector<std::string> TrainFixture::compare_layouts(const std::string& model,
+                                                       const std::vector<std::pair<int, std::string>>& layouts,
+                                                       double tol, double min_drop, size_t steps) {
+    auto ref = train(1, "ref", model + " --parallel.microbatches=8");
+    EXPECT_EQ(ref.status, 0) << ref.output;
+    if (ref.status != 0) return {};
+    auto lref = metrics_column(dir / "ref", "/train/loss"), eref = metrics_column(dir / "ref", "/eval/loss");
+    EXPECT_EQ(lref.size(), steps);
+    if (lref.size() != steps) return {};
+    EXPECT_LT(lref.back(), lref.front() - min_drop);
+    std::vector<std::string> names;
+    for (const auto& [ranks, args] : layouts) {
+        const std::string name = "l" + std::to_string(names.size());
+        names.push_back(name);
+        auto r = train(ranks, name, model + " " + args);
+        EXPECT_EQ(r.status, 0) << args << "\n" << r.output;
+        if (r.status != 0) continue;
+        auto l = metrics_column(dir / name, "/train/loss"), e = metrics_column(dir / name, "/eval/loss");
+        EXPECT_EQ(l.size(), lref.size()) << args;
+        EXPECT_EQ(e.size(), eref.size()) << args;
+        for (size_t i = 0; i < std::min(l.size(), lref.size()); ++i)
+            EXPECT_LE(std::abs(l[i] - lref[i]), tol * std::abs(lref[i])) << model << " " << args << " step " << i + 1;
+        for (size_t i = 0; i < std::min(e.size(), eref.size()); ++i)
+            EXPECT_LE(std::abs(e[i] - eref[i]), tol * std::abs(eref[i])) << model << " " << args << " eval " << i;
+    }
+    return names;
 }
 
 void TrainFixture::prepare(const std::string& prefix, const char* deck_text, uint32_t seed) {

@@ -28,6 +28,9 @@ std::vector<double> metrics_column(const std::filesystem::path& run_dir, const s
 std::vector<std::pair<std::string, std::vector<float>>> checkpoint_tensors(const std::string& file);
 // A token file with learnable structure (a noisy cyclic pattern) of n tokens over vocab V.
 void make_token_file(const std::filesystem::path& p, size_t n, int V, uint32_t seed);
+// Packed documents: the same kind of pattern over ids < 250, cut by the end-of-document token
+// `eos` (recorded in the file) about every 9 tokens, so boundaries cross chunks and ranks.
+void make_document_token_file(const std::filesystem::path& p, size_t n, uint32_t eos, uint32_t seed);
 
 // A scratch directory per test with a deck and a token file, and `quintet train` on it.
 struct TrainFixture : ::testing::Test {
@@ -36,6 +39,13 @@ struct TrainFixture : ::testing::Test {
     void prepare(const std::string& prefix, const char* deck_text, uint32_t seed);
     // quintet train on `ranks` ranks with run_dir dir/name and extra overrides.
     RunResult train(int ranks, const std::string& name, const std::string& extra);
+    // The layout-invariance check: `model` on one rank with 8 microbatches (run "ref"), whose
+    // loss must fall by at least min_drop over its `steps` steps, then each (ranks, overrides)
+    // of `layouts` (runs "l0", "l1", ...), whose /train/loss and /eval/loss must equal ref's to
+    // `tol` relative. Returns the layouts' run names (empty if the reference failed).
+    std::vector<std::string> compare_layouts(const std::string& model,
+                                             const std::vector<std::pair<int, std::string>>& layouts,
+                                             double tol, double min_drop, size_t steps = 10);
 };
 
 }  // namespace quintet::testing

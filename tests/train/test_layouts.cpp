@@ -52,24 +52,7 @@ struct Layouts : TrainFixture {
     // Runs `layouts` (ranks, overrides) and compares each with the single-rank `ref` run.
     void compare(const std::string& model, const std::vector<std::pair<int, std::string>>& layouts,
                  double tol = 1e-5) {
-        auto ref = train(1, "ref", model + " --parallel.microbatches=8");
-        ASSERT_EQ(ref.status, 0) << ref.output;
-        auto lref = losses("ref"), eref = losses("ref", "/eval/loss");
-        ASSERT_EQ(lref.size(), 10u);
-        EXPECT_LT(lref.back(), lref.front() - 0.5);
-        int k = 0;
-        for (const auto& [ranks, args] : layouts) {
-            std::string name = "l" + std::to_string(k++);
-            auto r = train(ranks, name, model + " " + args);
-            ASSERT_EQ(r.status, 0) << args << "\n" << r.output;
-            auto l = losses(name), e = losses(name, "/eval/loss");
-            ASSERT_EQ(l.size(), lref.size()) << args;
-            ASSERT_EQ(e.size(), eref.size()) << args;
-            for (size_t i = 0; i < l.size(); ++i)
-                EXPECT_LE(std::abs(l[i] - lref[i]), tol * std::abs(lref[i])) << args << " step " << i + 1;
-            for (size_t i = 0; i < e.size(); ++i)
-                EXPECT_LE(std::abs(e[i] - eref[i]), tol * std::abs(eref[i])) << args << " eval " << i;
-        }
+        compare_layouts(model, layouts, tol, 0.5);
     }
 };
 

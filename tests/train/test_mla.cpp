@@ -10,9 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <random>
 
-#include "quintet/io/token_data.hpp"
 #include "support/run_support.hpp"
 
 namespace fs = std::filesystem;
@@ -57,44 +55,14 @@ constexpr int kEos = 255;
 struct Mla : TrainFixture {
     void SetUp() override {
         prepare("mla_", kDeck, 5);
-        std::mt19937 g(9);  // packed documents, as in test_context_parallel
-        std::vector<uint32_t> t;
-        uint32_t x = 0;
-        for (int i = 0; i < 20000; ++i) {
-            if (g() % 9 == 0) {
-                t.push_back(kEos);
-                continue;
-            }
-            x = (g() % 5 == 0) ? g() % 250 : (x * 7 + 3) % 250;
-            t.push_back(x);
-        }
-        quintet::Tokenizer tok;
-        tok.eos_id = kEos;
-        quintet::token_file_write(data.string(), t, tok);
+        make_document_token_file(data, 20000, kEos, 9);  // as in test_context_parallel
     }
     std::vector<double> col(const std::string& name, const char* what = "/train/loss") {
         return metrics_column(dir / name, what);
     }
     void compare(const std::string& model, const std::vector<std::pair<int, std::string>>& layouts,
                  double tol = 1e-5) {
-        auto ref = train(1, "ref", model + " --parallel.microbatches=8");
-        ASSERT_EQ(ref.status, 0) << ref.output;
-        auto lref = col("ref"), eref = col("ref", "/eval/loss");
-        ASSERT_EQ(lref.size(), 10u);
-        EXPECT_LT(lref.back(), lref.front() - 0.3);
-        int k = 0;
-        for (const auto& [ranks, args] : layouts) {
-            const std::string name = "l" + std::to_string(k++);
-            auto r = train(ranks, name, model + " " + args);
-            ASSERT_EQ(r.status, 0) << args << "\n" << r.output;
-            auto l = col(name), e = col(name, "/eval/loss");
-            ASSERT_EQ(l.size(), lref.size()) << args;
-            ASSERT_EQ(e.size(), eref.size()) << args;
-            for (size_t i = 0; i < l.size(); ++i)
-                EXPECT_LE(std::abs(l[i] - lref[i]), tol * lref[i]) << model << " " << args << " step " << i + 1;
-            for (size_t i = 0; i < e.size(); ++i)
-                EXPECT_LE(std::abs(e[i] - eref[i]), tol * eref[i]) << model << " " << args << " eval " << i;
-        }
+        compare_layouts(model, layouts, tol, 0.3);
     }
 };
 

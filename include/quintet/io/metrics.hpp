@@ -28,6 +28,8 @@ public:
 
 private:
     void append_value(const std::string& path, double v);
+    // The dataset [step, inner...] at `path`, opened or created (extendible in its first dim).
+    hid_t extendible(const std::string& path, const std::vector<hsize_t>& inner, hsize_t chunk_rows);
     h5::Handle file_;
     std::map<std::string, h5::Handle> open_;
 };

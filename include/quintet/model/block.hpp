@@ -193,6 +193,28 @@ struct KvCache {
     virtual size_t bytes_per_token() const = 0;
 };
 
+// What every cache keeps beside its rows: the positions 0, 1, ... of the cached tokens (backend
+// memory: the keys' positions the causal mask reads) and how many tokens are cached.
+struct PositionedCache : KvCache {
+    PositionedCache(Backend& be, int max_len);
+    ~PositionedCache() override;
+    PositionedCache(const PositionedCache&) = delete;
+    PositionedCache& operator=(const PositionedCache&) = delete;
+    Backend& be;
+    int32_t* pos = nullptr;  // [max_len]
+    int len = 0, max_len = 0;
+};
+
+// Per token, the keys [kw] and the values [vw] that attention reads (MHA's K|V of its kv
+// heads; MLA's uncompressed per-head K|V).
+struct KvRowsCache final : PositionedCache {
+    KvRowsCache(Backend& be, int max_len, int kw, int vw);
+    ~KvRowsCache() override;
+    size_t bytes_per_token() const override { return size_t(kw + vw) * sizeof(float); }
+    float *k = nullptr, *v = nullptr;  // [max_len, kw], [max_len, vw]
+    int kw = 0, vw = 0;
+};
+
 // h[Nr, C] = x[Nr, C] + Attention(xn) for layer `layer`.
 class AttentionBlock {
 public:

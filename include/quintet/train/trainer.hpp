@@ -29,7 +29,6 @@ struct StepStats {
     double dp_early = 0;  // DP buckets whose reduction started during the backward
     double t_tp = 0, tp_bytes = 0;
     double t_cp = 0, t_cp_exposed = 0, cp_bytes = 0;  // the context-parallel ring
-    std::vector<double> expert_load;  // MoE: [layer * E + e] routing choices of the global batch
 };
 
 // Where a run's weights come from, and the context they were trained at (DESIGN §5): the

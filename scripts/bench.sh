@@ -9,9 +9,12 @@
 #   1. quintet: OMP_NUM_THREADS=2 build/quintet train inputs/bench_<x>.deck (one process);
 #      steady state = median of /train/tokens_per_s and /train/mfu in runs/bench_<x>/metrics.h5
 #      over the steps after the first 2;
-#   2. scripts/torch_reference.py bench at the same shapes, 2 threads, with
-#      OMP_WAIT_POLICY=PASSIVE and with the default policy (2 untimed steps, then as many timed
-#      steps as quintet's measured ones).
+#   2. scripts/torch_reference.py bench at the same shapes, 2 threads, under three runtimes:
+#      OMP_WAIT_POLICY=PASSIVE, the default policy, and BLIS preloaded as its BLAS
+#      (LD_PRELOAD of Debian's libblis4-openmp, installed here when missing and apt-get can;
+#      the run fails unless the BLAS mapped into the process really is BLIS) -- 2 untimed
+#      steps, then as many timed steps as quintet's measured ones. quintet is compared with the
+#      best of the three.
 # Then `build/quintet peak` (prints sgemm_gflops=<float>) REPEATS times.
 #
 # With BASELINE=path/to/another/quintet, each round also runs that binary on the same deck right
@@ -52,6 +55,17 @@ done
 if [[ -z "$PY" ]]; then
     echo "bench.sh: no python3 with torch, numpy and h5py (set PYTHON=...; Debian: apt-get install python3-torch python3-h5py)" >&2
     exit 1
+fi
+
+# ---- BLIS for PyTorch's third runtime (Debian: libblis4-openmp) -------------------------------
+BLIS=/usr/lib/x86_64-linux-gnu/blis-openmp/libblas.so.3
+if [[ ! -f $BLIS ]] && command -v apt-get >/dev/null 2>&1 && [[ $(id -u) == 0 ]]; then
+    echo "bench.sh: installing libblis4-openmp (PyTorch's BLIS runtime)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libblis4-openmp >&2 || true
+fi
+if [[ ! -f $BLIS ]]; then
+    echo "bench.sh: warning: $BLIS not found (apt-get install libblis4-openmp); PyTorch runs without BLIS" >&2
+    BLIS=""
 fi
 
 # ---- quintet binary ---------------------------------------------------------------------------
@@ -156,11 +170,19 @@ for deck in $DECKS; do
             echo "   baseline tokens/s=$b_tps" >&2
         fi
 
-        for policy in PASSIVE default; do
-            echo "== $deck round $r/$REPEATS: torch (OMP_WAIT_POLICY=$policy)" >&2
+        for policy in PASSIVE default blis; do
+            echo "== $deck round $r/$REPEATS: torch ($policy)" >&2
             if [[ $policy == default ]]; then
                 line=$(env -u OMP_WAIT_POLICY OMP_NUM_THREADS="$THREADS" \
                     "$PY" scripts/torch_reference.py bench "${targs[@]}" --threads "$THREADS" | tail -n 1)
+            elif [[ $policy == blis ]]; then
+                [[ -n "$BLIS" ]] || continue
+                line=$(env -u OMP_WAIT_POLICY LD_PRELOAD="$BLIS" OMP_NUM_THREADS="$THREADS" \
+                    "$PY" scripts/torch_reference.py bench "${targs[@]}" --threads "$THREADS" | tail -n 1)
+                if [[ $(field "$line" blas) != blis ]]; then
+                    echo "bench.sh: LD_PRELOAD=$BLIS did not take effect (the process maps '$(field "$line" blas)')" >&2
+                    exit 1
+                fi
             else
                 line=$(env OMP_WAIT_POLICY=$policy OMP_NUM_THREADS="$THREADS" \
                     "$PY" scripts/torch_reference.py bench "${targs[@]}" --threads "$THREADS" | tail -n 1)
@@ -187,10 +209,12 @@ for ((r = 1; r <= REPEATS; r++)); do
     fi
 done
 
-"$PY" - "$RAW" "$REPEATS" "$THREADS" <<'EOF' | tee "$OUT/table.txt"
+lscpu > "$OUT/lscpu.txt" 2>/dev/null || true
+HOST="$(sed -n 's/^Model name: *//p' "$OUT/lscpu.txt" | head -n 1), $(nproc) cores, $(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || (grep -qw avx2 /proc/cpuinfo && echo AVX2 || echo no-AVX2))"
+"$PY" - "$RAW" "$REPEATS" "$THREADS" "$HOST" <<'EOF' | tee "$OUT/table.txt"
 import sys, csv, statistics
 from collections import defaultdict
-raw, repeats, threads = sys.argv[1], sys.argv[2], sys.argv[3]
+raw, repeats, threads, host = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 vals = defaultdict(list)
 decks = []
 with open(raw) as f:
@@ -208,7 +232,7 @@ def word(deck, metric):
     return xs[0] if xs else "?"
 
 sgemm = med("all", "sgemm_gflops")
-hdr = ["deck", "quintet tok/s", "torch tok/s (best)", "torch PASSIVE", "torch default",
+hdr = ["deck", "quintet tok/s", "torch tok/s (best)", "torch PASSIVE", "torch default", "torch BLIS",
        "quintet/torch", "quintet MFU", "model GFLOP/s", "sgemm GFLOP/s", "of sgemm"]
 baseline = any(m == "baseline_tok_s" for (_, m) in vals)
 if baseline:
@@ -216,17 +240,18 @@ if baseline:
 rows = []
 for d in decks:
     q = med(d, "quintet_tok_s")
-    tp, td = med(d, "torch_PASSIVE_tok_s"), med(d, "torch_default_tok_s")
-    best, pol = (tp, "PASSIVE") if not (td > tp) else (td, "default")
+    tp, td, tb = med(d, "torch_PASSIVE_tok_s"), med(d, "torch_default_tok_s"), med(d, "torch_blis_tok_s")
+    best, pol = max([(x, n) for x, n in ((tp, "PASSIVE"), (td, "default"), (tb, "BLIS")) if x == x] or [(float("nan"), "?")])
     fpt = med(d, "flops_per_token")
     gf = q * fpt / 1e9
     rows.append([d, f"{q:.1f}", f"{best:.1f} ({word(d, 'torch_runtime')},{pol})", f"{tp:.1f}",
-                 f"{td:.1f}", f"{q / best:.3f}", f"{med(d, 'quintet_mfu'):.4g}", f"{gf:.2f}",
+                 f"{td:.1f}", f"{tb:.1f}", f"{q / best:.3f}", f"{med(d, 'quintet_mfu'):.4g}", f"{gf:.2f}",
                  f"{sgemm:.2f}", f"{gf / sgemm:.3f}"])
     if baseline:
         b = med(d, "baseline_tok_s")
         rows[-1] += [f"{b:.1f}", f"{q / b:.3f}"]
 w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(hdr)]
+print(f"# host: {host} (lscpu in runs/bench_results/lscpu.txt)")
 print(f"# medians over {repeats} round(s); {threads} threads; torch "
       f"{word(decks[0], 'torch_version') if decks else '?'}; model GFLOP/s = quintet tok/s x "
       f"(6P + 6 L T NH (dqk+dv)) per token")

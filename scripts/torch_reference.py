@@ -31,7 +31,10 @@ Three modes:
           prints (and writes to --out) one line per step:  step <s> loss <8 significant digits>
           (with --print-aux and an MoE model:  step <s> loss <x> ce <x> aux <x>, where
           loss = ce + moe.aux_coef * aux and aux = the sum over MoE layers of the balance loss,
-          averaged over the step's microbatches; 0 unless moe.balance = aux_loss)
+          averaged over the step's microbatches; 0 unless moe.balance = aux_loss; with
+          --print-dropped, ' dropped <d_0>,...,<d_L-1>' follows: the routing choices that
+          moe.capacity_factor dropped in each layer, summed over the step's microbatches, as
+          quintet's /moe/dropped_tokens [step, layer, 1]; 0 for dense layers)
 
   eval    the validation cross-entropy of a checkpoint, as quintet eval (DESIGN section 5)
             torch_reference.py eval --checkpoint ck.h5 --data data/quickstart.h5 \
@@ -42,8 +45,18 @@ Three modes:
   with n_kv_heads) or mla (kv_lora_rank, q_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim);
   moe.experts > 0 makes the layers moe.layers names MoE blocks (DESIGN section 2: experts,
   top_k, shared_experts, ffn_dim, norm_topk, balance = aux_loss | aux_free | none, aux_coef,
-  bias_rate), checkpoint names as HF DeepSeek-V2 (mlp.gate.weight, mlp.experts.{e}.*,
-  mlp.shared_experts.*, the aux-free bias /params/...mlp.gate.e_score_correction_bias).
+  bias_rate, capacity_factor), checkpoint names as HF DeepSeek-V2 (mlp.gate.weight,
+  mlp.experts.{e}.*, mlp.shared_experts.*, the aux-free bias
+  /params/...mlp.gate.e_score_correction_bias).
+
+  moe.capacity_factor cf (default 0 = dropless): per layer and microbatch, over the N tokens
+  a rank routes, each expert takes at most cap = ceil(cf * top_k * N / E) routing choices;
+  of an expert chosen more often, the cap choices of largest weight w are kept (equal w: the
+  lower flat choice index n * top_k + i) and the others dropped: they add nothing to their
+  token's output (no renormalisation of the kept weights) and their expert is not evaluated
+  for them. The balance loss and the expert loads count every choice, dropped or not.
+  check routes each microbatch whole, as one rank does when tp = cp = 1 (tp and cp ranks
+  each route a part of it, so their caps differ): N = micro_batch_size * seq_len.
 
   With train.precision = bf16 in the checkpoint's deck, every linear layer multiplies
   bf16-rounded operands in fp32 (weights, inputs, and in backward the output gradient), as
@@ -94,7 +107,7 @@ DECK_DEFAULTS = {
     "rope.original_max_position": "0", "rope.beta_fast": "32", "rope.beta_slow": "1",
     "moe.experts": "0", "moe.top_k": "2", "moe.shared_experts": "0", "moe.ffn_dim": "0",
     "moe.layers": "all", "moe.norm_topk": "true", "moe.balance": "aux_loss",
-    "moe.aux_coef": "0.01", "moe.bias_rate": "0.001",
+    "moe.aux_coef": "0.01", "moe.bias_rate": "0.001", "moe.capacity_factor": "0",
     "parallel.dp": "0", "parallel.microbatches": "1",
     "data.path": "", "data.seq_len": "128", "data.micro_batch_size": "8", "data.order": "random",
     "data.val_fraction": "0.05",
@@ -191,7 +204,7 @@ class ModelConfig:
                  kv_lora_rank=0, q_lora_rank=0, qk_nope_dim=0, qk_rope_dim=0, v_head_dim=0,
                  moe_experts=0, moe_top_k=2, moe_shared=0, moe_ffn_dim=0, moe_layers="all",
                  moe_norm_topk=True, moe_balance="aux_loss", moe_aux_coef=0.01,
-                 moe_bias_rate=0.001):
+                 moe_bias_rate=0.001, moe_capacity_factor=0.0):
         self.vocab = vocab
         self.d_model = d_model
         self.n_layers = n_layers
@@ -210,6 +223,9 @@ class ModelConfig:
                 raise ValueError("moe.shared_experts and moe.ffn_dim must be >= 0")
             if moe_balance not in ("aux_loss", "aux_free", "none"):
                 raise ValueError(f"moe.balance = '{moe_balance}' (aux_loss | aux_free | none)")
+            if not moe_capacity_factor >= 0:
+                raise ValueError(f"moe.capacity_factor = {moe_capacity_factor} must be >= 0 "
+                                 f"(0 = dropless)")
             self.moe_top_k = moe_top_k
             self.moe_shared = moe_shared
             self.moe_ffn_dim = moe_ffn_dim if moe_ffn_dim > 0 else self.ffn_dim
@@ -218,6 +234,7 @@ class ModelConfig:
             self.moe_balance = moe_balance
             self.moe_aux_coef = moe_aux_coef
             self.moe_bias_rate = moe_bias_rate
+            self.moe_capacity_factor = moe_capacity_factor
         self.norm_eps = norm_eps
         self.tie_embeddings = tie_embeddings
         self.theta = theta
@@ -342,7 +359,8 @@ def moe_kwargs_from_deck(deck):
                 moe_shared=deck.int("moe.shared_experts"), moe_ffn_dim=deck.int("moe.ffn_dim"),
                 moe_layers=deck.str("moe.layers"), moe_norm_topk=deck.bool("moe.norm_topk"),
                 moe_balance=deck.str("moe.balance"), moe_aux_coef=deck.float("moe.aux_coef"),
-                moe_bias_rate=deck.float("moe.bias_rate"))
+                moe_bias_rate=deck.float("moe.bias_rate"),
+                moe_capacity_factor=deck.float("moe.capacity_factor"))
 
 
 def rope_tables(cfg, seq_len, dtype):
@@ -435,6 +453,7 @@ def build_model_class(bf16=False):
             self.register_buffer("bias", torch.zeros(E))
             self.aux = None    # balance loss E * sum_e f_e P_e of the last forward (a tensor)
             self.load = None   # routing choices per expert of the last forward [E] int64
+            self.dropped = 0   # choices the capacity dropped in the last forward (an int)
 
         def hf_views(self, prefix, get):
             fe, S = self.cfg.moe_ffn_dim, self.cfg.moe_shared
@@ -466,6 +485,27 @@ def build_model_class(bf16=False):
                 w = w / w.sum(dim=-1, keepdim=True)
             return p, idx, w
 
+        def capacity(self, flat, w, N):
+            """moe.capacity_factor cf > 0: each expert takes at most cap = ceil(cf * k * N / E)
+            of the N*k choices of these N tokens; of an expert chosen more often, the cap choices
+            of largest weight w are kept (equal w: the lower flat index n*k + i), the others
+            dropped. flat, w [N*k] -> (kept [N*k] bool, or None when dropless; dropped count)."""
+            cf = self.cfg.moe_capacity_factor
+            if cf <= 0:
+                return None, 0
+            E, k = self.cfg.moe_experts, self.cfg.moe_top_k
+            cap = math.ceil(cf * k * N / E)
+            counts = torch.bincount(flat, minlength=E)
+            kept = torch.ones(flat.shape, dtype=torch.bool)
+            dropped = 0
+            for e in (counts > cap).nonzero().flatten().tolist():
+                mine = (flat == e).nonzero().flatten()               # ascending flat index
+                # stable descending sort: equal weights keep index order -> lower index kept
+                ranked = torch.sort(w[mine], descending=True, stable=True).indices
+                kept[mine[ranked[cap:]]] = False
+                dropped += len(mine) - cap
+            return kept, dropped
+
         def forward(self, h):
             return self.moe(h, self.gate, self.w_gate_up, self.w_down, self.ws_gate_up,
                             self.ws_down)
@@ -473,21 +513,28 @@ def build_model_class(bf16=False):
         def moe(self, h, gate, w_gate_up, w_down, ws_gate_up, ws_down):
             """h [..., d] -> [..., d]; the weights are arguments so gradcheck can drive them.
             Tokens grouped by expert (stable argsort of the flat expert ids), one GEMM per
-            expert over its tokens, scattered back with index_add."""
+            expert over its tokens, scattered back with index_add. Under moe.capacity_factor
+            the dropped choices are left out: their expert is not evaluated for them and they
+            add nothing (the kept weights are not renormalised)."""
             E, k = self.cfg.moe_experts, self.cfg.moe_top_k
             shape = h.shape
             x = h.reshape(-1, shape[-1])
             N = x.shape[0]
             p, idx, w = self.route(x, gate)
             flat = idx.reshape(-1)                                  # [N*k], choice j = n*k + i
-            load = torch.bincount(flat, minlength=E)
-            order = torch.argsort(flat, stable=True)                # choices sorted by expert
+            load = torch.bincount(flat, minlength=E)                # before any capacity drop
+            kept, dropped = self.capacity(flat, w.detach().reshape(-1), N)
+            choice = torch.arange(N * k)
+            if kept is not None:
+                choice = choice[kept]                               # the kept choices, in order
+            order = choice[torch.argsort(flat[choice], stable=True)]  # sorted by expert
+            counts = torch.bincount(flat[order], minlength=E)
             tok = torch.div(order, k, rounding_mode="floor")        # their token
             xs = x.index_select(0, tok)
             ws = w.reshape(-1).index_select(0, order)
             parts = []
             off = 0
-            for e, c in enumerate(load.tolist()):
+            for e, c in enumerate(counts.tolist()):
                 if c:
                     parts.append(swiglu(xs[off:off + c], w_gate_up[e], w_down[e]))
                     off += c
@@ -496,10 +543,11 @@ def build_model_class(bf16=False):
             if ws_gate_up is not None:
                 out = out + swiglu(x, ws_gate_up, ws_down)
             # Switch/GShard balance loss over these N tokens: f_e = share of the N*k choices
-            # (counts, no gradient), P_e = mean router probability.
+            # (counts before any capacity drop, no gradient), P_e = mean router probability.
             f = load.to(p.dtype) / (k * N)
             self.aux = E * (f * p.mean(dim=0)).sum()
             self.load = load
+            self.dropped = dropped
             return out.view(shape)
 
     class DenseFFN(nn.Module):
@@ -746,6 +794,22 @@ def runtime_word(torch):
     return "unknown"
 
 
+def blas_word():
+    """The BLAS actually mapped into this process (after a matmul): blis, openblas, mkl, ...
+
+    bench.sh runs PyTorch with LD_PRELOAD of BLIS and checks this word, because a preload that
+    does not resolve falls back silently to the BLAS torch was linked with."""
+    try:
+        with open("/proc/self/maps") as f:
+            maps = f.read()
+    except OSError:
+        return "unknown"
+    for word in ("blis", "openblas", "mkl", "atlas"):
+        if re.search(r"/\S*" + word + r"\S*\.so", maps, re.IGNORECASE):
+            return word
+    return "unknown"
+
+
 # --------------------------------------------------------------------------------------------
 # bench
 
@@ -801,7 +865,7 @@ def cmd_bench(args):
     fpt = cfg.flops_per_token(T)
     wait = os.environ.get("OMP_WAIT_POLICY", "default")
     print(f"torch_tokens_per_s={tok_s:.6g} step_time_s={med:.6g} threads={torch.get_num_threads()} "
-          f"runtime={runtime_word(torch)} torch_version={torch.__version__} "
+          f"runtime={runtime_word(torch)} torch_version={torch.__version__} blas={blas_word()} "
           f"omp_wait_policy={wait} flops_per_token={fpt} params={cfg.matmul_params()} "
           f"model_gflops={tok_s * fpt / 1e9:.6g} steps={args.steps} last_loss={loss:.6g}"
           + (" attention=mla" if cfg.mla else "")
@@ -833,7 +897,8 @@ def read_deck_attr(f):
 def moe_words(cfg):
     return (f"moe: E={cfg.moe_experts} top_k={cfg.moe_top_k} shared={cfg.moe_shared} "
             f"ffn={cfg.moe_ffn_dim} layers={','.join(map(str, sorted(cfg.moe_layer_set)))} "
-            f"norm_topk={'true' if cfg.moe_norm_topk else 'false'} balance={cfg.moe_balance}")
+            f"norm_topk={'true' if cfg.moe_norm_topk else 'false'} balance={cfg.moe_balance}"
+            f" capacity_factor={cfg.moe_capacity_factor:g}")
 
 
 def load_moe_biases(ck, path, model, cfg):
@@ -1000,6 +1065,7 @@ def cmd_check(args):
         loss_sum = 0.0
         aux_sum = 0.0
         loads = [torch.zeros(cfg.moe_experts, dtype=torch.int64) for _ in model.moe_blocks]
+        dropped = [0] * cfg.n_layers  # capacity-dropped choices per layer (dense layers: 0)
         # Gradient accumulation over chunks of micro_batch_size samples; the loss is the mean
         # over every target token of the global batch (+ under moe.balance = aux_loss, aux_coef
         # times the MoE balance loss of each microbatch, summed over MoE layers, averaged over
@@ -1018,8 +1084,9 @@ def cmd_check(args):
                 aux_sum += aux.item()
             else:
                 (ce / denom).backward()
-            for ld, (_, m) in zip(loads, model.moe_blocks):
+            for ld, (i, m) in zip(loads, model.moe_blocks):
                 ld += m.load
+                dropped[i] += m.dropped
             loss_sum += ce.item()
         loss = loss_sum / denom
         aux_mean = aux_sum / n_mb
@@ -1036,11 +1103,14 @@ def cmd_check(args):
         line = f"step {s} loss {loss:.8g}"
         if args.print_aux and moe:
             line += f" ce {loss_sum / denom:.8g} aux {aux_mean:.8g}"
+        if args.print_dropped and moe:
+            line += " dropped " + ",".join(map(str, dropped))
         print(line, flush=True)
         if args.verbose:
             print(f"#   lr {lr:.8g} grad_norm {gnorm:.8g}", file=sys.stderr, flush=True)
             for ld, (i, m) in zip(loads, model.moe_blocks):
                 print(f"#   layer {i} load {ld.tolist()}"
+                      + (f" dropped {dropped[i]}" if cfg.moe_capacity_factor > 0 else "")
                       + (f" bias {[float(f'{b:.8g}') for b in m.bias.tolist()]}"
                          if aux_free else ""), file=sys.stderr, flush=True)
         lines.append(line)
@@ -1154,6 +1224,9 @@ def main(argv=None):
                    help="lr and grad norm per step on stderr (MoE: expert loads, aux-free bias)")
     c.add_argument("--print-aux", action="store_true",
                    help="MoE: append 'ce <x> aux <x>' to each step line (loss = ce + aux_coef*aux)")
+    c.add_argument("--print-dropped", action="store_true",
+                   help="MoE: append 'dropped <d_0>,...,<d_L-1>' to each step line (choices the "
+                        "capacity dropped per layer, summed over the step's microbatches)")
     e = sub.add_parser("eval", help="validation cross-entropy of a checkpoint (DESIGN section 5)")
     e.add_argument("--checkpoint", required=True)
     e.add_argument("--data", required=True)

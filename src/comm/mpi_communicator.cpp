@@ -129,6 +129,18 @@ void MpiCommunicator::all_to_all_counts(const int* send_counts, int* recv_counts
     Timed t(*this, "all_to_all_counts");
     QUINTET_MPI(MPI_Alltoall(send_counts, 1, MPI_INT, recv_counts, 1, MPI_INT, comm_));
 }
+int MpiCommunicator::iall_to_allv(const float* send, const int* sc, const int* sd, float* recv,
+                                  const int* rc, const int* rd) const {
+    ++seq_;
+    size_t h = 0;
+    while (h < exchanges_.size() && exchanges_[h] != MPI_REQUEST_NULL) ++h;
+    if (h == exchanges_.size()) exchanges_.push_back(MPI_REQUEST_NULL);
+    QUINTET_MPI(MPI_Ialltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, comm_, &exchanges_[h]));
+    return int(h);
+}
+void MpiCommunicator::wait_all_to_allv(int h) const {
+    complete(exchanges_[size_t(h)], "all_to_allv (overlapped)");
+}
 void MpiCommunicator::broadcast(void* buf, size_t bytes, int root) const {
     QUINTET_CHECK(bytes <= size_t(INT_MAX), "broadcast of more than 2 GiB");
     Timed t(*this, "broadcast");
@@ -197,6 +209,8 @@ void MpiCommunicator::wait_reduce(int h) const {
 void MpiCommunicator::progress() const {
     int done = 0;
     for (MPI_Request& r : reductions_)
+        if (r != MPI_REQUEST_NULL) QUINTET_MPI(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
+    for (MPI_Request& r : exchanges_)
         if (r != MPI_REQUEST_NULL) QUINTET_MPI(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
 }
 

@@ -1,6 +1,7 @@
 #include "quintet/io/metrics.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "quintet/core/error.hpp"
@@ -92,9 +93,22 @@ void MetricsFile::append(const std::string& group,
 void MetricsFile::append_matrix(const std::string& path, const std::vector<double>& v, int rows, int cols) {
     QUINTET_CHECK(v.size() == size_t(rows) * size_t(cols), "metrics: matrix of the wrong size for " + path);
     hid_t ds = extendible(path, {hsize_t(rows), hsize_t(cols)}, 16);
-    const auto shape = h5::dataset_shape(ds);
-    QUINTET_CHECK(shape.size() == 3 && shape[1] == hsize_t(rows) && shape[2] == hsize_t(cols),
-                  "metrics: " + path + " has another shape");
+    auto shape = h5::dataset_shape(ds);
+    if (shape.size() != 3 || shape[1] != hsize_t(rows) || shape[2] != hsize_t(cols)) {
+        // A run resumed on another layout (/moe/ep_tokens has one column per ep rank): the
+        // history moves to <path>_<rows>x<cols> of its shape, and the new dataset starts with
+        // NaN rows for those steps, so its rows stay aligned with /train/step.
+        const hsize_t before = shape.empty() ? 0 : shape[0];
+        std::string old = path + "_" + std::to_string(shape.size() > 1 ? shape[1] : 0) + "x" +
+                          std::to_string(shape.size() > 2 ? shape[2] : 0);
+        open_.erase(path);
+        if (h5::exists(file_, old)) H5Ldelete(file_, old.c_str(), H5P_DEFAULT);
+        h5::check(H5Lmove(file_, path.c_str(), file_, old.c_str(), H5P_DEFAULT, H5P_DEFAULT), "move " + path);
+        ds = extendible(path, {hsize_t(rows), hsize_t(cols)}, 16);
+        std::vector<double> nan(v.size(), std::nan(""));
+        for (hsize_t i = 0; i < before; ++i) append_matrix(path, nan, rows, cols);
+        shape = h5::dataset_shape(ds);
+    }
     hsize_t start[3] = {shape[0], 0, 0}, count[3] = {1, hsize_t(rows), hsize_t(cols)};
     hsize_t ext[3] = {shape[0] + 1, hsize_t(rows), hsize_t(cols)};
     h5::check(H5Dset_extent(ds, ext), "extend " + path);
@@ -102,6 +116,17 @@ void MetricsFile::append_matrix(const std::string& path, const std::vector<doubl
     H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, nullptr, count, nullptr);
     h5::Handle ms = h5::space(H5Screate_simple(3, count, nullptr));
     h5::check(H5Dwrite(ds, H5T_NATIVE_DOUBLE, ms, fs, H5P_DEFAULT, v.data()), "write " + path);
+}
+
+std::vector<double> MetricsFile::read_all(const std::string& path) {
+    std::vector<double> v;
+    if (!h5::exists(file_, path)) return v;
+    hid_t ds = extendible(path, {}, 1);  // opened (not created: it exists)
+    size_t n = 1;
+    for (hsize_t d : h5::dataset_shape(ds)) n *= size_t(d);
+    v.resize(n);
+    if (n) h5::check(H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), "read " + path);
+    return v;
 }
 
 void MetricsFile::flush() { H5Fflush(file_, H5F_SCOPE_GLOBAL); }

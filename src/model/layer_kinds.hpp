@@ -15,7 +15,6 @@ void mla_add_params(const ModelConfig& m, ParamBuilder& b, int layer);
 std::unique_ptr<AttentionBlock> make_mla_attention(BlockContext& ctx, const ModelConfig& m,
                                                    const ParamTable& table, int layer);
 
-bool moe_layer(const ModelConfig& m, int layer);  // moe.experts > 0 and moe.layers names it
 void moe_add_params(const ModelConfig& m, ParamBuilder& b, int layer);
 std::unique_ptr<FeedForwardBlock> make_moe_feed_forward(BlockContext& ctx, const ModelConfig& m,
                                                         const ParamTable& table, int layer);

@@ -18,6 +18,7 @@ ModelChunk::ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope
            opt.max_positions > 0 ? opt.max_positions : T, opt.cp, opt.recompute),
       plan_(plan), full_recompute_(opt.recompute == Recompute::full) {
     QUINTET_CHECK(T % cp_size_ == 0, "seq_len not divisible by cp");
+    ctx_.ep = opt.ep;
     QUINTET_CHECK(!(docs_ || doc_positions_) || eos_id_ >= 0, "document masks need an eos id");
     eps_ = float(m.norm_eps);
     const ModelDims& d = ctx_.d;
@@ -256,16 +257,16 @@ int ModelChunk::moe_experts() const {
     return e;
 }
 
-void ModelChunk::take_expert_load(std::vector<double>& load, int E) {
+void ModelChunk::take_moe_counts(std::vector<double>& counts, int width) {
     for (size_t i = 0; i < layers_.size(); ++i)
         if (layers_[i].ffn->experts() > 0)
-            layers_[i].ffn->take_load(load.data() + size_t(plan_.layer_begin + int(i)) * E);
+            layers_[i].ffn->take_counts(counts.data() + size_t(plan_.layer_begin + int(i)) * width);
 }
 
-void ModelChunk::update_balance_bias(float* params, const std::vector<double>& load, int E) {
+void ModelChunk::update_balance_bias(float* params, const std::vector<double>& counts, int width) {
     for (size_t i = 0; i < layers_.size(); ++i)
         if (layers_[i].ffn->experts() > 0)
-            layers_[i].ffn->update_bias(params, load.data() + size_t(plan_.layer_begin + int(i)) * E);
+            layers_[i].ffn->update_bias(params, counts.data() + size_t(plan_.layer_begin + int(i)) * width);
 }
 
 void ModelChunk::backward(int si, const float* params, float* grads, GradReadyHook* hook) {

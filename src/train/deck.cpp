@@ -134,10 +134,15 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_enum("moe.balance", &e.balance, {"aux_loss", "aux_free", "none"}, "load balancing"),
         opt_double("moe.aux_coef", &e.aux_coef, 0, 1e3, "weight of the load-balancing loss"),
         opt_double("moe.bias_rate", &e.bias_rate, 0, 1e3, "aux-free bias update rate"),
+        opt_double("moe.capacity_factor", &e.capacity_factor, 0, 1e6,
+                   "0 = dropless; > 0: each expert takes at most ceil(cf*k*N/E) of a rank's N rows, the "
+                   "lowest-weight choices beyond are dropped and counted"),
+        opt_int("moe.dead_after", &e.dead_after, 1, 1 << 30,
+                "an expert with no tokens for this many steps counts in /moe/dead_experts"),
         opt_int("parallel.tp", &p.tp, 1, 1 << 20, "tensor-parallel ranks (Megatron-style column/row split)"),
         opt_int("parallel.pp", &p.pp, 1, 1 << 20, "pipeline stages"),
         opt_int("parallel.cp", &p.cp, 1, 1 << 20, "context-parallel ranks: each sample's sequence in 2*cp chunks, ring attention"),
-        opt_int("parallel.ep", &p.ep, 1, 1 << 20, "expert-parallel ranks (>1: not yet supported)"),
+        opt_int("parallel.ep", &p.ep, 1, 1 << 20, "expert-parallel ranks, carved from dp x cp; divides moe.experts"),
         opt_int("parallel.dp", &p.dp, 0, 1 << 20, "data-parallel replicas; 0 = world / (tp*pp*cp)"),
         opt_int("parallel.microbatches", &p.microbatches, 1, 1 << 20, "microbatches per DP replica per step"),
         opt_int("parallel.zero", &p.zero, 0, 1, "1 = shard AdamW state over dp (ZeRO-1)"),
@@ -339,8 +344,11 @@ void deck_validate(const Deck& d, int world) {
     const auto& m = d.model;
     const auto& p = d.parallel;
     const int kv = m.n_kv_heads == 0 ? m.n_heads : m.n_kv_heads;
-    // Features that belong to later work stop here, naming the key.
-    if (p.ep != 1) config_fail("parallel.ep", S(p.ep), "expert parallelism is not yet supported (valid: 1)");
+    if (p.ep > 1 && m.moe.experts == 0)
+        config_fail("parallel.ep", S(p.ep), "expert parallelism needs MoE layers (moe.experts > 0); valid here: 1");
+    if (p.ep > 1 && m.moe.experts % p.ep != 0)
+        config_fail("parallel.ep", S(p.ep),
+                    "must divide moe.experts = " + S(m.moe.experts) + " (each ep rank holds E/ep experts)");
     if (m.moe.experts > 0) {  // DESIGN §2 "MoE"
         const auto& e = m.moe;
         if (e.top_k > e.experts)

@@ -135,7 +135,10 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
         cp_ = std::make_unique<ContextParallel>(comms_.group(Group::cp), be_, dc.micro_batch_size, dc.seq_len);
         cp_->mla_kv = deck.parallel.cp_mla_kv == "latent" ? MlaKv::latent : MlaKv::ring;
     }
+    if (grid.ep().size() > 1)
+        ep_ = std::make_unique<ExpertParallel>(comms_.group(Group::ep), be_, deck.model.moe.experts);
     ChunkOptions opt;
+    opt.ep = ep_.get();
     opt.precision = deck.train.precision == "bf16" ? Precision::bf16 : Precision::fp32;
     opt.cp = cp_.get();
     opt.document_mask = dc.document_mask;
@@ -152,7 +155,11 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
         // DESIGN §3: the aux loss is averaged over the step's microbatches of all replicas.
         chunks_.back()->set_aux_scale(1.0 / double(grid.dp().size() * deck.parallel.microbatches));
     }
-    if (deck.model.moe.experts > 0) moe_load_.assign(size_t(deck.model.n_layers) * deck.model.moe.experts, 0.0);
+    if (deck.model.moe.experts > 0) {
+        moe_width_ = moe_counts_width(deck.model.moe.experts, grid.ep().size());
+        moe_counts_.assign(size_t(deck.model.n_layers) * moe_width_, 0.0);
+        moe_idle_.assign(size_t(deck.model.n_layers) * deck.model.moe.experts, 0);
+    }
     const int pp = grid.pp().size(), stage = grid.coord(kPP);
     exec_ = std::make_unique<PipelineExecutor>(
         chunks_, be_, comms_.group(Group::pp), stage, deck.parallel.virtual_stages,
@@ -224,10 +231,11 @@ StepStats Trainer::step(int64_t s) {
     const double t0 = now_s();
     tp_.reset_stats();
     if (cp_) cp_->reset_stats();
+    if (ep_) ep_->reset_stats();
     be_.zero(grads_, table_.total);
     sync_->begin_step(grads_);
-    if (!moe_load_.empty())  // routing counted since the last step (evaluation) is not this step's
-        for (auto& c : chunks_) c->take_expert_load(moe_load_, deck_.model.moe.experts);
+    if (!moe_counts_.empty())  // what was counted since the last step (evaluation) is not this step's
+        for (auto& c : chunks_) c->take_moe_counts(moe_counts_, moe_width_);
     // 1. This replica's microbatches through the pipeline schedule: forward, backward.
     // Microbatch g of the global batch (DESIGN §3): replica r runs [r*m, (r+1)*m).
     const int64_t g0 = int64_t(grid_.coord(kDP)) * p.microbatches;
@@ -252,14 +260,13 @@ StepStats Trainer::step(int64_t s) {
     opt_->clip(grads_, norm);
     const double lr = lr_at(deck_.train, s);
     opt_->update(params_, grads_, s, lr);
-    if (!moe_load_.empty()) {
+    if (!moe_counts_.empty()) {
         // The global batch's routing choices per (layer, expert), the same on every rank; the
         // aux-free biases move from them (DESIGN §2), identically everywhere.
-        const int E = deck_.model.moe.experts;
-        std::fill(moe_load_.begin(), moe_load_.end(), 0.0);
-        for (auto& c : chunks_) c->take_expert_load(moe_load_, E);
-        grid_.world().all_reduce_sum(moe_load_.data(), moe_load_.size());
-        for (auto& c : chunks_) c->update_balance_bias(params_, moe_load_, E);
+        std::fill(moe_counts_.begin(), moe_counts_.end(), 0.0);
+        for (auto& c : chunks_) c->take_moe_counts(moe_counts_, moe_width_);
+        grid_.world().all_reduce_sum(moe_counts_.data(), moe_counts_.size());
+        for (auto& c : chunks_) c->update_balance_bias(params_, moe_counts_, moe_width_);
     }
     refresh_bf16_weights();
     const double t4 = now_s();
@@ -281,7 +288,50 @@ StepStats Trainer::step(int64_t s) {
         st.t_cp_exposed = cp_->exposed_s;
         st.cp_bytes = cp_->bytes;
     }
+    if (ep_) {
+        st.t_ep_dispatch = ep_->dispatch_s;
+        st.t_ep_combine = ep_->combine_s;
+        st.ep_bytes = ep_->bytes;
+        // Every rank's bytes against the theory from the routed counts (docs/math.md §9): each
+        // row routed to another rank crosses four times (dispatch and combine, forward and
+        // backward), six under full recomputation, C fp32 values each.
+        st.ep_bytes_all = ep_->bytes;
+        grid_.world().all_reduce_sum(&st.ep_bytes_all, 1);
+        double foreign = 0;
+        for (int l = 0; l < deck_.model.n_layers; ++l) foreign += moe_counts_[size_t(l) * moe_width_ + deck_.model.moe.experts + 3];
+        const double crossings = deck_.train.recompute == "full" ? 6 : 4;
+        st.ep_bytes_theory = foreign * crossings * double(deck_.model.d_model) * sizeof(float);
+    }
     return st;
+}
+
+// The per-layer MoE figures of the step just taken, from the counts every rank has (dense layers
+// of moe.layers read 0), and the dead-expert counters advanced.
+Trainer::MoeFigures Trainer::moe_figures() {
+    MoeFigures f;
+    if (moe_counts_.empty()) return f;
+    const int L = deck_.model.n_layers, E = deck_.model.moe.experts, ep = grid_.ep().size();
+    f.load.assign(size_t(L) * E, 0.0);
+    f.imbalance.assign(size_t(L), 0.0), f.dead.assign(size_t(L), 0.0), f.dropped.assign(size_t(L), 0.0);
+    f.aux.assign(size_t(L), 0.0), f.ep_tokens.assign(size_t(L) * ep, 0.0);
+    for (int l = 0; l < L; ++l) {
+        if (!moe_layer(deck_.model, l)) continue;
+        const double* c = moe_counts_.data() + size_t(l) * moe_width_;
+        double sum = 0, max = 0;
+        for (int e = 0; e < E; ++e) {
+            f.load[size_t(l) * E + e] = c[e];
+            sum += c[e], max = std::max(max, c[e]);
+            int64_t& idle = moe_idle_[size_t(l) * E + e];
+            idle = c[e] > 0 ? 0 : idle + 1;
+            if (idle >= deck_.model.moe.dead_after) f.dead[size_t(l)] += 1;
+        }
+        f.imbalance[size_t(l)] = sum > 0 ? max / (sum / E) : 0.0;
+        f.worst_imbalance = std::max(f.worst_imbalance, f.imbalance[size_t(l)]);
+        f.dropped[size_t(l)] = c[E];
+        f.aux[size_t(l)] = c[E + 2] > 0 ? c[E + 1] / c[E + 2] : 0.0;
+        for (int g = 0; g < ep; ++g) f.ep_tokens[size_t(l) * ep + g] = c[E + 4 + g];
+    }
+    return f;
 }
 
 // Forward only, through the pipeline virtual stage by virtual stage; batch i runs on replica i % dp.
@@ -292,10 +342,17 @@ double Trainer::evaluate(std::vector<double>* by_position) {
     std::vector<double> pos_sum(by_position ? size_t(T) : 0, 0.0);
     const ModelChunk& last = *chunks_.back();
     double sum = 0.0;
-    for (int i = r; i < deck_.eval.batches; i += dp) {
+    // Under expert parallelism the replicas of an ep group exchange tokens in every forward, so
+    // each runs as many forwards as the busiest one (a replica without a batch of its own
+    // repeats batch 0 and counts nothing).
+    const int nb = deck_.eval.batches, rounds = ep_ ? (nb + dp - 1) / dp : 0;
+    for (int i = r; i < nb || (ep_ && i < rounds * dp); i += dp) {
+        const bool counted = i < nb;
         for (int j = 0; j < mbs; ++j)
-            sampler_.val_sample(i, j, mbs, ids.data() + size_t(j) * T, tgt.data() + size_t(j) * T);
-        sum += exec_->forward_only(params_, ids.data(), tgt.data());
+            sampler_.val_sample(counted ? i : 0, j, mbs, ids.data() + size_t(j) * T, tgt.data() + size_t(j) * T);
+        const double loss = exec_->forward_only(params_, ids.data(), tgt.data());
+        if (!counted) continue;
+        sum += loss;
         if (by_position && last.plan().last) {
             const auto& l = last.token_losses();
             for (size_t n = 0; n < l.size(); ++n) pos_sum[size_t(last.position_of_row(int(n)))] += l[n];
@@ -429,6 +486,12 @@ int Trainer::run() {
     }
     std::unique_ptr<MetricsFile> metrics;
     if (grid_.rank() == 0) metrics = std::make_unique<MetricsFile>(deck_.output.run_dir, deck_text_, start_step_);
+    if (metrics && !moe_idle_.empty() && start_step_ > 0) {
+        // The dead-expert counters continue from the history up to the resumed step.
+        const std::vector<double> h = metrics->read_all("/moe/expert_load");
+        for (size_t row = 0; row + moe_idle_.size() <= h.size(); row += moe_idle_.size())
+            for (size_t i = 0; i < moe_idle_.size(); ++i) moe_idle_[i] = h[row + i] > 0 ? 0 : moe_idle_[i] + 1;
+    }
     if (t.steps == 0 || start_step_ >= t.steps) {
         if (start_step_ == 0) save_checkpoint(0);
         return 0;
@@ -452,6 +515,7 @@ int Trainer::run() {
         }
         double tps = tokens_per_step / st.step_time;
         double mfu = tps * flops_per_token_ / peak_flops_;
+        const MoeFigures moe = moe_figures();
         if (metrics) {
             metrics->append("/train", {{"step", double(s)}, {"loss", st.loss}, {"ce_loss", st.ce_loss},
                                        {"aux_loss", st.aux_loss}, {"lr", st.lr}, {"grad_norm", st.grad_norm},
@@ -461,26 +525,36 @@ int Trainer::run() {
                                         {"optimizer", st.t_optim}, {"tp_comm", st.t_tp},
                                         {"tp_bytes", st.tp_bytes}, {"dp_buckets_overlapped", st.dp_early},
                                         {"cp_comm", st.t_cp}, {"cp_exposed", st.t_cp_exposed},
-                                        {"cp_bytes", st.cp_bytes}});
+                                        {"cp_bytes", st.cp_bytes}, {"ep_dispatch", st.t_ep_dispatch},
+                                        {"ep_combine", st.t_ep_combine}, {"ep_bytes", st.ep_bytes},
+                                        {"ep_bytes_all", st.ep_bytes_all}, {"ep_bytes_theory", st.ep_bytes_theory}});
             std::vector<std::pair<std::string, double>> row;
             for (int i = 0; i < pp; ++i) {
                 row.emplace_back("stage" + std::to_string(i) + "_idle_fraction", idle[i]);
                 row.emplace_back("stage" + std::to_string(i) + "_activation_mib", act_mib[i]);
             }
             metrics->append("/pipeline", row);
-            if (!moe_load_.empty())  // the step's loads (step() filled them)
-                metrics->append_matrix("/moe/expert_load", moe_load_, deck_.model.n_layers,
-                                       deck_.model.moe.experts);
+            if (!moe_counts_.empty()) {  // the step's counts (step() filled them)
+                const int L = deck_.model.n_layers;
+                metrics->append_matrix("/moe/expert_load", moe.load, L, deck_.model.moe.experts);
+                metrics->append_matrix("/moe/imbalance", moe.imbalance, L, 1);
+                metrics->append_matrix("/moe/dead_experts", moe.dead, L, 1);
+                metrics->append_matrix("/moe/dropped_tokens", moe.dropped, L, 1);
+                metrics->append_matrix("/moe/aux", moe.aux, L, 1);
+                metrics->append_matrix("/moe/ep_tokens", moe.ep_tokens, L, grid_.ep().size());
+            }
         }
         if (s % deck_.output.log_every == 0 || s == t.steps) {
             double el = now_s() - t_start;
             double eta = el / double(s - start_step_) * double(t.steps - s);
-            char buf[256];
+            char buf[256], imb[48] = "";
+            if (!moe_counts_.empty())  // the worst MoE layer's max/mean expert load
+                std::snprintf(imb, sizeof imb, " | imbalance %.2f", moe.worst_imbalance);
             std::snprintf(buf, sizeof buf,
-                          "step %6lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | MFU %.1f%% | "
+                          "step %6lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | MFU %.1f%%%s | "
                           "%s elapsed | ETA %s",
                           (long long)s, (long long)t.steps, st.loss, st.lr, st.grad_norm,
-                          human_rate(tps).c_str(), 100.0 * mfu, human_time(el).c_str(),
+                          human_rate(tps).c_str(), 100.0 * mfu, imb, human_time(el).c_str(),
                           human_time(eta).c_str());
             log(buf);
         }

@@ -3,7 +3,9 @@
 written from DESIGN.md alone). Both start from the same step-0 checkpoint and the same token
 file; the curves must agree to fp32 reduction-order tolerance. Exit 77 (skipped) without torch.
 
-usage: test_against_torch.py QUINTET_BINARY SOURCE_DIR WORK_DIR
+usage: test_against_torch.py QUINTET_BINARY SOURCE_DIR WORK_DIR [CASE ...]
+  CASE: run only these training cases (e.g. moe moe_free moe_cap); the eval and bf16-gap
+  checks, which need every case, are then left out.
 """
 import os
 import shutil
@@ -19,6 +21,7 @@ except ImportError as e:
 import h5py
 
 binary, src, work = sys.argv[1], sys.argv[2], sys.argv[3]
+only = sys.argv[4:]
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
 env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
@@ -80,36 +83,66 @@ variants = {
     "moe": (MOE + ["--moe.shared_experts=1", "--moe.aux_coef=0.1"], 1e-5),
     "moe_free": (MOE + ["--moe.balance=aux_free", "--moe.bias_rate=0.01", "--moe.layers=1",
                         "--moe.norm_topk=false"], 1e-5),
+    # moe.capacity_factor: each expert takes at most ceil(1.0 * 2 * 96 / 4) = 48 of the 192
+    # choices of a rank's microbatch; the lowest-weight choices beyond are dropped (counted in
+    # /moe/dropped_tokens, which must match the reference's count exactly and be > 0).
+    "moe_cap": (MOE + ["--moe.capacity_factor=1.0", "--moe.aux_coef=0.01"], 1e-5),
 }
+unknown = [c for c in only if c not in variants]
+if unknown:
+    sys.exit(f"unknown case(s) {', '.join(unknown)} (cases: {', '.join(variants)})")
 worst = 0.0
 failed = False
 curves = {}
 for name, (extra, tol) in variants.items():
+    if only and name not in only:
+        continue
     mpi = ["mpirun", "--oversubscribe", "-n", "2", binary, "train", "tiny.deck",
            "--parallel.microbatches=2"] + extra
     run(mpi + ["--train.steps=0", f"--output.run_dir={name}_s0"])
     run(mpi + [f"--output.run_dir={name}"])
     steps = 10 if "--train.steps=10" in extra else 8
+    moe = any(x.startswith("--moe.experts=") for x in extra)
     with h5py.File(os.path.join(work, name, "metrics.h5"), "r") as m:
         ours = [float(x) for x in m["/train/loss"][:]]
+        # [step, layer, 1] -> per step, the dropped choices of each layer
+        ours_dropped = ([[int(round(float(v))) for v in row.reshape(-1)]
+                         for row in m["/moe/dropped_tokens"][:]] if moe else None)
     out = run([sys.executable, os.path.join(src, "scripts/torch_reference.py"), "check",
                "--checkpoint", f"{name}_s0/checkpoints/step_00000000.h5", "--steps", str(steps),
-               "--set", f"train.steps={steps}", "--threads", "1"])
-    theirs = [float(line.split()[3]) for line in out.splitlines() if line.startswith("step ")]
+               "--set", f"train.steps={steps}", "--threads", "1"] + (["--print-dropped"] if moe else []))
+    lines = [line.split() for line in out.splitlines() if line.startswith("step ")]
+    theirs = [float(w[3]) for w in lines]
+    theirs_dropped = [[int(v) for v in w[w.index("dropped") + 1].split(",")] for w in lines] if moe else None
     if len(theirs) != len(ours):
         sys.exit(f"FAILED: {name}: {len(ours)} quintet losses, {len(theirs)} torch losses\n{out}")
+    if moe and len(ours_dropped) != len(ours):
+        sys.exit(f"FAILED: {name}: {len(ours)} losses but {len(ours_dropped)} /moe/dropped_tokens rows")
     for s, (a, b) in enumerate(zip(ours, theirs)):
         rel = abs(a - b) / abs(b)
         worst = max(worst, rel)
         ok = rel <= tol
+        drops = ""
+        if moe:  # the capacity's dropped choices per layer: the same count on both sides
+            ok_d = ours_dropped[s] == theirs_dropped[s]
+            ok &= ok_d
+            drops = f"  dropped {ours_dropped[s]}" + ("" if ok_d else f" torch {theirs_dropped[s]}")
         failed |= not ok
-        print(f"{name:12s} step {s + 1:2d}  quintet {a:.7f}  torch {b:.7f}  rel {rel:.1e} {'ok' if ok else 'FAIL'}")
+        print(f"{name:12s} step {s + 1:2d}  quintet {a:.7f}  torch {b:.7f}  rel {rel:.1e}{drops} "
+              f"{'ok' if ok else 'FAIL'}")
+    if any(x.startswith("--moe.capacity_factor=") for x in extra) and not any(map(any, ours_dropped)):
+        failed = True
+        print(f"{name}: the capacity dropped no token: the case does not test dropping")
     curves[name] = ours
     if name == "gqa_bf16":
         bf16_torch = theirs
     if ours[-1] > ours[0] - 0.3:
         failed = True
         print(f"{name}: the loss did not fall ({ours[0]:.3f} -> {ours[-1]:.3f})")
+if only:
+    print(f"worst relative difference {worst:.2e} (cases {', '.join(only)} only)")
+    print("1 passed, 0 failed" if not failed else "0 passed, 1 failed")
+    sys.exit(1 if failed else 0)
 # quintet eval (DESIGN section 5) at a sequence length other than the training one, plain and
 # with YaRN (original_max_position = 0: the checkpoint's trained context), on a cp2 layout,
 # against the same evaluation in PyTorch. A step-0 checkpoint with large weights, so that

@@ -54,7 +54,9 @@ std::vector<double> metrics_column(const fs::path& run_dir, const std::string& p
     std::string f = (run_dir / "metrics.h5").string();
     h5::Handle file = h5::file(h5::check(H5Fopen(f.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "open " + f));
     h5::Handle ds = h5::dataset(h5::check(H5Dopen2(file, path.c_str(), H5P_DEFAULT), "open " + path));
-    std::vector<double> v(h5::dataset_shape(ds)[0]);
+    size_t n = 1;  // every element, row-major ([step, layer, expert] for /moe/expert_load)
+    for (hsize_t d : h5::dataset_shape(ds)) n *= size_t(d);
+    std::vector<double> v(n);
     if (!v.empty()) H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
     return v;
 }

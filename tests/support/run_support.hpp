@@ -22,7 +22,7 @@ std::string read_file(const std::filesystem::path& p);
 void write_file(const std::filesystem::path& p, const std::string& text);
 // A fresh empty directory under the build tree for one test.
 std::filesystem::path scratch_dir(const std::string& name);
-// /group/name of run_dir/metrics.h5 as doubles.
+// /group/name of run_dir/metrics.h5 as doubles (every element, row-major, for the [step, ...] ones).
 std::vector<double> metrics_column(const std::filesystem::path& run_dir, const std::string& path);
 // Every dataset under /params and /optim of a checkpoint, as raw float32, by path.
 std::vector<std::pair<std::string, std::vector<float>>> checkpoint_tensors(const std::string& file);

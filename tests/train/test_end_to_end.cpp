@@ -262,7 +262,7 @@ TEST_F(Fixture, BadInputsFailCleanlyBeforeAnyWork) {
         {1, "--data.order=shuffled", {"data.order", "shuffled", "random | sequential"}},
         {1, "--model.nonsense=1", {"model.nonsense", "unknown key"}},
         {2, "--parallel.dp=3", {"parallel.dp", "3", "world size 2"}},
-        {2, "--parallel.ep=2", {"parallel.ep", "not yet supported"}},
+        {2, "--parallel.ep=2", {"parallel.ep", "needs MoE layers"}},
         {2, "--parallel.cp=2 --data.seq_len=18", {"data.seq_len", "2*parallel.cp = 4"}},
         {3, "--parallel.tp=3", {"model.n_heads", "4", "parallel.tp = 3"}},
         {4, "--parallel.tp=4 --model.ffn_dim=66", {"model.ffn_dim", "66", "parallel.tp = 4"}},

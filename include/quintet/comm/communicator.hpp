@@ -50,6 +50,15 @@ public:
     // The counts exchange that precedes an all_to_allv: recv_counts[r] = rank r's
     // send_counts[this rank] (host arrays [size]).
     virtual void all_to_all_counts(const int* send_counts, int* recv_counts) const = 0;
+    // Non-blocking all_to_allv (MoE's token exchange, overlapped with the shared expert):
+    // complete once wait_all_to_allv(handle) returns; the buffers and the four host arrays stay
+    // untouched meanwhile. The default exchanges at once (correct, without overlap).
+    virtual int iall_to_allv(const float* send, const int* send_counts, const int* send_displs,
+                             float* recv, const int* recv_counts, const int* recv_displs) const {
+        all_to_allv(send, send_counts, send_displs, recv, recv_counts, recv_displs);
+        return -1;
+    }
+    virtual void wait_all_to_allv(int handle) const { (void)handle; }
     virtual void broadcast(void* buf, size_t bytes, int root) const = 0;
     virtual void barrier() const = 0;
 

@@ -43,6 +43,9 @@ public:
     void all_to_allv(const int32_t* send, const int* sc, const int* sd, int32_t* recv,
                      const int* rc, const int* rd) const override;
     void all_to_all_counts(const int* send_counts, int* recv_counts) const override;
+    int iall_to_allv(const float* send, const int* sc, const int* sd, float* recv, const int* rc,
+                     const int* rd) const override;
+    void wait_all_to_allv(int handle) const override;
     void broadcast(void* buf, size_t bytes, int root) const override;
     void barrier() const override;
     void send(const float* buf, size_t n, int peer, int tag) const override;
@@ -54,7 +57,7 @@ public:
     void wait_recv(int handle, const char* what = "recv") const override;
     int iall_reduce_sum(float* buf, size_t n) const override;
     void wait_reduce(int handle) const override;
-    void progress() const override;
+    void progress() const override;  // tests the started reductions and exchanges
 
 private:
     MPI_Comm comm_;
@@ -77,6 +80,7 @@ private:
     // iall_reduce_sum handles index this (apart from requests_: progress() completes these
     // requests, and a completed slot of requests_ may be handed to the next isend)
     mutable std::vector<MPI_Request> reductions_;
+    mutable std::vector<MPI_Request> exchanges_;  // iall_to_allv handles index this
 };
 
 }  // namespace quintet

@@ -3,7 +3,8 @@
 // /train/{step, loss, ce_loss, aux_loss, lr, grad_norm, tokens_per_s, mfu, step_time_s}
 // /eval/{step, loss}    /timing/<phase> (seconds per step, aligned with /train/step)
 // /pipeline/stage<s>_{idle_fraction, activation_mib} (aligned with /train/step)
-// /moe/expert_load [step, layer, expert] (aligned with /train/step)
+// /moe/expert_load [step, layer, expert], /moe/{imbalance, dead_experts, dropped_tokens, aux}
+// [step, layer, 1], /moe/ep_tokens [step, layer, ep] (aligned with /train/step)
 #pragma once
 #include <map>
 #include <string>
@@ -25,6 +26,9 @@ public:
     // (e.g. /moe/expert_load [step, layer, expert]).
     void append_matrix(const std::string& path, const std::vector<double>& v, int rows, int cols);
     void flush();
+    // Every value of the dataset `path`, row-major (empty when it does not exist): the history a
+    // resumed run rebuilds its counters from (/moe/expert_load for the dead-expert count).
+    std::vector<double> read_all(const std::string& path);
 
 private:
     void append_value(const std::string& path, double v);

@@ -19,6 +19,7 @@
 #include "quintet/kernels/backend.hpp"
 #include "quintet/model/params.hpp"
 #include "quintet/parallel/context_parallel.hpp"
+#include "quintet/parallel/expert_parallel.hpp"
 #include "quintet/parallel/tensor_parallel.hpp"
 
 namespace quintet {
@@ -83,6 +84,7 @@ public:
     const RopeConfig rope;
     const int rope_seq_len, max_positions;
     ContextParallel* const cp;  // null without context parallelism
+    ExpertParallel* ep = nullptr;  // MoE's token exchange; null without expert parallelism
     const Recompute recompute;
     bool bf16() const { return bf16_; }
 
@@ -244,12 +246,22 @@ public:
                                   const float* dy) = 0;
     // This microbatch's auxiliary loss (MoE load balancing), already weighted; 0 for dense.
     virtual double aux_loss(int slot) const { (void)slot; return 0.0; }
-    // MoE: experts (0 for dense); this step's routing choices per expert added to out[E] (and
-    // reset); the aux-free bias moved from the global batch's loads load[E].
+    // MoE: experts (0 for dense); what the block counted since it was last asked, added to
+    // out[moe_counts_width(E, ep)] (and reset); the aux-free bias moved from the global
+    // batch's loads load[E].
     virtual int experts() const { return 0; }
-    virtual void take_load(double* out) { (void)out; }
+    virtual void take_counts(double* out) { (void)out; }
     virtual void update_bias(float* params, const double* load) { (void)params; (void)load; }
 };
+
+// The counts of one MoE layer over the training forwards of a step (recomputed forwards and
+// evaluations are not counted), per rank and, once the trainer has summed them, over all ranks:
+//   [0, E)     routing choices of each expert (before any capacity drop): /moe/expert_load
+//   E          choices dropped by moe.capacity_factor                   : /moe/dropped_tokens
+//   E+1, E+2   the raw aux E·Σ f_e P_e summed over microbatches, and how many: /moe/aux
+//   E+3        rows sent to another ep rank's experts (the exchange's theory: /timing/ep_bytes_theory)
+//   E+4+g      rows that ep rank g received (all ep groups together)      : /moe/ep_tokens
+inline int moe_counts_width(int E, int ep) { return E + 4 + ep; }
 
 // The block kinds: their tensors (ParamBuilder) and their instances for one chunk.
 void attention_add_params(const ModelConfig& m, ParamBuilder& b, int layer);

@@ -15,6 +15,8 @@ struct MoeConfig {
     bool norm_topk = true;
     std::string balance = "aux_loss";  // aux_loss | aux_free | none
     double aux_coef = 0.01, bias_rate = 0.001;
+    double capacity_factor = 0;  // > 0: each expert takes at most ceil(cf * k * N / E) of a rank's N rows
+    int dead_after = 10;         // an expert with no tokens for this many steps counts as dead
 };
 
 struct ModelConfig {
@@ -47,5 +49,8 @@ struct InitConfig {
     std::string scheme = "scaled";  // normal | scaled | fan_in
     double std = 0.02;
 };
+
+// Whether layer `layer` has a MoE feed-forward block: moe.experts > 0 and moe.layers names it.
+bool moe_layer(const ModelConfig& m, int layer);
 
 }  // namespace quintet

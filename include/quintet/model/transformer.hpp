@@ -34,6 +34,7 @@ struct ChunkOptions {
     bool document_mask = false, document_positions = false;
     int eos_id = -1;
     Recompute recompute = Recompute::none;  // train.recompute
+    ExpertParallel* ep = nullptr;  // MoE's token exchange (null: ep = 1)
 };
 
 class ModelChunk {
@@ -57,12 +58,13 @@ public:
                    float grad_scale, bool need_grad);
     // The auxiliary losses the blocks of this chunk added in slot's last forward (MoE; 0 dense).
     double aux_loss(int slot) const;
-    // MoE: the largest expert count of this chunk's layers (0: dense); this step's routing
-    // choices added into load[layer * E + e] (and reset); the aux-free biases moved from the
+    // MoE: the largest expert count of this chunk's layers (0: dense); the counts of this step
+    // added into counts[layer * width + i] (and reset); the aux-free biases moved from the
     // global batch's loads (the same on every rank); d(loss)/d(aux) per microbatch.
     int moe_experts() const;
-    void take_expert_load(std::vector<double>& load, int E);
-    void update_balance_bias(float* params, const std::vector<double>& load, int E);
+    // counts[layer * width + i]: the MoE counts of each layer (moe_counts_width in block.hpp).
+    void take_moe_counts(std::vector<double>& counts, int width);
+    void update_balance_bias(float* params, const std::vector<double>& counts, int width);
     void set_aux_scale(double s) { ctx_.aux_scale = s; }
     // Backward of the microbatch in `slot`: the last chunk starts from its saved dlogits, the
     // others from grad_output(slot). Parameter gradients accumulate into `grads`; the first chunk

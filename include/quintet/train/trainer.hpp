@@ -29,6 +29,8 @@ struct StepStats {
     double dp_early = 0;  // DP buckets whose reduction started during the backward
     double t_tp = 0, tp_bytes = 0;
     double t_cp = 0, t_cp_exposed = 0, cp_bytes = 0;  // the context-parallel ring
+    double t_ep_dispatch = 0, t_ep_combine = 0, ep_bytes = 0;  // MoE's token exchange (this rank)
+    double ep_bytes_all = 0, ep_bytes_theory = 0;  // every rank's, measured and from the routed counts
 };
 
 // Where a run's weights come from, and the context they were trained at (DESIGN §5): the
@@ -80,10 +82,20 @@ private:
     DeviceComms comms_;
     TensorParallel tp_;
     std::unique_ptr<ContextParallel> cp_;  // null when cp = 1
+    std::unique_ptr<ExpertParallel> ep_;   // null when ep = 1
     std::vector<ChunkPlan> plans_;
     ParamTable table_;
     std::vector<std::unique_ptr<ModelChunk>> chunks_;
-    std::vector<double> moe_load_;  // MoE: [n_layers * experts] this step's routing choices
+    // MoE: [n_layers * moe_width_] this step's counts over all ranks (moe_counts_width in
+    // model/block.hpp); the per-layer figures written to /moe; steps each expert has had no tokens.
+    std::vector<double> moe_counts_;
+    int moe_width_ = 0;
+    struct MoeFigures {
+        std::vector<double> load, imbalance, dead, dropped, aux, ep_tokens;
+        double worst_imbalance = 0;
+    };
+    MoeFigures moe_figures();
+    std::vector<int64_t> moe_idle_;  // [n_layers * experts]
     std::unique_ptr<PipelineExecutor> exec_;
     std::unique_ptr<GradientSync> sync_;
     std::unique_ptr<AdamW> opt_;

@@ -57,6 +57,11 @@ int main(int argc, char** argv) {
         if (rank == 0) std::fprintf(stderr, "quintet: error: %s\n", e.what());
         MPI_Finalize();
         return 2;
+    } catch (const quintet::DivergedError& e) {
+        // Agreed on by every rank (all-reduced values): report once, end cleanly, status 3.
+        if (rank == 0) std::fprintf(stderr, "quintet: error: %s\n", e.what());
+        MPI_Finalize();
+        return 3;
     } catch (const quintet::DeadlineError& e) {
         // A transient fault (DESIGN §5): a rank stopped answering. Exit status 4.
         std::fprintf(stderr, "quintet: rank %d: error: %s\n", rank, e.what());

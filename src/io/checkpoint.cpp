@@ -1,7 +1,11 @@
 #include "quintet/io/checkpoint.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -25,6 +29,48 @@ std::string step_name(int64_t step) {
 std::vector<hsize_t> logical_shape(int rows, int cols, int ndim) {
     if (ndim == 1) return {hsize_t(rows)};
     return {hsize_t(rows), hsize_t(cols)};
+}
+
+// The checksum of a tensor (docs/formats.md): the wrapping sum over its elements of a 64-bit
+// mix of (logical index, float bits). Order-independent, so each rank sums the elements it writes
+// and one all-reduce completes it; any change of one element (or of where it sits) changes it.
+uint64_t element_hash(uint64_t index, uint32_t bits) {
+    uint64_t z = index * 0x9E3779B97F4A7C15ull + bits + 0x632BE59BD9B4E019ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// Local elements [a, b) of shard s, src[0] being element a.
+uint64_t shard_checksum(const ParamSpec& s, const float* src, size_t a, size_t b) {
+    uint64_t h = 0;
+    const size_t lc = size_t(s.lcols), cols = size_t(s.cols);
+    for (size_t j = a; j < b; ++j) {
+        uint32_t bits;
+        std::memcpy(&bits, src + (j - a), 4);
+        h += element_hash((s.row0 + j / lc) * cols + s.col0 + j % lc, bits);
+    }
+    return h;
+}
+
+uint64_t whole_checksum(const float* v, size_t n) {
+    uint64_t h = 0;
+    for (size_t i = 0; i < n; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, v + i, 4);
+        h += element_hash(i, bits);
+    }
+    return h;
+}
+
+// fsync of a file or a directory (the rename and `latest` must reach the disk in order).
+void sync_path(const fs::path& p) {
+    const int fd = ::open(p.c_str(), O_RDONLY);
+    if (fd < 0) rank_fail("cannot open " + p.string() + " to fsync it: " + std::strerror(errno));
+    const int rc = ::fsync(fd);
+    const int err = errno;
+    ::close(fd);
+    if (rc != 0) rank_fail("fsync of " + p.string() + " failed: " + std::strerror(err));
 }
 
 // Selects, in `fspace` of the logical tensor, the local elements [a, b) of this rank's shard
@@ -74,8 +120,27 @@ constexpr hsize_t kIndependentMax = 1 << 16;
 // Collective: every rank creates every dataset (HDF5 metadata is collective); each writes the
 // parts of its writer shards that fall in `writes`. `data` is params (moments = false) or a
 // moment array, indexed through the ranges' state_index.
+// This rank's share of the checksum of every tensor of a group (table.logical order, moments:
+// the trainable ones), from the same pieces write_group writes.
+void group_checksums(const ParamTable& table, const float* data, bool moments,
+                     const std::vector<ArenaRange>& writes, std::vector<uint64_t>& out) {
+    for (const auto& lt : table.logical) {
+        if (moments && !lt.trainable) continue;
+        uint64_t h = 0;
+        if (const ParamSpec* s = table.writer_spec(lt.name))
+            for (const auto& w : writes) {
+                const size_t a = std::max(w.arena.lo, s->offset), b = std::min(w.arena.hi, s->offset + s->numel());
+                if (a >= b) continue;
+                const float* src = moments ? data + w.state_index + (a - w.arena.lo) : data + a;
+                h += shard_checksum(*s, src, a - s->offset, b - s->offset);
+            }
+        out.push_back(h);
+    }
+}
+
 void write_group(hid_t file, const std::string& group, const ParamTable& table, const float* data,
-                 bool moments, const std::vector<ArenaRange>& writes, hid_t coll, hid_t indep) {
+                 bool moments, const std::vector<ArenaRange>& writes, hid_t coll, hid_t indep,
+                 const uint64_t*& checksum) {
     for (const auto& lt : table.logical) {
         if (moments && !lt.trainable) continue;
         const std::string path = group + "/" + lt.name;
@@ -85,6 +150,10 @@ void write_group(hid_t file, const std::string& group, const ParamTable& table, 
         h5::Handle ds = h5::dataset(h5::check(
             H5Dcreate2(file, path.c_str(), H5T_IEEE_F32LE, fs, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
             "create dataset " + path));
+        uint64_t sum = *checksum++;
+        int64_t as_i64;
+        std::memcpy(&as_i64, &sum, 8);
+        h5::write_attr_i64(ds, "checksum", as_i64);
         const ParamSpec* s = table.writer_spec(lt.name);
         const bool collective = lt.numel() > kIndependentMax;
         // The pieces of this tensor in the write ranges (at most one per range).
@@ -138,11 +207,19 @@ void write_text_atomically(const fs::path& path, const std::string& text) {
     {
         std::ofstream f(tmp);
         f << text;
+        f.flush();
         if (!f) rank_fail("cannot write " + tmp.string());
     }
+    sync_path(tmp);
     fs::rename(tmp, path);
 }
 
+}  // namespace
+
+namespace {
+std::string save(MPI_Comm comm, const std::string& run_dir, const CheckpointMeta& meta, const ParamTable& table,
+                 const float* params, const float* m, const float* v, const std::vector<ArenaRange>& writes, int keep,
+                 const fs::path& dir, const fs::path& final_path, const fs::path& tmp_path);
 }  // namespace
 
 std::string checkpoint_save(MPI_Comm comm, const std::string& run_dir, const CheckpointMeta& meta,
@@ -151,11 +228,50 @@ std::string checkpoint_save(MPI_Comm comm, const std::string& run_dir, const Che
     int rank = 0;
     QUINTET_MPI(MPI_Comm_rank(comm, &rank));
     fs::path dir = fs::path(run_dir) / "checkpoints";
-    if (rank == 0) fs::create_directories(dir);
-    QUINTET_MPI(MPI_Barrier(comm));
     fs::path final_path = dir / step_name(meta.step);
     fs::path tmp_path = final_path;
     tmp_path += ".tmp";
+    // Room for the file first (a clear error before anything is written): the tensors and the
+    // two moments of the trainable ones, in fp32, plus a margin for HDF5's metadata.
+    char full[512] = {0};
+    if (rank == 0) {
+        std::error_code ec;
+        fs::create_directories(dir, ec);
+        double bytes = 0;
+        for (const auto& lt : table.logical) bytes += double(lt.numel()) * 4 * (lt.trainable ? 3 : 1);
+        bytes = bytes * 1.02 + 65536 + 1024.0 * double(table.logical.size());
+        const fs::space_info sp = fs::space(dir, ec);
+        if (!ec && double(sp.available) < bytes)
+            std::snprintf(full, sizeof full,
+                          "the checkpoint of step %lld needs about %.1f MiB and the file system of %s has "
+                          "%.1f MiB free (No space left on device); nothing was written, the earlier "
+                          "checkpoints are intact (latest: %s)",
+                          (long long)meta.step, bytes / 1048576.0, dir.c_str(), double(sp.available) / 1048576.0,
+                          checkpoint_latest(run_dir).c_str());
+    }
+    QUINTET_MPI(MPI_Bcast(full, sizeof full, MPI_CHAR, 0, comm));
+    if (full[0]) rank_fail(full);
+    try {
+        return save(comm, run_dir, meta, table, params, m, v, writes, keep, dir, final_path, tmp_path);
+    } catch (const std::exception& e) {
+        const int err = errno;
+        std::error_code ec;
+        fs::remove(tmp_path, ec);
+        rank_fail(std::string("the checkpoint of step ") + std::to_string(meta.step) + " could not be written (" +
+                  e.what() + (err ? std::string("; ") + std::strerror(err) : std::string()) +
+                  "); its partial file is removed and the earlier checkpoints are intact (latest: " +
+                  checkpoint_latest(run_dir) + ")");
+    }
+}
+
+namespace {
+std::string save(MPI_Comm comm, const std::string& run_dir, const CheckpointMeta& meta, const ParamTable& table,
+                 const float* params, const float* m, const float* v, const std::vector<ArenaRange>& writes, int keep,
+                 const fs::path& dir, const fs::path& final_path, const fs::path& tmp_path) {
+    (void)run_dir;
+    int rank = 0;
+    QUINTET_MPI(MPI_Comm_rank(comm, &rank));
+    QUINTET_MPI(MPI_Barrier(comm));
 
     h5::Handle fapl = h5::plist(h5::check(H5Pcreate(H5P_FILE_ACCESS), "file access property list"));
     h5::check(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL), "H5Pset_fapl_mpio");
@@ -175,27 +291,56 @@ std::string checkpoint_save(MPI_Comm comm, const std::string& run_dir, const Che
     h5::write_attr_i64(file, "trained_context", meta.trained_context);
     for (const char* g : {"/params", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq"})
         h5::group(h5::check(H5Gcreate2(file, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), g));
-    write_group(file, "/params", table, params, false, writes, coll, indep);
-    write_group(file, "/optim/exp_avg", table, m, true, writes, coll, indep);
-    write_group(file, "/optim/exp_avg_sq", table, v, true, writes, coll, indep);
+    // Every tensor's checksum, completed over the ranks before the datasets (and their
+    // "checksum" attributes, collective metadata) are created.
+    std::vector<uint64_t> sums;
+    group_checksums(table, params, false, writes, sums);
+    group_checksums(table, m, true, writes, sums);
+    group_checksums(table, v, true, writes, sums);
+    QUINTET_MPI(MPI_Allreduce(MPI_IN_PLACE, sums.data(), int(sums.size()), MPI_UINT64_T, MPI_SUM, comm));
+    const uint64_t* next = sums.data();
+    write_group(file, "/params", table, params, false, writes, coll, indep, next);
+    write_group(file, "/optim/exp_avg", table, m, true, writes, coll, indep, next);
+    write_group(file, "/optim/exp_avg_sq", table, v, true, writes, coll, indep, next);
     h5::check(H5Fflush(file, H5F_SCOPE_GLOBAL), "flush " + tmp_path.string());
     h5::check(H5Fclose(file.release()), "close " + tmp_path.string());
     QUINTET_MPI(MPI_Barrier(comm));
     if (rank == 0) {
+        // The file reaches the disk before its name, the name before `latest`, and `latest`
+        // before any older checkpoint is pruned: a crash at any point leaves a loadable one.
+        sync_path(tmp_path);
         fs::rename(tmp_path, final_path);
+        sync_path(dir);
         write_text_atomically(dir / "latest", final_path.filename().string() + "\n");
-        if (keep > 0) {
-            std::vector<fs::path> all;
-            for (auto& e : fs::directory_iterator(dir)) {
-                auto n = e.path().filename().string();
-                if (n.rfind("step_", 0) == 0 && e.path().extension() == ".h5") all.push_back(e.path());
-            }
-            std::sort(all.begin(), all.end());
-            for (size_t i = 0; i + keep < all.size(); ++i) fs::remove(all[i]);
+        sync_path(dir);
+        std::vector<fs::path> all;
+        for (auto& e : fs::directory_iterator(dir)) {
+            auto n = e.path().filename().string();
+            if (n.rfind("step_", 0) == 0 && e.path().extension() == ".h5") all.push_back(e.path());
+            // A .tmp of a job killed while writing is never a checkpoint.
+            if (n.rfind("step_", 0) == 0 && e.path().extension() == ".tmp") fs::remove(e.path());
         }
+        std::sort(all.begin(), all.end());
+        if (keep > 0)
+            for (size_t i = 0; i + keep < all.size(); ++i) {
+                fs::remove(all[i]);
+                std::error_code ec;
+                fs::remove(checkpoint_metrics_path(all[i].string()), ec);
+            }
     }
     QUINTET_MPI(MPI_Barrier(comm));
     return final_path.string();
+}
+}  // namespace
+
+std::string checkpoint_path(const std::string& run_dir, int64_t step) {
+    return (fs::path(run_dir) / "checkpoints" / step_name(step)).string();
+}
+
+std::string checkpoint_metrics_path(const std::string& checkpoint) {
+    fs::path p(checkpoint);
+    p.replace_extension(".metrics");
+    return p.string();
 }
 
 std::string checkpoint_latest(const std::string& run_dir) {
@@ -269,6 +414,91 @@ CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& tab
         }
     }
     return read_meta(file);
+}
+
+namespace {
+herr_t list_datasets(hid_t, const char* name, const H5O_info_t* info, void* op) {
+    if (info->type == H5O_TYPE_DATASET) static_cast<std::vector<std::string>*>(op)->push_back(std::string("/") + name);
+    return 0;
+}
+}  // namespace
+
+std::string checkpoint_verify(const std::string& path, MPI_Comm comm) {
+    int rank = 0, size = 1;
+    QUINTET_MPI(MPI_Comm_rank(comm, &rank));
+    QUINTET_MPI(MPI_Comm_size(comm, &size));
+    std::string why;
+    h5::silence_errors();
+    std::vector<std::string> names;
+    hid_t fid = fs::exists(path) ? H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
+    if (fid < 0) {
+        why = fs::exists(path) ? "not a readable HDF5 file (truncated or corrupt)" : "the file does not exist";
+    } else {
+        h5::Handle file = h5::file(fid);
+        if (!h5::has_attr(file, "format_version") || !h5::has_attr(file, "step"))
+            why = "not a quintet checkpoint";
+        else if (H5Ovisit2(file, H5_INDEX_NAME, H5_ITER_INC, list_datasets, &names, H5O_INFO_BASIC) < 0)
+            why = "its tensors cannot be listed (corrupt)";
+        std::vector<float> v;
+        // Each rank checks every size-th tensor: one read of the file, shared.
+        for (size_t k = size_t(rank); why.empty() && k < names.size(); k += size_t(size)) {
+            const std::string& n = names[k];
+            hid_t ds = H5Dopen2(file, n.c_str(), H5P_DEFAULT);
+            if (ds < 0) { why = "tensor " + n + " cannot be opened"; break; }
+            h5::Handle d = h5::dataset(ds);
+            size_t count = 1;
+            for (hsize_t x : h5::dataset_shape(d)) count *= size_t(x);
+            v.resize(count);
+            if (count && H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0) {
+                why = "tensor " + n + " cannot be read (truncated?)";
+                break;
+            }
+            if (!h5::has_attr(d, "checksum")) continue;  // written before checksums: readable is all we know
+            const int64_t want = h5::read_attr_i64(d, "checksum");
+            const uint64_t got = whole_checksum(v.data(), count);
+            int64_t got_i64;
+            std::memcpy(&got_i64, &got, 8);
+            if (got_i64 != want) why = "tensor " + n + " does not match its checksum";
+        }
+    }
+    // The lowest rank with a finding reports it to all.
+    int bad = why.empty() ? size : rank, first = size;
+    QUINTET_MPI(MPI_Allreduce(&bad, &first, 1, MPI_INT, MPI_MIN, comm));
+    if (first == size) return "";
+    char buf[512] = {0};
+    if (rank == first) std::snprintf(buf, sizeof buf, "%s", why.c_str());
+    QUINTET_MPI(MPI_Bcast(buf, sizeof buf, MPI_CHAR, first, comm));
+    return buf;
+}
+
+std::string checkpoint_newest_valid(const std::string& run_dir, MPI_Comm comm, std::vector<std::string>* skipped) {
+    const fs::path dir = fs::path(run_dir) / "checkpoints";
+    std::vector<std::string> candidates;
+    const std::string latest = checkpoint_latest(run_dir);
+    if (!latest.empty()) candidates.push_back(latest);
+    std::vector<std::string> all;
+    std::error_code ec;
+    if (fs::is_directory(dir, ec))
+        for (auto& e : fs::directory_iterator(dir)) {
+            auto n = e.path().filename().string();
+            if (n.rfind("step_", 0) == 0 && e.path().extension() == ".h5") all.push_back(e.path().string());
+        }
+    std::sort(all.rbegin(), all.rend());
+    for (const auto& p : all)
+        if (p != latest) candidates.push_back(p);
+    int rank = 0;
+    QUINTET_MPI(MPI_Comm_rank(comm, &rank));
+    for (const auto& p : candidates) {
+        const std::string why = checkpoint_verify(p, comm);
+        if (why.empty()) return p;
+        // Kept for the user, but no longer a checkpoint: it is neither loaded nor counted by keep.
+        if (rank == 0 && fs::exists(p)) {
+            std::error_code ec;
+            fs::rename(p, p + ".corrupt", ec);
+        }
+        if (skipped) skipped->push_back(p + ": " + why + " (kept as " + p + ".corrupt)");
+    }
+    return "";
 }
 
 void checkpoint_load(const std::string& path, const ParamTable& table, float* params,

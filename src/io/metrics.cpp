@@ -1,7 +1,11 @@
 #include "quintet/io/metrics.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <ctime>
 #include <filesystem>
 
 #include "quintet/core/error.hpp"
@@ -10,10 +14,46 @@ namespace fs = std::filesystem;
 
 namespace quintet {
 
-MetricsFile::MetricsFile(const std::string& run_dir, const std::string& deck_text, long first_step) {
+namespace {
+// Whether the history in `path` reads: the file opens and /train/step (if any) reads whole.
+bool readable(const std::string& path) {
+    hid_t fid = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (fid < 0) return false;
+    h5::Handle f = h5::file(fid);
+    if (!h5::exists(f, "/train/step")) return true;
+    hid_t d = H5Dopen2(f, "/train/step", H5P_DEFAULT);
+    if (d < 0) return false;
+    h5::Handle ds = h5::dataset(d);
+    std::vector<double> v(h5::dataset_shape(ds)[0]);
+    return v.empty() || H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) >= 0;
+}
+
+std::string aside(const std::string& path, const char* why) {
+    std::string to = path + "." + why + "-" + std::to_string(std::time(nullptr));
+    std::error_code ec;
+    fs::rename(path, to, ec);
+    return ec ? path + " (could not be moved: " + ec.message() + ")" : to;
+}
+}  // namespace
+
+MetricsFile::MetricsFile(const std::string& run_dir, const std::string& deck_text, long first_step,
+                         const std::string& snapshot) {
     h5::silence_errors();
     fs::create_directories(run_dir);
     std::string path = (fs::path(run_dir) / "metrics.h5").string();
+    if (fs::exists(path) && first_step == 0) {
+        // A fresh run: the old history is kept, not overwritten.
+        warnings.push_back("a fresh run in " + run_dir + ": the existing metrics.h5 is kept as " +
+                           aside(path, "previous"));
+    } else if (fs::exists(path) && !readable(path)) {
+        warnings.push_back("metrics.h5 is unreadable (a write was interrupted?): kept as " + aside(path, "unreadable") +
+                           (snapshot.empty() || !fs::exists(snapshot) ? "; no copy in the checkpoint: the history restarts here"
+                                                                       : "; the history is rebuilt from " + snapshot));
+    }
+    if (first_step > 0 && !fs::exists(path) && !snapshot.empty() && fs::exists(snapshot)) {
+        fs::copy_file(snapshot, path);
+        if (warnings.empty()) warnings.push_back("metrics.h5 is missing: the history is rebuilt from " + snapshot);
+    }
     bool keep = first_step > 0 && fs::exists(path);
     hid_t fid = keep ? H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT) : -1;
     if (fid < 0) {
@@ -127,6 +167,26 @@ std::vector<double> MetricsFile::read_all(const std::string& path) {
     v.resize(n);
     if (n) h5::check(H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), "read " + path);
     return v;
+}
+
+void MetricsFile::snapshot_to(const std::string& to) {
+    flush();
+    ssize_t size = 0;
+    H5Fget_filesize(file_, reinterpret_cast<hsize_t*>(&size));
+    char name[4096];
+    H5Fget_name(file_, name, sizeof name);
+    const std::string tmp = to + ".tmp";
+    std::error_code ec;
+    fs::create_directories(fs::path(to).parent_path(), ec);
+    fs::copy_file(name, tmp, fs::copy_options::overwrite_existing, ec);
+    if (ec) rank_fail("cannot copy the metrics to " + tmp + ": " + ec.message());
+    const int fd = ::open(tmp.c_str(), O_RDONLY);
+    if (fd >= 0) {
+        ::fsync(fd);
+        ::close(fd);
+    }
+    fs::rename(tmp, to, ec);
+    if (ec) rank_fail("cannot rename " + tmp + ": " + ec.message());
 }
 
 void MetricsFile::flush() { H5Fflush(file_, H5F_SCOPE_GLOBAL); }

@@ -212,6 +212,9 @@ Tokenizer read_tokenizer(const std::string& path, hid_t file, hid_t tokens, int&
                                      flat.data()) < 0)
             bad_file(path, "/tokenizer/merges cannot be read (corrupt file?)");
         tok.merges.resize(dims[0]);
+        // Bytes of each token: a merge never crosses a pre-split chunk, so no token is longer
+        // than kTokenizerMaxChunk (a chain of self-merges would otherwise double it each time).
+        std::vector<uint32_t> len(256 + dims[0], 1);
         for (size_t i = 0; i < dims[0]; ++i) {
             uint32_t a = flat[2 * i], b = flat[2 * i + 1], id = 256 + uint32_t(i);
             if (a >= id || b >= id)
@@ -219,6 +222,11 @@ Tokenizer read_tokenizer(const std::string& path, hid_t file, hid_t tokens, int&
                                    std::to_string(a) + ", " + std::to_string(b) +
                                    "): merge i may only use tokens < 256 + i = " +
                                    std::to_string(id));
+            len[id] = len[a] + len[b];
+            if (len[id] > kTokenizerMaxChunk)
+                bad_file(path, "/tokenizer/merges[" + std::to_string(i) + "] makes a token of " + std::to_string(len[id]) +
+                                   " bytes, longer than a pre-split chunk (" + std::to_string(kTokenizerMaxChunk) +
+                                   "): not a merge this tokenizer can have learned");
             tok.merges[i] = {a, b};
         }
     }

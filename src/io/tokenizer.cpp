@@ -135,6 +135,8 @@ void Tokenizer::build_tables() const {
         QUINTET_CHECK(a < id && b < id, "BPE merge " + std::to_string(i) + " = (" +
                                             std::to_string(a) + ", " + std::to_string(b) +
                                             ") uses a token not made before it");
+        QUINTET_CHECK(t->bytes[a].size() + t->bytes[b].size() <= kTokenizerMaxChunk,
+                      "BPE merge " + std::to_string(i) + " makes a token longer than a pre-split chunk");
         t->bytes.push_back(t->bytes[a] + t->bytes[b]);
         // A duplicate pair would never fire in rank order; keep the first (lowest) id.
         t->merge_ids.emplace(pair_key(a, b), id);

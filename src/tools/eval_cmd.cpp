@@ -168,6 +168,8 @@ int eval_main(int argc, char** argv, MPI_Comm world) {
 
     // The checkpoint's deck; [parallel] from the command line alone; overrides on top.
     const CheckpointMeta meta = checkpoint_read_meta(ckpt);
+    if (const std::string why = checkpoint_verify(ckpt, world); !why.empty())
+        throw ConfigError("eval: --checkpoint '" + ckpt + "' is unusable: " + why);
     Deck deck = deck_parse_text(meta.deck);
     deck.parallel = ParallelConfig{};
     deck.checkpoint = CheckpointConfig{};
@@ -196,7 +198,7 @@ int eval_main(int argc, char** argv, MPI_Comm world) {
     const std::vector<int> passkey_lens =
         passkey > 0 ? parse_lengths(passkey_lengths, deck.data.seq_len) : std::vector<int>{};
     for (int len : passkey_lens) passkey_prompt(tokens.tokenizer, len, 0.0, 7, 0);
-    WeightsSource source = resolve_weights_source(deck);
+    WeightsSource source = resolve_weights_source(deck, world);
     const auto& par = deck.parallel;
     const Layout layout = make_layout(size, par.tp, par.cp, par.pp, par.dp, par.ep);
     deck.parallel.dp = layout.size[kDP];

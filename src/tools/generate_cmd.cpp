@@ -70,6 +70,8 @@ int generate_main(int argc, char** argv) {
     // Read the deck first, to build the parameter table the checkpoint must match; RoPE as the
     // checkpoint trained it (YaRN's original_max_position = 0: the trained context it records).
     const CheckpointMeta meta = checkpoint_read_meta(ckpt);
+    if (const std::string why = checkpoint_verify(ckpt, MPI_COMM_SELF); !why.empty())
+        throw ConfigError("generate: --checkpoint '" + ckpt + "' is unusable: " + why);
     const std::string& deck_text = meta.deck;
     Deck deck = deck_parse_text(deck_text);
     Tokenizer tok = token_file_read_tokenizer(data.empty() ? deck.data.path : data);

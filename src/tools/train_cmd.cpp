@@ -1,14 +1,15 @@
 // `quintet train DECK [--section.key=value ...]`: the training job. Collective over the world.
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <algorithm>
 #include <iostream>
 #include <sched.h>
 #include <unistd.h>
 
 #include "quintet/core/error.hpp"
+#include "quintet/io/run_lock.hpp"
 #include "quintet/train/deck.hpp"
 #include "quintet/io/token_data.hpp"
 #include "quintet/kernels/backend.hpp"
@@ -97,9 +98,14 @@ int train_main(int argc, char** argv, MPI_Comm world) {
     } else {
         backend = make_cpu_backend(threads_per_rank(deck, world));
     }
+    // One run per run_dir, before anything in it is read or written (a lock from a killed job
+    // is taken over: on this host when its pid is gone, elsewhere when it is 2 deadlines old).
+    std::string lock_warning;
+    RunLock lock(deck.output.run_dir, world, std::max(600.0, 2 * deck.train.collective_timeout_s), &lock_warning);
     // Where the weights come from (resume wins over init_from) and the context they were trained
     // at: rope.original_max_position = 0 resolves to it, so the resolved deck says the number.
-    WeightsSource source = resolve_weights_source(deck);
+    WeightsSource source = resolve_weights_source(deck, world);
+    if (!lock_warning.empty()) source.warnings.insert(source.warnings.begin(), lock_warning);
     const auto& par = deck.parallel;
     const Layout layout = make_layout(size, par.tp, par.cp, par.pp, par.dp, par.ep);
     // Store the resolved layout, not "auto", so a checkpoint says what it was written with.
@@ -113,6 +119,7 @@ int train_main(int argc, char** argv, MPI_Comm world) {
     ProcessGrid grid(world, layout, deck.train.collective_timeout_s);
     install_stop_signals();
     Trainer trainer(deck, text, grid, *backend, data.tokens, TrainerMode::train, source);
+    trainer.set_run_lock(&lock);
     return trainer.run();
 }
 

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <unistd.h>
 
 #include "quintet/core/error.hpp"
 #include "quintet/parallel/layout.hpp"
@@ -177,6 +178,10 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_enum("train.device", &t.device, {"cpu", "cuda"}, "compute device"),
         opt_enum("train.precision", &t.precision, {"fp32", "bf16"}, "fp32, or bf16 GEMMs with fp32 master weights and gradients (docs/cuda.md)"),
         opt_double("train.peak_tflops", &t.peak_tflops, 0, 1e9, "device peak for MFU; 0 = backend default"),
+        opt_enum("train.on_nonfinite", &t.on_nonfinite, {"stop", "skip"},
+                 "a non-finite loss or gradient norm (confirmed by re-running the step once): stop "
+                 "with exit status 3, or skip the update"),
+        opt_int("train.max_skips", &t.max_skips, 1, big, "on_nonfinite = skip: consecutive skips before stopping"),
         opt_int("train.exit_after", &t.exit_after, 0, big,
                 "stop after this many steps of this run, with a checkpoint (time-limited jobs); 0 = never"),
         opt_int("train.threads", &t.threads, 0, 4096, "threads per rank; 0 = OMP_NUM_THREADS or cores/local ranks"),
@@ -477,6 +482,26 @@ void deck_validate(const Deck& d, int world) {
     }
     std::string why = schedule_check(p.schedule, p.pp, p.microbatches, p.virtual_stages, m.n_layers);
     if (!why.empty()) throw ConfigError(why);
+    // A model whose weights, gradients and AdamW moments (16 bytes a parameter, spread over the
+    // model-parallel ranks at best) cannot fit this machine's memory stops here, not in bad_alloc.
+    {
+        const double C = m.d_model, V = std::max(m.vocab_size, 1), L = m.n_layers;
+        const double F = m.ffn_dim > 0 ? m.ffn_dim : std::ceil(8.0 * C / 3.0 / 64.0) * 64.0;
+        const double Fe = m.moe.ffn_dim > 0 ? m.moe.ffn_dim : F;
+        const double ffn = m.moe.experts > 0 ? (double(m.moe.experts) + m.moe.shared_experts) * 3 * C * Fe + m.moe.experts * C
+                                             : 3 * C * F;
+        const double params = V * C * (m.tie_embeddings ? 1 : 2) + L * (4 * C * C + ffn);
+        const double split = double(std::max(1, p.tp)) * std::max(1, p.pp) * std::max(1, p.ep);
+        const double need = params * 16 / split;
+        const double mem = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+        if (mem > 0 && need > mem)
+            config_fail("model.d_model", S(m.d_model),
+                        "the model has about " + std::to_string(int64_t(params / 1e6)) + "M parameters: at 16 bytes "
+                        "each (weights, gradients, AdamW moments) that is " + std::to_string(int64_t(need / 1073741824.0)) +
+                        " GiB per rank even spread over tp x pp x ep = " + std::to_string(int64_t(split)) +
+                        ", and this machine has " + std::to_string(int64_t(mem / 1073741824.0)) +
+                        " GiB; make the model smaller (model.d_model, model.n_layers, moe.experts) or split it further");
+    }
     // Layout (the world size, dp, ep): checked where the layout is made.
     make_layout(world, p.tp, p.cp, p.pp, p.dp, p.ep);
     if (d.train.lr_min > d.train.lr)

@@ -6,8 +6,12 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <thread>
+
+#include <unistd.h>
 
 #include "quintet/core/error.hpp"
 #include "quintet/io/checkpoint.hpp"
@@ -64,15 +68,30 @@ ShardPlan shard_plan(const Deck& deck, const ProcessGrid& grid) {
 void install_stop_signals() {
     std::signal(SIGTERM, on_stop_signal);
     std::signal(SIGUSR1, on_stop_signal);
+    std::signal(SIGINT, on_stop_signal);
 }
 
-WeightsSource resolve_weights_source(Deck& deck) {
+WeightsSource resolve_weights_source(Deck& deck, MPI_Comm comm) {
     WeightsSource src;
     const auto& ck = deck.checkpoint;
-    if (ck.resume == "auto") src.path = checkpoint_latest(deck.output.run_dir);
-    else if (ck.resume != "none") src.path = ck.resume;
+    if (ck.resume == "auto") {
+        // The newest checkpoint that verifies; each corrupt or truncated one is named and passed over.
+        std::vector<std::string> bad;
+        src.path = checkpoint_newest_valid(deck.output.run_dir, comm, &bad);
+        for (const auto& b : bad)
+            src.warnings.push_back("checkpoint " + b + " -- not loaded; " +
+                                   (src.path.empty() ? "no older one verifies either: starting from scratch" : "falling back to " + src.path));
+    } else if (ck.resume != "none") {
+        src.path = ck.resume;
+    }
     src.resume = !src.path.empty();
     if (!src.resume && !ck.init_from.empty()) src.path = ck.init_from;
+    if (!src.path.empty() && ck.resume != "auto") {
+        const std::string why = checkpoint_verify(src.path, comm);
+        if (!why.empty())
+            config_fail(src.resume ? "checkpoint.resume" : "checkpoint.init_from", src.path,
+                        "the checkpoint is unusable: " + why);
+    }
     auto& rope = deck.rope;
     const int T = deck.data.seq_len;
     if (src.path.empty()) {
@@ -206,24 +225,72 @@ void Trainer::log(const std::string& line) const {
     }
 }
 
-// Fault injection for the failure tests (docs/parallelism.md): QUINTET_INJECT_FAULT =
-// "rank=R,step=S[,mode=fail|hang]" makes world rank R throw (fail) or stop responding (hang)
-// at the start of step S, to prove that the job then ends with a message instead of hanging.
-static void maybe_inject_fault(int rank, int64_t step) {
+// Fault injection for the failure tests (docs/reliability.md): QUINTET_INJECT_FAULT =
+// "rank=R,step=S[,mode=fail|hang|nan|nan_once[,until=E]]" makes world rank R, at the start of step
+// S (0-based: the step logged as S+1; with until, each step S..E), throw (fail), stop responding
+// (hang), or poison one element of its gradient with NaN each time the step runs (nan) or only
+// the first time (nan_once: the rerun is finite). Returns true to poison.
+static bool maybe_inject_fault(int rank, int64_t step, bool& fired_once) {
     const char* spec = std::getenv("QUINTET_INJECT_FAULT");
-    if (!spec) return;
+    if (!spec) return false;
     int r = -1;
-    long long s = -1;
+    long long s = -1, until = -1;
     char mode[16] = "fail";
-    if (std::sscanf(spec, "rank=%d,step=%lld,mode=%15s", &r, &s, mode) < 2) return;
-    if (r != rank || s != step) return;
-    if (std::string(mode) == "hang")
+    if (std::sscanf(spec, "rank=%d,step=%lld,mode=%15[a-z_],until=%lld", &r, &s, mode, &until) < 2) return false;
+    if (r != rank || step < s || step > std::max(s, until)) return false;
+    const std::string m = mode;
+    if (m == "nan") return true;
+    if (m == "nan_once") {
+        if (fired_once) return false;
+        fired_once = true;
+        return true;
+    }
+    if (m == "hang")
         for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     rank_fail("injected fault (QUINTET_INJECT_FAULT) at step " + std::to_string(step));
 }
 
-StepStats Trainer::step(int64_t s) {
-    maybe_inject_fault(grid_.rank(), s);
+// run_dir/fault: "kind=K step=S rank=R" and the message (any rank may write it: a unique tmp,
+// then a rename, so a reader never sees half a file).
+void write_fault_file(const std::string& run_dir, const std::string& kind, int64_t step, int rank,
+                      const std::string& what) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    fs::create_directories(run_dir, ec);
+    const fs::path path = fs::path(run_dir) / "fault", tmp = path.string() + ".tmp" + std::to_string(getpid());
+    {
+        std::ofstream f(tmp);
+        f << "kind=" << kind << " step=" << step << " rank=" << rank << "\n" << what << "\n";
+    }
+    fs::rename(tmp, path, ec);
+}
+
+void Trainer::record_fault(const std::string& kind, int64_t step, int rank, const std::string& what) const {
+    if (grid_.rank() == 0) write_fault_file(deck_.output.run_dir, kind, step, rank, what);
+}
+
+std::string Trainer::locate_nonfinite(double local_loss) const {
+    // This rank's first non-finite tensor (in arena order) of its gradients before any reduction.
+    std::string name;
+    if (!std::isfinite(local_loss)) name = "loss";
+    for (const auto& spec : table_.specs) {
+        if (!name.empty()) break;
+        if (!spec.trainable()) continue;
+        if (!std::isfinite(be_.sumsq(grads_ + spec.offset, spec.numel()))) name = "gradient of " + spec.name;
+    }
+    const int world = grid_.world().size();
+    double first = name.empty() ? -double(world) : -double(grid_.rank());
+    grid_.world().all_reduce_max(&first, 1);
+    const int r = int(-first);
+    if (r >= world) return "";
+    char buf[256] = {0};
+    if (grid_.rank() == r) std::snprintf(buf, sizeof buf, "%s", name.c_str());
+    grid_.world().broadcast(buf, sizeof buf, r);
+    return "rank " + std::to_string(r) + ", " + buf;
+}
+
+StepStats Trainer::step(int64_t s, bool locate) {
+    const bool poison = maybe_inject_fault(grid_.rank(), s, poisoned_once_);
     StepStats st;
     const auto& p = deck_.parallel;
     const int mbs = deck_.data.micro_batch_size, T = deck_.data.seq_len;
@@ -233,6 +300,13 @@ StepStats Trainer::step(int64_t s) {
     if (cp_) cp_->reset_stats();
     if (ep_) ep_->reset_stats();
     be_.zero(grads_, table_.total);
+    if (poison)  // the first element of this rank's first trainable tensor; the backward keeps it NaN
+        for (const auto& spec : table_.specs)
+            if (spec.trainable()) {
+                const float nan = std::nanf("");
+                be_.from_host(grads_ + spec.offset, &nan, 1);
+                break;
+            }
     sync_->begin_step(grads_);
     if (!moe_counts_.empty())  // what was counted since the last step (evaluation) is not this step's
         for (auto& c : chunks_) c->take_moe_counts(moe_counts_, moe_width_);
@@ -244,8 +318,9 @@ StepStats Trainer::step(int64_t s) {
             sampler_.train_sample(s, (g0 + mb) * mbs + j, gb, ids + size_t(j) * T, tgt + size_t(j) * T);
     };
     const float grad_scale = float(1.0 / (double(gb) * T));
-    PipelineExecutor::Result r = exec_->run(params_, grads_, grad_scale, data, sync_->hook());
+    PipelineExecutor::Result r = exec_->run(params_, grads_, grad_scale, data, locate ? nullptr : sync_->hook());
     const double t1 = now_s();
+    if (locate) st.origin = locate_nonfinite(r.ce_sum + r.aux_sum);
     // 2. Gradients summed over their replica groups (tp/kv/tied partials, then dp x cp / edp).
     st.dp_early = sync_->buckets_overlapped();
     auto [t_sync, t_dp] = sync_->finish_step(grads_, opt_->shards());
@@ -255,8 +330,18 @@ StepStats Trainer::step(int64_t s) {
     grid_.pp().all_reduce_sum(sums, 2);
     grid_.dp_cp().all_reduce_sum(sums, 2);
     const double t3 = now_s();
-    // 4. Global-norm clipping and AdamW.
+    // 4. Global-norm clipping and AdamW -- unless the loss or the norm is not finite (the same
+    //    decision on every rank: both are all-reduced), which leaves the state as it was.
     const double norm = opt_->grad_norm(grads_, grid_.world());
+    if (!std::isfinite(sums[0]) || !std::isfinite(sums[1]) || !std::isfinite(norm)) {
+        st.nonfinite = true;
+        st.what = !std::isfinite(sums[0]) ? "the loss" : !std::isfinite(sums[1]) ? "the MoE aux loss" : "the gradient norm";
+        st.loss = sums[0] / (double(gb) * T) + sums[1];
+        st.grad_norm = norm;
+        st.step_time = now_s() - t0;
+        std::fill(moe_counts_.begin(), moe_counts_.end(), 0.0);  // a skipped step routes nothing
+        return st;
+    }
     opt_->clip(grads_, norm);
     const double lr = lr_at(deck_.train, s);
     opt_->update(params_, grads_, s, lr);
@@ -345,9 +430,15 @@ double Trainer::evaluate(std::vector<double>* by_position) {
     // Under expert parallelism the replicas of an ep group exchange tokens in every forward, so
     // each runs as many forwards as the busiest one (a replica without a batch of its own
     // repeats batch 0 and counts nothing).
-    const int nb = deck_.eval.batches, rounds = ep_ ? (nb + dp - 1) / dp : 0;
-    for (int i = r; i < nb || (ep_ && i < rounds * dp); i += dp) {
+    const int nb = deck_.eval.batches, rounds = (nb + dp - 1) / dp;
+    for (int round = 0; round < rounds; ++round) {
+        // A stop signal ends a long evaluation too (agreed on by every rank each round).
+        double stop = g_stop_signal ? 1.0 : 0.0;
+        grid_.world().all_reduce_max(&stop, 1);
+        if (stop > 0) return std::nan("");
+        const int i = round * dp + r;
         const bool counted = i < nb;
+        if (!counted && !ep_) continue;
         for (int j = 0; j < mbs; ++j)
             sampler_.val_sample(counted ? i : 0, j, mbs, ids.data() + size_t(j) * T, tgt.data() + size_t(j) * T);
         const double loss = exec_->forward_only(params_, ids.data(), tgt.data());
@@ -401,7 +492,18 @@ std::vector<ArenaRange> Trainer::checkpoint_state() const {
     return w;
 }
 
+static const std::string kCheckpointComm = "world (checkpoint I/O)";
+
 void Trainer::save_checkpoint(int64_t step) {
+    // Never checkpoint non-finite weights over good ones (every rank checks its arena).
+    double bad = std::isfinite(be_.sumsq(params_, table_.total)) ? 0.0 : 1.0;
+    grid_.world().all_reduce_max(&bad, 1);
+    if (bad > 0) {
+        const std::string msg = "the weights are not finite at step " + std::to_string(step) +
+                                "; the checkpoint is not written";
+        record_fault("diverged", step, -1, msg);
+        throw DivergedError(msg + " (the last good one is " + (last_checkpoint_.empty() ? "none" : last_checkpoint_) + ")");
+    }
     CheckpointMeta meta;
     meta.step = step;
     meta.tokens_seen = tokens_seen_;
@@ -422,11 +524,20 @@ void Trainer::save_checkpoint(int64_t step) {
         p = hp.data(), m = hm.data(), v = hv.data();
     }
     const double t0 = now_s();
+    // The metrics history up to this step beside the checkpoint, complete before it is: a resume
+    // rebuilds an unreadable metrics.h5 from it.
+    if (metrics_) metrics_->snapshot_to(checkpoint_metrics_path(checkpoint_path(deck_.output.run_dir, step)));
+    // The whole write (its barriers and collective I/O) under the collective deadline.
+    Watchdog* w = grid_.watchdog();
+    if (w) w->begin("checkpoint write", &kCheckpointComm, grid_.rank(), grid_.world().size(), uint64_t(step),
+                    deck_.train.collective_timeout_s);
     std::string path = checkpoint_save(grid_.world().handle(), deck_.output.run_dir, meta, table_,
                                        p, m, v, checkpoint_writes(), deck_.checkpoint.keep);
+    if (w) w->end();
     char secs[32];
     std::snprintf(secs, sizeof secs, " (%.2f s)", now_s() - t0);
     log("checkpoint " + path + secs);
+    last_checkpoint_ = path;
 }
 
 void Trainer::resume_if_asked() {
@@ -461,11 +572,35 @@ void Trainer::resume_if_asked() {
     refresh_bf16_weights();
     start_step_ = meta.step;
     tokens_seen_ = meta.tokens_seen;
+    last_checkpoint_ = path;
     log("resumed from " + path + " at step " + std::to_string(meta.step) + " (written with " +
         meta.layout + ")");
 }
 
 int Trainer::run() {
+    // A deadline that passes (DESIGN §5, exit status 4) is recorded for job scripts first: by
+    // the watchdog thread for blocking collectives and checkpoint writes, here for the waits that
+    // poll their deadline themselves.
+    if (Watchdog* w = grid_.watchdog()) {
+        const std::string dir = deck_.output.run_dir;
+        const int rank = grid_.rank();
+        const std::atomic<int64_t>* step = &current_step_;
+        w->on_expiry([dir, rank, step](const std::string& report) {
+            write_fault_file(dir, "transient", step->load() + 1, rank, report);
+            std::fprintf(stderr, "%s\n", report.c_str());
+            std::fflush(stderr);
+            _exit(4);
+        });
+    }
+    try {
+        return run_steps();
+    } catch (const DeadlineError& e) {
+        write_fault_file(deck_.output.run_dir, "transient", current_step_.load() + 1, grid_.rank(), e.what());
+        throw;
+    }
+}
+
+int Trainer::run_steps() {
     const auto& t = deck_.train;
     const int pp = grid_.pp().size(), stage = grid_.coord(kPP);
     const int64_t gb = int64_t(grid_.dp().size()) * deck_.parallel.microbatches * deck_.data.micro_batch_size;
@@ -484,8 +619,12 @@ int Trainer::run() {
                       deck_.train.precision.c_str(), peak_flops_ / 1e9);
         log(buf);
     }
-    std::unique_ptr<MetricsFile> metrics;
-    if (grid_.rank() == 0) metrics = std::make_unique<MetricsFile>(deck_.output.run_dir, deck_text_, start_step_);
+    if (grid_.rank() == 0) {
+        metrics_ = std::make_unique<MetricsFile>(deck_.output.run_dir, deck_text_, start_step_,
+                                                 source_.resume ? checkpoint_metrics_path(source_.path) : "");
+        for (const auto& w : metrics_->warnings) log("warning: " + w);
+    }
+    MetricsFile* metrics = metrics_.get();
     if (metrics && !moe_idle_.empty() && start_step_ > 0) {
         // The dead-expert counters continue from the history up to the resumed step.
         const std::vector<double> h = metrics->read_all("/moe/expert_load");
@@ -499,9 +638,46 @@ int Trainer::run() {
     const double t_start = now_s();
     int64_t s = start_step_;
     std::vector<double> idle(pp), act_mib(pp);
+    current_step_.store(s);
     while (s < t.steps) {
         StepStats st = step(s);
+        bool skipped = false;
+        if (st.nonfinite) {
+            // Re-run once from the same state (DESIGN §5): finite now = a transient fault. (The
+            // rerun is the same computation, so it continues the unbroken curve bit for bit.)
+            StepStats again = step(s);
+            if (again.nonfinite) again = step(s, true);  // reproduced: once more, to find where it starts
+            if (!again.nonfinite) {
+                log("warning: step " + std::to_string(s + 1) + ": " + st.what +
+                    " was not finite, and is finite when the step is re-run from the same state: a "
+                    "transient fault (suspect this job's hardware); continuing");
+                record_fault("transient_nonfinite", s + 1, -1, st.what + " not finite once; the rerun was finite");
+                st = again;
+            } else {
+                const std::string msg = "step " + std::to_string(s + 1) + ": " + again.what +
+                                        " is not finite, also when the step is re-run from the same state; "
+                                        "it first appears on " + (again.origin.empty() ? "no rank's local values (in a reduction)" : again.origin);
+                int origin_rank = -1;
+                std::sscanf(again.origin.c_str(), "rank %d", &origin_rank);
+                if (t.on_nonfinite == "stop" || skips_in_row_ + 1 >= t.max_skips) {
+                    record_fault("diverged", s + 1, origin_rank, msg);
+                    throw DivergedError(msg + (t.on_nonfinite == "skip" ? "; " + std::to_string(t.max_skips) +
+                                                   " steps in a row skipped (train.max_skips)" : "") +
+                                        ". No update was applied and no checkpoint written; the last good one is " +
+                                        (last_checkpoint_.empty() ? "none" : last_checkpoint_) +
+                                        " (train.on_nonfinite = " + t.on_nonfinite + ")");
+                }
+                ++skips_in_row_;
+                log("warning: " + msg + "; the update is skipped (train.on_nonfinite = skip, " +
+                    std::to_string(skips_in_row_) + " in a row of at most " + std::to_string(t.max_skips) + ")");
+                st = again;
+                skipped = true;
+            }
+        }
+        if (!skipped) skips_in_row_ = 0;
+        if (lock_) lock_->touch();
         ++s;
+        current_step_.store(s);
         tokens_seen_ += tokens_per_step;
         // Every stage's bubble (time blocked in pipeline receives / time of the schedule) and
         // activation memory, gathered for rank 0.
@@ -519,7 +695,8 @@ int Trainer::run() {
         if (metrics) {
             metrics->append("/train", {{"step", double(s)}, {"loss", st.loss}, {"ce_loss", st.ce_loss},
                                        {"aux_loss", st.aux_loss}, {"lr", st.lr}, {"grad_norm", st.grad_norm},
-                                       {"tokens_per_s", tps}, {"mfu", mfu}, {"step_time_s", st.step_time}});
+                                       {"tokens_per_s", tps}, {"mfu", mfu}, {"step_time_s", st.step_time},
+                                       {"skipped", skipped ? 1.0 : 0.0}});
             metrics->append("/timing", {{"pipeline", st.t_pipeline}, {"pipeline_wait", st.t_wait},
                                         {"replica_sync", st.t_sync}, {"dp_reduce", st.t_dp},
                                         {"optimizer", st.t_optim}, {"tp_comm", st.t_tp},
@@ -560,10 +737,14 @@ int Trainer::run() {
         }
         if (deck_.eval.every > 0 && (s % deck_.eval.every == 0 || s == t.steps)) {
             double vl = evaluate();
-            if (metrics) metrics->append("/eval", {{"step", double(s)}, {"loss", vl}});
-            char buf[96];
-            std::snprintf(buf, sizeof buf, "eval step %lld | val loss %.4f", (long long)s, vl);
-            log(buf);
+            if (std::isnan(vl)) {
+                log("evaluation of step " + std::to_string(s) + " interrupted by a stop signal");
+            } else {
+                if (metrics) metrics->append("/eval", {{"step", double(s)}, {"loss", vl}});
+                char buf[96];
+                std::snprintf(buf, sizeof buf, "eval step %lld | val loss %.4f", (long long)s, vl);
+                log(buf);
+            }
         }
         if (metrics) metrics->flush();
         if (s == start_step_ + 1) {
@@ -580,7 +761,13 @@ int Trainer::run() {
         grid_.world().all_reduce_max(&stop, 1);
         bool exit_now = t.exit_after > 0 && s - start_step_ >= t.exit_after;
         bool periodic = deck_.checkpoint.every > 0 && s % deck_.checkpoint.every == 0;
-        if (periodic || s == t.steps || stop > 0 || exit_now) save_checkpoint(s);
+        if (periodic || s == t.steps || stop > 0 || exit_now) {
+            save_checkpoint(s);
+            if (stop == 0) {  // a signal that arrived during the write stops at the checkpoint just written
+                stop = g_stop_signal ? 1.0 : 0.0;
+                grid_.world().all_reduce_max(&stop, 1);
+            }
+        }
         if ((stop > 0 || exit_now) && s < t.steps) {
             log(std::string(stop > 0 ? "stop signal received" : "train.exit_after reached") +
                 ": checkpointed step " + std::to_string(s) + "; resume with checkpoint.resume=auto");

@@ -36,15 +36,19 @@ struct Tiny {
             rope.original_max_position = 4;
         }
         init.std = 0.3;  // large enough that every path carries gradient well above fp32 noise
-        if (attention.rfind("moe", 0) == 0) {  // moe | moe_free: the feed-forward kind
+        if (attention.rfind("moe", 0) == 0) {  // moe | moe_free | moe_cap: the feed-forward kind
             m.moe.experts = 4;
             m.moe.top_k = 2;
             m.moe.ffn_dim = 8;
-            m.moe.shared_experts = attention == "moe" ? 1 : 0;
-            m.moe.balance = attention == "moe" ? "aux_loss" : "aux_free";
+            const bool free = attention == "moe_free";  // else moe | moe_cap
+            m.moe.shared_experts = free ? 0 : 1;
+            m.moe.balance = free ? "aux_free" : "aux_loss";
             m.moe.aux_coef = 0.5;  // large, so that the aux term's gradient shows
-            m.moe.norm_topk = attention == "moe";
-            m.moe.layers = attention == "moe" ? "all" : "1";
+            m.moe.norm_topk = !free;
+            m.moe.layers = free ? "1" : "all";
+            // moe_cap: a cap of ceil(0.5 * 2 * 18 / 4) = 5 of a microbatch's 36 choices per
+            // expert; the dropped choices are fixed under the small FD steps, like the top-k.
+            if (attention == "moe_cap") m.moe.capacity_factor = 0.5;
             return;
         }
         if (attention != "mha") {
@@ -114,7 +118,7 @@ void check_model_gradient(bool tied, bool yarn, const std::string& kind = "mha")
         }
     }
     if (moe) {
-        EXPECT_EQ(experts, (kind == "moe" ? 2 : 1) * 4 * 3);  // every expert tensor of every MoE layer
+        EXPECT_EQ(experts, (kind == "moe_free" ? 1 : 2) * 4 * 3);  // every expert tensor of every MoE layer
         EXPECT_GE(with_grad, experts * 2 / 3) << "too few experts were routed to for the check to mean much";
     }
 }
@@ -128,6 +132,7 @@ TEST(Model, MlaGradientMatchesFiniteDifferencesPlainQueryWithYarn) { check_model
 // MoE: router, k of E SwiGLU experts, a shared expert and the aux loss; aux-free on one layer.
 TEST(Model, MoeGradientMatchesFiniteDifferences) { check_model_gradient(false, false, "moe"); }
 TEST(Model, MoeAuxFreeOnOneLayerGradientMatchesFiniteDifferences) { check_model_gradient(false, false, "moe_free"); }
+TEST(Model, MoeWithCapacityDropsGradientMatchesFiniteDifferences) { check_model_gradient(false, false, "moe_cap"); }
 
 // train.precision = bf16: the same chunk with bf16 GEMM operands. Its loss and gradients follow
 // the fp32 ones to bf16's precision (8 bits of mantissa), yet really differ from them (the bf16

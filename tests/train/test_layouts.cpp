@@ -225,6 +225,9 @@ TEST_F(Layouts, FailedOrStuckStageEndsTheJobWithAMessage) {
         EXPECT_NE(b.output.find("rank 1"), std::string::npos) << h.layout << "\n" << b.output;
         EXPECT_NE(b.output.find("did not complete within"), std::string::npos) << b.output;
         EXPECT_LT(secs, 60.0) << h.layout;
+        // Recorded for job scripts (requeue on 4): kind, step (the one logged as 3), rank.
+        const std::string fault = read_file(dir / "hang" / "fault");
+        EXPECT_NE(fault.find("kind=transient step=3 rank="), std::string::npos) << h.layout << "\n" << fault;
         std::filesystem::remove_all(dir / "hang");
     }
 }

@@ -1,4 +1,4 @@
-// Errors in two tiers (see docs/architecture.md, "Errors"):
+// Errors in tiers (see docs/architecture.md, "Errors", and docs/reliability.md):
 //  - ConfigError: deterministic (deck, layout, data header). Every rank detects it identically,
 //    so main() prints it once from rank 0 and finalises cleanly with exit status 2.
 //  - everything else (I/O, a rank-local failure): main() prints "rank N: ..." and MPI_Abort()s,
@@ -16,6 +16,13 @@ struct ConfigError : std::runtime_error {
 
 // A failure of this rank only (file system, library call); the job must be aborted.
 struct RankError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// Training diverged (a non-finite loss or gradient that a rerun reproduced, or non-finite
+// weights before a checkpoint). Every rank decides it from all-reduced values, so the job ends
+// collectively with exit status 3 (DESIGN §5) after rank 0 prints it.
+struct DivergedError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 

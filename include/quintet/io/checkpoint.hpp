@@ -1,8 +1,10 @@
 // Checkpoints: one HDF5 file per checkpoint, written collectively with parallel HDF5 (MPI-IO).
 // Every tensor is stored whole, under its Hugging Face name and logical shape; each rank writes
 // the part of the flat arena it owns, so a checkpoint loads into any other layout.
-// The file is written as step_NNNNNNNN.h5.tmp and renamed when complete; `latest` (a one-line
-// text file) names the last complete checkpoint. Formats: docs/formats.md.
+// The file is written as step_NNNNNNNN.h5.tmp, fsync'd and renamed when complete; `latest` (a
+// one-line text file, written the same way) names the last complete checkpoint; only then are
+// old ones pruned. Every dataset carries a "checksum" attribute, verified before a load.
+// Formats: docs/formats.md.
 #pragma once
 #include <mpi.h>
 
@@ -42,8 +44,22 @@ std::string checkpoint_save(MPI_Comm comm, const std::string& run_dir, const Che
                             const ParamTable& table, const float* params, const float* exp_avg,
                             const float* exp_avg_sq, const std::vector<ArenaRange>& writes, int keep);
 
+// run_dir/checkpoints/step_NNNNNNNN.h5, and the metrics snapshot kept beside it
+// (step_NNNNNNNN.metrics: metrics.h5 as it was when the checkpoint was written; pruned with it).
+std::string checkpoint_path(const std::string& run_dir, int64_t step);
+std::string checkpoint_metrics_path(const std::string& checkpoint);
+
 // The path named by run_dir/checkpoints/latest, or "" when there is none.
 std::string checkpoint_latest(const std::string& run_dir);
+
+// "" when `path` opens, every tensor reads in full and matches its stored checksum (checkpoints
+// from before the checksums: every tensor reads); else why not, e.g. "tensor /params/x does not
+// match its checksum". The ranks of `comm` share the reading. collective over comm
+std::string checkpoint_verify(const std::string& path, MPI_Comm comm);
+// resume = auto: `latest`, else the newest step_*.h5, that verifies ("" when none does). Each
+// one passed over is added to `skipped` with the reason. collective over comm
+std::string checkpoint_newest_valid(const std::string& run_dir, MPI_Comm comm,
+                                    std::vector<std::string>* skipped);
 
 // The attributes of a checkpoint (no tensor read); ConfigError naming the file when it is
 // missing, not HDF5, not a quintet checkpoint or of another format_version.

@@ -17,8 +17,15 @@ namespace quintet {
 class MetricsFile {
 public:
     // Opens run_dir/metrics.h5; when resuming from `first_step` > 0 an existing file is kept and
-    // rows after step first_step are dropped (they will be recomputed), else it is created anew.
-    MetricsFile(const std::string& run_dir, const std::string& deck_text, long first_step);
+    // rows after step first_step are dropped (they will be recomputed). Never lost silently: an
+    // unreadable file is moved aside and the history rebuilt from `snapshot` (the copy kept
+    // beside the resumed checkpoint); a fresh run (first_step 0) moves an existing file aside.
+    // What happened is in `warnings`.
+    MetricsFile(const std::string& run_dir, const std::string& deck_text, long first_step,
+                const std::string& snapshot = "");
+    std::vector<std::string> warnings;
+    // A consistent copy of the file (flushed first) at `to`, written as to.tmp, fsync'd, renamed.
+    void snapshot_to(const std::string& to);
     ~MetricsFile();
     // Appends one row to each named dataset of `group` (creating it on first use).
     void append(const std::string& group, const std::vector<std::pair<std::string, double>>& row);

@@ -44,6 +44,8 @@ struct TrainConfig {
     int exit_after = 0;             // stop (with a checkpoint) after this many steps of this run; 0 = never
     double collective_timeout_s = 600;  // deadline of every communicator wait; 0 = none
     std::string recompute = "none";     // none | selective | full
+    std::string on_nonfinite = "stop";  // stop | skip: a step whose loss or gradient norm is not finite
+    int max_skips = 5;                  // skip: consecutive skipped steps before stopping (exit 3)
 };
 
 struct EvalConfig {

@@ -5,10 +5,13 @@
 // checkpoints. step() reads as the list of what a step does; run() is the whole job
 // (collective over the grid).
 #pragma once
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "quintet/io/metrics.hpp"
+#include "quintet/io/run_lock.hpp"
 #include "quintet/kernels/backend.hpp"
 #include "quintet/model/transformer.hpp"
 #include "quintet/parallel/context_parallel.hpp"
@@ -31,6 +34,10 @@ struct StepStats {
     double t_cp = 0, t_cp_exposed = 0, cp_bytes = 0;  // the context-parallel ring
     double t_ep_dispatch = 0, t_ep_combine = 0, ep_bytes = 0;  // MoE's token exchange (this rank)
     double ep_bytes_all = 0, ep_bytes_theory = 0;  // every rank's, measured and from the routed counts
+    // A non-finite loss or gradient norm: the update was not applied. `what` names it; with
+    // step(s, true) `origin` names the first rank and tensor where it appeared.
+    bool nonfinite = false;
+    std::string what, origin;
 };
 
 // Where a run's weights come from, and the context they were trained at (DESIGN §5): the
@@ -44,7 +51,8 @@ struct WeightsSource {
     int64_t trained_context = 0;  // of the source checkpoint (0: none)
     std::vector<std::string> warnings;
 };
-WeightsSource resolve_weights_source(Deck& deck);
+// collective over comm (the checkpoint is verified)
+WeightsSource resolve_weights_source(Deck& deck, MPI_Comm comm);
 
 enum class TrainerMode { train, eval };  // eval: no gradients, no optimizer, writes nothing
 
@@ -56,13 +64,18 @@ public:
             WeightsSource source = {});
     ~Trainer();
     int run();                 // collective over the grid; returns the exit code
-    StepStats step(int64_t s); // one optimizer step (collective)
+    // One optimizer step (collective). A step whose loss or gradient norm is not finite (agreed
+    // on every rank) returns with `nonfinite` set and the state untouched, so that it can be run
+    // again; `locate` runs it without the overlapped reduction and finds where it began.
+    StepStats step(int64_t s, bool locate = false);
     // Mean validation cross-entropy (collective). by_position (rank 0, when given): the mean
     // cross-entropy at each position of the samples [T].
     double evaluate(std::vector<double>* by_position = nullptr);
     // Eval mode: the parameters of `path` (any layout), no optimizer state. collective
     void load_weights(const std::string& path);
     const ParamTable& table() const { return table_; }
+    // The run_dir lock run() refreshes every step (train_main holds it).
+    void set_run_lock(const RunLock* lock) { lock_ = lock; }
 
 private:
     void save_checkpoint(int64_t step);
@@ -104,10 +117,26 @@ private:
     bf16_bits* params_bf16_ = nullptr;  // train.precision = bf16: the GEMMs' copy of params_
     bool host_arena_ = true;            // arenas are host memory (CPU backend): no staging for I/O
     int64_t start_step_ = 0, tokens_seen_ = 0;
+    const RunLock* lock_ = nullptr;
+    std::unique_ptr<MetricsFile> metrics_;  // rank 0
+    int skips_in_row_ = 0;
+    std::atomic<int64_t> current_step_{0};  // steps done (the watchdog thread reads it for run_dir/fault)
+    int run_steps();        // train.on_nonfinite = skip: consecutive skipped steps
+    bool poisoned_once_ = false;  // QUINTET_INJECT_FAULT mode=nan_once has fired
+    std::string last_checkpoint_;  // the newest complete checkpoint (this run's or the resumed one)
+    // Records a fault for job scripts: run_dir/fault holds "kind=K step=S rank=R" (rank 0 writes).
+    void record_fault(const std::string& kind, int64_t step, int rank, const std::string& what) const;
+    // The first rank (lowest) whose local values are not finite, and what: "rank R, gradient of T"
+    // or "rank R, loss" (collective; "" when every rank is finite).
+    std::string locate_nonfinite(double local_loss) const;
     double peak_flops_ = 0, flops_per_token_ = 0;
 };
 
-// Set from SIGTERM/SIGUSR1: checkpoint at the end of the current step and stop.
+// run_dir/fault for job scripts: "kind=K step=S rank=R" and the message (written atomically).
+void write_fault_file(const std::string& run_dir, const std::string& kind, int64_t step, int rank,
+                      const std::string& what);
+
+// Set from SIGTERM/SIGUSR1/SIGINT: checkpoint at the end of the current step and stop.
 void install_stop_signals();
 
 }  // namespace quintet

@@ -1,0 +1,28 @@
+// One run per run_dir (docs/reliability.md): rank 0 holds run_dir/lock, a file created with
+// O_EXCL that names the holder ("host pid start-time"), for as long as the job runs. A second
+// job in the same folder is refused (ConfigError, exit status 2) naming the holder. A lock left
+// by a killed job is recognised as stale -- on the same host when its pid is gone; on another
+// host when the holder has not refreshed it (touch() every step) for `stale_after_s` -- and taken
+// over with a warning.
+#pragma once
+#include <mpi.h>
+
+#include <string>
+
+namespace quintet {
+
+class RunLock {
+public:
+    // collective over comm. warning: set when a stale lock was taken over.
+    RunLock(const std::string& run_dir, MPI_Comm comm, double stale_after_s, std::string* warning);
+    ~RunLock();  // releases (rank 0)
+    RunLock(const RunLock&) = delete;
+    RunLock& operator=(const RunLock&) = delete;
+    void touch() const;  // rank 0: refresh the lock's time (the holder is alive)
+
+private:
+    std::string path_, dir_;
+    bool held_ = false, created_ = false;  // created_: run_dir did not exist before the lock
+};
+
+}  // namespace quintet

@@ -31,6 +31,16 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, double deadlin
     QUINTET_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     QUINTET_MPI(MPI_Comm_rank(comm_, &rank_));
     QUINTET_MPI(MPI_Comm_size(comm_, &size_));
+    // The members' world ranks, for naming the ones that did not arrive at a deadline.
+    MPI_Group mine, world;
+    QUINTET_MPI(MPI_Comm_group(comm_, &mine));
+    QUINTET_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world));
+    std::vector<int> local(size_t(size_), 0);
+    for (int i = 0; i < size_; ++i) local[size_t(i)] = i;
+    world_ranks_.resize(size_t(size_));
+    QUINTET_MPI(MPI_Group_translate_ranks(mine, size_, local.data(), world, world_ranks_.data()));
+    MPI_Group_free(&mine);
+    MPI_Group_free(&world);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -43,7 +53,7 @@ MpiCommunicator::~MpiCommunicator() {
 MpiCommunicator::Timed::Timed(const MpiCommunicator& comm, const char* op) : c(comm) {
     ++c.seq_;
     if (c.watchdog_ && c.deadline() > 0)
-        c.watchdog_->begin(op, &c.name(), c.rank_, c.size_, c.seq_, c.deadline());
+        c.watchdog_->begin(op, &c.name(), c.rank_, c.size_, c.seq_, c.deadline(), &c.world_ranks_);
 }
 MpiCommunicator::Timed::~Timed() {
     if (c.watchdog_ && c.deadline() > 0) c.watchdog_->end();
@@ -58,6 +68,7 @@ void MpiCommunicator::complete(MPI_Request& req, const char* op, int peer) const
     QUINTET_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
     if (done) return;
     const double start = MPI_Wtime();
+    bool published = false;
     for (long spins = 1;; ++spins) {
         QUINTET_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
         if (done) return;
@@ -65,16 +76,24 @@ void MpiCommunicator::complete(MPI_Request& req, const char* op, int peer) const
         // the wait is long, sleep between polls.
         if (spins < 64) continue;
         const double waited = MPI_Wtime() - start;
+        if (waited > 1.0 && !published && watchdog_) {  // a long wait: tell the others where we are
+            watchdog_->publish(name(), seq_, op);
+            published = true;
+        }
         if (waited > deadline()) {
             if (peer >= 0) MPI_Cancel(&req);
-            char msg[512];
+            // Point-to-point: the peer is the one; a collective: the members that never posted it.
+            const std::string missing = !watchdog_ ? ""
+                                        : peer >= 0 ? watchdog_->absent({world_ranks_[size_t(peer)]}, name(), seq_)
+                                                    : watchdog_->absent(world_ranks_, name(), seq_);
+            char msg[2048];
             std::snprintf(msg, sizeof msg,
                           "%s (operation #%llu) on the %s communicator (rank %d of %d)%s%s did not "
                           "complete within "
                           "%.0f s (train.collective_timeout_s = %g): a rank of this group stopped "
-                          "answering, failed, or runs a different schedule",
+                          "answering, failed, or runs a different schedule%s",
                           op, (unsigned long long)seq_, name().c_str(), rank_, size_, peer >= 0 ? "; peer rank " : "",
-                          peer >= 0 ? std::to_string(peer).c_str() : "", waited, deadline());
+                          peer >= 0 ? std::to_string(peer).c_str() : "", waited, deadline(), missing.c_str());
             throw DeadlineError(msg);
         }
         if (waited < 0.01) sched_yield();

@@ -583,6 +583,7 @@ int Trainer::run() {
     // poll their deadline themselves.
     if (Watchdog* w = grid_.watchdog()) {
         const std::string dir = deck_.output.run_dir;
+        w->set_status_dir((std::filesystem::path(dir) / ".ranks").string());
         const int rank = grid_.rank();
         const std::atomic<int64_t>* step = &current_step_;
         w->on_expiry([dir, rank, step](const std::string& report) {

@@ -224,6 +224,8 @@ TEST_F(Layouts, FailedOrStuckStageEndsTheJobWithAMessage) {
         EXPECT_NE(b.output.find(h.expect), std::string::npos) << h.layout << "\n" << b.output;
         EXPECT_NE(b.output.find("rank 1"), std::string::npos) << h.layout << "\n" << b.output;
         EXPECT_NE(b.output.find("did not complete within"), std::string::npos) << b.output;
+        // The stuck rank is named without the stuck collective (the status side channel).
+        EXPECT_NE(b.output.find("world ranks that did not arrive: 0 (no report)"), std::string::npos) << b.output;
         EXPECT_LT(secs, 60.0) << h.layout;
         // Recorded for job scripts (requeue on 4): kind, step (the one logged as 3), rank.
         const std::string fault = read_file(dir / "hang" / "fault");

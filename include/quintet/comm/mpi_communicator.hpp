@@ -30,6 +30,7 @@ public:
 
     MPI_Comm handle() const { return comm_; }
     uint64_t seq() const { return seq_; }  // operations started on this communicator so far
+    const std::vector<int>& world_ranks() const { return world_ranks_; }  // of the members, by rank
     int rank() const override { return rank_; }
     int size() const override { return size_; }
     void all_reduce_sum(float* buf, size_t n) const override;
@@ -63,6 +64,7 @@ private:
     MPI_Comm comm_;
     int rank_ = 0, size_ = 1;
     std::shared_ptr<Watchdog> watchdog_;
+    std::vector<int> world_ranks_;
     mutable uint64_t seq_ = 0;
     // Marks a blocking operation for the watchdog (RAII).
     struct Timed {

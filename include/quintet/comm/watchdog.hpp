@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace quintet {
 
@@ -30,10 +31,22 @@ public:
     void on_expiry(std::function<void(const std::string& report)> f);
 
     // One blocking operation at a time (the MPI-calling thread is single). `op` and `comm` must
-    // outlive the operation (string literals, the communicator's name).
+    // outlive the operation (string literals, the communicator's name); `members` (may be null):
+    // the world ranks of the communicator, for naming the ranks that did not arrive.
     void begin(const char* op, const std::string* comm, int comm_rank, int comm_size,
-               uint64_t seq, double deadline_s);
+               uint64_t seq, double deadline_s, const std::vector<int>* members = nullptr);
     void end();
+
+    // The side channel that names the ranks that did not arrive (docs/reliability.md): each rank
+    // that has waited in one operation for over a second writes "comm seq op" to
+    // status_dir/<world rank> (the thread for blocking collectives, the polling waits themselves
+    // otherwise); when a deadline passes, the members whose file does not show the same
+    // operation -- no file, or an older one -- are the ranks that never arrived. No MPI call:
+    // it works while the collective is stuck. "" = off.
+    void set_status_dir(const std::string& dir);
+    void publish(const std::string& comm, uint64_t seq, const char* op) const;
+    // ", ranks that did not arrive: 3 (last seen: ...), 5 (no report)" for an operation, or "".
+    std::string absent(const std::vector<int>& members, const std::string& comm, uint64_t seq) const;
 
 private:
     void run();
@@ -44,6 +57,9 @@ private:
     std::atomic<int> comm_rank_{0}, comm_size_{0};
     std::atomic<uint64_t> seq_{0};
     std::atomic<double> deadline_s_{0};
+    std::atomic<const std::vector<int>*> members_{nullptr};
+    std::string status_dir_;  // set before the first operation
+    uint64_t published_ = 0;  // the thread's last published sequence number
     std::function<void(const std::string&)> expiry_;
     std::mutex mu_;
     std::condition_variable cv_;

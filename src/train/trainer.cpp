@@ -226,10 +226,12 @@ void Trainer::log(const std::string& line) const {
 }
 
 // Fault injection for the failure tests (docs/reliability.md): QUINTET_INJECT_FAULT =
-// "rank=R,step=S[,mode=fail|hang|nan|nan_once[,until=E]]" makes world rank R, at the start of step
-// S (0-based: the step logged as S+1; with until, each step S..E), throw (fail), stop responding
-// (hang), or poison one element of its gradient with NaN each time the step runs (nan) or only
-// the first time (nan_once: the rerun is finite). Returns true to poison.
+// "rank=R,step=S[,mode=fail|hang|stop|kill|stop_checkpoint|nan|nan_once[,until=E]]" makes world
+// rank R, at the start of step S (0-based: the step logged as S+1; with until, each step S..E),
+// throw (fail), stop responding (hang: its main thread sleeps), stop with SIGSTOP (stop), die
+// with SIGKILL (kill), SIGSTOP inside that step's checkpoint write (stop_checkpoint), or poison
+// one element of its gradient with NaN each time the step runs (nan) or only the first time
+// (nan_once: the rerun is finite). Returns true to poison.
 static bool maybe_inject_fault(int rank, int64_t step, bool& fired_once) {
     const char* spec = std::getenv("QUINTET_INJECT_FAULT");
     if (!spec) return false;
@@ -247,7 +249,21 @@ static bool maybe_inject_fault(int rank, int64_t step, bool& fired_once) {
     }
     if (m == "hang")
         for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    if (m == "stop") std::raise(SIGSTOP);  // the whole process, watchdog thread included
+    if (m == "kill") std::raise(SIGKILL);  // a dying rank
+    if (m == "stop_checkpoint") return false;  // at the checkpoint of that step (maybe_stop_in_checkpoint)
     rank_fail("injected fault (QUINTET_INJECT_FAULT) at step " + std::to_string(step));
+}
+
+// mode=stop_checkpoint: SIGSTOP inside the checkpoint write of step S+1 (the others wait for
+// this rank in its barrier).
+static void maybe_stop_in_checkpoint(int rank, int64_t step) {
+    const char* spec = std::getenv("QUINTET_INJECT_FAULT");
+    int r = -1;
+    long long s = -1;
+    char mode[24] = "";
+    if (!spec || std::sscanf(spec, "rank=%d,step=%lld,mode=%23[a-z_]", &r, &s, mode) < 3) return;
+    if (r == rank && s + 1 == step && std::string(mode) == "stop_checkpoint") std::raise(SIGSTOP);
 }
 
 // run_dir/fault: "kind=K step=S rank=R" and the message (any rank may write it: a unique tmp,
@@ -530,7 +546,8 @@ void Trainer::save_checkpoint(int64_t step) {
     // The whole write (its barriers and collective I/O) under the collective deadline.
     Watchdog* w = grid_.watchdog();
     if (w) w->begin("checkpoint write", &kCheckpointComm, grid_.rank(), grid_.world().size(), uint64_t(step),
-                    deck_.train.collective_timeout_s);
+                    deck_.train.collective_timeout_s, &grid_.world().world_ranks());
+    maybe_stop_in_checkpoint(grid_.rank(), step);
     std::string path = checkpoint_save(grid_.world().handle(), deck_.output.run_dir, meta, table_,
                                        p, m, v, checkpoint_writes(), deck_.checkpoint.keep);
     if (w) w->end();

@@ -228,6 +228,45 @@ TEST_F(Faults, OneRunPerRunDirAndStaleLocksAreTakenOver) {
     EXPECT_NE(third.output.find("took over the stale lock"), std::string::npos) << third.output;
 }
 
+// A rank stopped with SIGSTOP (its watchdog thread too) in a dp reduction, a tp all-reduce, a
+// pipeline receive and a checkpoint write: the job ends with status 4 within the deadline plus
+// 30 s, naming the stopped rank; and a rank killed with SIGKILL ends the job with a message
+// within 30 s, after which the last checkpoint loads.
+TEST_F(Faults, StoppedOrDyingRankEndsTheJobNamingIt) {
+    struct Case {
+        std::string fault, layout, expect;
+    };
+    const Case cases[] = {
+        {"rank=0,step=3,mode=stop", "--parallel.microbatches=2", "on the dp"},
+        {"rank=0,step=3,mode=stop", "--parallel.tp=2 --parallel.microbatches=4", "on the tp communicator"},
+        {"rank=0,step=3,mode=stop", "--parallel.pp=2 --parallel.microbatches=4", "on the pp communicator"},
+        {"rank=0,step=3,mode=stop_checkpoint", "--parallel.microbatches=2", "checkpoint write"},
+    };
+    int k = 0;
+    for (const auto& c : cases) {
+        const std::string name = "stop" + std::to_string(k++);
+        const auto t0 = std::chrono::steady_clock::now();
+        auto r = faulty(2, name, c.fault.c_str(), c.layout + " --train.collective_timeout_s=5");
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        EXPECT_EQ(r.status, 4) << c.fault << " " << c.layout << "\n" << r.output;
+        EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.layout << "\n" << r.output;
+        EXPECT_NE(r.output.find("world ranks that did not arrive: 0"), std::string::npos) << c.layout << "\n" << r.output;
+        EXPECT_LT(secs, 5 + 30) << c.layout;
+        const std::string fault = read_file(dir / name / "fault");
+        EXPECT_EQ(fault.rfind("kind=transient step=", 0), 0u) << c.layout << "\n" << fault;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto d = faulty(2, "dying", "rank=1,step=5,mode=kill", "--parallel.microbatches=2");
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_NE(d.status, 0) << d.output;
+    EXPECT_LT(secs, 30.0);
+    std::string latest = read_file(dir / "dying/checkpoints/latest");
+    ASSERT_EQ(latest, "step_00000004.h5\n") << d.output;
+    auto e = run_quintet(0, "eval --checkpoint " + (dir / "dying/checkpoints/step_00000004.h5").string() + " --data " +
+                                data.string());
+    EXPECT_EQ(e.status, 0) << e.output;
+}
+
 // Disk full during a checkpoint: a 1 MiB tmpfs as run_dir (root and mount permission needed;
 // skipped where the container forbids it). The error is clear and the earlier checkpoints load.
 TEST_F(Faults, DiskFullDuringACheckpointKeepsTheEarlierOnes) {

@@ -131,5 +131,11 @@ quintet_run() {
     trap - USR1 TERM
     QUINTET_PID=
     echo "quintet job: $(date '+%F %T') quintet exited with status $rc${QUINTET_SIGNAL:+ after SIG$QUINTET_SIGNAL}"
+    # A rank that died (killed by a signal, the node lost) makes the launcher return 128+n or
+    # another status of its own; DESIGN §5 calls that a transient fault: status 4 (requeue).
+    if ((rc > 4)); then
+        echo "quintet job: status $rc is not quintet's own (a rank died?): treated as a transient fault (4)" >&2
+        rc=4
+    fi
     return "$rc"
 }

@@ -62,6 +62,11 @@ int main(int argc, char** argv) {
         if (rank == 0) std::fprintf(stderr, "quintet: error: %s\n", e.what());
         MPI_Finalize();
         return 3;
+    } catch (const quintet::IoError& e) {
+        // An I/O failure during the run: a transient fault (DESIGN §5). Exit status 4.
+        std::fprintf(stderr, "quintet: rank %d: error: %s\n", rank, e.what());
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 4);
     } catch (const quintet::DeadlineError& e) {
         // A transient fault (DESIGN §5): a rank stopped answering. Exit status 4.
         std::fprintf(stderr, "quintet: rank %d: error: %s\n", rank, e.what());

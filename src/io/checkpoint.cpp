@@ -250,14 +250,14 @@ std::string checkpoint_save(MPI_Comm comm, const std::string& run_dir, const Che
                           checkpoint_latest(run_dir).c_str());
     }
     QUINTET_MPI(MPI_Bcast(full, sizeof full, MPI_CHAR, 0, comm));
-    if (full[0]) rank_fail(full);
+    if (full[0]) throw IoError(full);
     try {
         return save(comm, run_dir, meta, table, params, m, v, writes, keep, dir, final_path, tmp_path);
     } catch (const std::exception& e) {
         const int err = errno;
         std::error_code ec;
         fs::remove(tmp_path, ec);
-        rank_fail(std::string("the checkpoint of step ") + std::to_string(meta.step) + " could not be written (" +
+        throw IoError(std::string("the checkpoint of step ") + std::to_string(meta.step) + " could not be written (" +
                   e.what() + (err ? std::string("; ") + std::strerror(err) : std::string()) +
                   "); its partial file is removed and the earlier checkpoints are intact (latest: " +
                   checkpoint_latest(run_dir) + ")");

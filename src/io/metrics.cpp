@@ -179,14 +179,14 @@ void MetricsFile::snapshot_to(const std::string& to) {
     std::error_code ec;
     fs::create_directories(fs::path(to).parent_path(), ec);
     fs::copy_file(name, tmp, fs::copy_options::overwrite_existing, ec);
-    if (ec) rank_fail("cannot copy the metrics to " + tmp + ": " + ec.message());
+    if (ec) throw IoError("cannot copy the metrics to " + tmp + ": " + ec.message());
     const int fd = ::open(tmp.c_str(), O_RDONLY);
     if (fd >= 0) {
         ::fsync(fd);
         ::close(fd);
     }
     fs::rename(tmp, to, ec);
-    if (ec) rank_fail("cannot rename " + tmp + ": " + ec.message());
+    if (ec) throw IoError("cannot rename " + tmp + ": " + ec.message());
 }
 
 void MetricsFile::flush() { H5Fflush(file_, H5F_SCOPE_GLOBAL); }

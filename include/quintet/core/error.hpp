@@ -26,6 +26,13 @@ struct DivergedError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
+// An I/O failure during the run (a checkpoint or metrics write: disk full, a file system error):
+// the job ends with exit status 4, a transient fault (DESIGN §5), after the earlier checkpoints
+// were left intact.
+struct IoError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
 // "deck key 'model.n_heads' = 7: must be divisible by parallel.tp = 2"
 [[noreturn]] void config_fail(const std::string& key, const std::string& value,
                               const std::string& valid);

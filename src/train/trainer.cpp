@@ -232,15 +232,29 @@ void Trainer::log(const std::string& line) const {
 // with SIGKILL (kill), SIGSTOP inside that step's checkpoint write (stop_checkpoint), or poison
 // one element of its gradient with NaN each time the step runs (nan) or only the first time
 // (nan_once: the rerun is finite). Returns true to poison.
-static bool maybe_inject_fault(int rank, int64_t step, bool& fired_once) {
+namespace {
+// QUINTET_INJECT_FAULT parsed once per call site; rank = -1 when unset or malformed.
+struct InjectedFault {
+    int rank = -1;
+    long long step = -1, until = -1;
+    std::string mode = "fail";
+    bool hits(int r, int64_t s) const { return r == rank && s >= step && s <= std::max(step, until); }
+};
+InjectedFault injected_fault() {
+    InjectedFault f;
     const char* spec = std::getenv("QUINTET_INJECT_FAULT");
-    if (!spec) return false;
-    int r = -1;
-    long long s = -1, until = -1;
-    char mode[16] = "fail";
-    if (std::sscanf(spec, "rank=%d,step=%lld,mode=%15[a-z_],until=%lld", &r, &s, mode, &until) < 2) return false;
-    if (r != rank || step < s || step > std::max(s, until)) return false;
-    const std::string m = mode;
+    char mode[24] = "fail";
+    if (!spec || std::sscanf(spec, "rank=%d,step=%lld,mode=%23[a-z_],until=%lld", &f.rank, &f.step, mode, &f.until) < 2)
+        return InjectedFault{};
+    f.mode = mode;
+    return f;
+}
+}  // namespace
+
+static bool maybe_inject_fault(int rank, int64_t step, bool& fired_once) {
+    const InjectedFault f = injected_fault();
+    if (!f.hits(rank, step)) return false;
+    const std::string& m = f.mode;
     if (m == "nan") return true;
     if (m == "nan_once") {
         if (fired_once) return false;
@@ -258,12 +272,8 @@ static bool maybe_inject_fault(int rank, int64_t step, bool& fired_once) {
 // mode=stop_checkpoint: SIGSTOP inside the checkpoint write of step S+1 (the others wait for
 // this rank in its barrier).
 static void maybe_stop_in_checkpoint(int rank, int64_t step) {
-    const char* spec = std::getenv("QUINTET_INJECT_FAULT");
-    int r = -1;
-    long long s = -1;
-    char mode[24] = "";
-    if (!spec || std::sscanf(spec, "rank=%d,step=%lld,mode=%23[a-z_]", &r, &s, mode) < 3) return;
-    if (r == rank && s + 1 == step && std::string(mode) == "stop_checkpoint") std::raise(SIGSTOP);
+    const InjectedFault f = injected_fault();
+    if (f.mode == "stop_checkpoint" && f.hits(rank, step - 1)) std::raise(SIGSTOP);
 }
 
 // run_dir/fault: "kind=K step=S rank=R" and the message (any rank may write it: a unique tmp,

@@ -54,8 +54,6 @@ batches = 3
 log_every = 5
 )";
 
-std::vector<double> dataset(const fs::path& run, const char* path) { return metrics_column(run, path); }
-
 double sum(const std::vector<double>& v) {
     double s = 0;
     for (double x : v) s += x;
@@ -76,7 +74,7 @@ struct ExpertParallel : TrainFixture {
         const auto names = compare_layouts(model, layouts, tol, 0.3);
         ASSERT_EQ(names.size(), layouts.size());
         const auto aref = col("ref", "/train/aux_loss"), gref = col("ref", "/train/grad_norm");
-        const auto loads = dataset(dir / "ref", "/moe/expert_load");
+        const auto loads = metrics_column(dir / "ref", "/moe/expert_load");
         ASSERT_EQ(loads.size(), 10u * 4 * 4);
         for (size_t k = 0; k < names.size(); ++k) {
             const std::string& args = layouts[k].second;
@@ -84,7 +82,7 @@ struct ExpertParallel : TrainFixture {
             ASSERT_EQ(a.size(), aref.size()) << args;
             for (size_t i = 0; i < a.size(); ++i)
                 EXPECT_LE(std::abs(a[i] - aref[i]), tol * std::abs(aref[i]) + 1e-9) << model << " " << args << " aux " << i + 1;
-            const auto l = dataset(dir / names[k], "/moe/expert_load");
+            const auto l = metrics_column(dir / names[k], "/moe/expert_load");
             if (load_tol == 0) {
                 EXPECT_EQ(l, loads) << model << " " << args << ": other expert loads";
             } else {
@@ -93,8 +91,8 @@ struct ExpertParallel : TrainFixture {
                 for (size_t i = 0; i < l.size(); ++i) moved += std::abs(l[i] - loads[i]);
                 EXPECT_LE(moved, load_tol * sum(loads)) << model << " " << args << ": other expert loads";
             }
-            EXPECT_EQ(sum(dataset(dir / names[k], "/moe/dropped_tokens")), 0.0) << args;
-            EXPECT_EQ(sum(dataset(dir / names[k], "/moe/ep_tokens")), sum(l)) << args;
+            EXPECT_EQ(sum(metrics_column(dir / names[k], "/moe/dropped_tokens")), 0.0) << args;
+            EXPECT_EQ(sum(metrics_column(dir / names[k], "/moe/ep_tokens")), sum(l)) << args;
             const auto g = col(names[k], "/train/grad_norm");
             ASSERT_EQ(g.size(), gref.size()) << args;
             for (size_t i = 0; i < g.size(); ++i)
@@ -182,7 +180,7 @@ TEST_F(ExpertParallel, StepZeroIsBitIdenticalAndEp2ResumesAtEp1AndEp4) {
         const auto l = col(name);
         ASSERT_EQ(l.size(), 10u);
         for (size_t i = 5; i < 10; ++i) EXPECT_LE(std::abs(l[i] - lref[i]), 1e-5 * lref[i]) << to << " step " << i + 1;
-        EXPECT_EQ(dataset(dir / name, "/moe/expert_load"), dataset(dir / "ref", "/moe/expert_load")) << to;
+        EXPECT_EQ(metrics_column(dir / name, "/moe/expert_load"), metrics_column(dir / "ref", "/moe/expert_load")) << to;
     }
 }
 
@@ -221,15 +219,15 @@ TEST_F(ExpertParallel, EveryTokenOnOneExpertLosesNothing) {
     ASSERT_EQ(names.size(), 2u);
     const double tokens = 16 * 32;  // per step
     for (const std::string& run : {std::string("ref"), names[0], names[1]}) {
-        const auto load = dataset(dir / run, "/moe/expert_load");
+        const auto load = metrics_column(dir / run, "/moe/expert_load");
         ASSERT_EQ(load.size(), 10u * 4 * 4) << run;
         for (size_t i = 0; i < load.size(); ++i) EXPECT_EQ(load[i], i % 4 == 0 ? tokens : 0.0) << run << " " << i;
-        EXPECT_EQ(sum(dataset(dir / run, "/moe/dropped_tokens")), 0.0) << run;
-        for (double imb : dataset(dir / run, "/moe/imbalance")) EXPECT_EQ(imb, 4.0) << run;
+        EXPECT_EQ(sum(metrics_column(dir / run, "/moe/dropped_tokens")), 0.0) << run;
+        for (double imb : metrics_column(dir / run, "/moe/imbalance")) EXPECT_EQ(imb, 4.0) << run;
     }
     for (int k = 0; k < 2; ++k) {
         const int ep = k == 0 ? 2 : 4, m = k == 0 ? 4 : 2;
-        const auto got = dataset(dir / names[size_t(k)], "/moe/ep_tokens");  // [step, layer, ep]
+        const auto got = metrics_column(dir / names[size_t(k)], "/moe/ep_tokens");  // [step, layer, ep]
         ASSERT_EQ(got.size(), size_t(10 * 4 * ep));
         for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], i % size_t(ep) == 0 ? tokens : 0.0) << ep << " " << i;
         const double rows = 2 * 32 * 1;  // N*k of one microbatch
@@ -244,14 +242,14 @@ TEST_F(ExpertParallel, CapacityFactorDropsTheSameTokensOnEveryLayout) {
     const auto names = compare_layouts("--moe.capacity_factor=1.0",
                                        {kLayouts[0], kLayouts[2], kLayouts[8]}, 1e-5, 0.3);
     ASSERT_EQ(names.size(), 3u);
-    const auto dropped = dataset(dir / "ref", "/moe/dropped_tokens");
+    const auto dropped = metrics_column(dir / "ref", "/moe/dropped_tokens");
     ASSERT_EQ(dropped.size(), 10u * 4);
     EXPECT_GT(sum(dropped), 0.0);
-    const auto load = dataset(dir / "ref", "/moe/expert_load");
+    const auto load = metrics_column(dir / "ref", "/moe/expert_load");
     for (const auto& n : names) {
-        EXPECT_EQ(dataset(dir / n, "/moe/dropped_tokens"), dropped) << n;
-        EXPECT_EQ(dataset(dir / n, "/moe/expert_load"), load) << n;
-        EXPECT_EQ(sum(dataset(dir / n, "/moe/ep_tokens")), sum(load) - sum(dropped)) << n;
+        EXPECT_EQ(metrics_column(dir / n, "/moe/dropped_tokens"), dropped) << n;
+        EXPECT_EQ(metrics_column(dir / n, "/moe/expert_load"), load) << n;
+        EXPECT_EQ(sum(metrics_column(dir / n, "/moe/ep_tokens")), sum(load) - sum(dropped)) << n;
     }
 }
 

@@ -201,8 +201,10 @@ for ((r = 1; r <= REPEATS; r++)); do
     echo "== sgemm peak round $r/$REPEATS" >&2
     if peak=$(OMP_NUM_THREADS="$THREADS" "$QUINTET" peak 2>&1); then
         g=$(grep -o 'sgemm_gflops=[0-9.eE+-]*' <<< "$peak" | tail -n 1 | cut -d= -f2 || true)
-        echo "   sgemm_gflops=${g:-?}" >&2
+        fma=$(grep -o 'fma_gflops_per_core=[0-9.eE+-]*' <<< "$peak" | tail -n 1 | cut -d= -f2 || true)
+        echo "   sgemm_gflops=${g:-?} fma_gflops_per_core=${fma:-?}" >&2
         if [[ -n "$g" ]]; then record all "$r" sgemm_gflops "$g"; fi
+        if [[ -n "$fma" ]]; then record all "$r" fma_gflops_per_core "$fma"; fi
     else
         echo "bench.sh: '$QUINTET peak' failed; sgemm columns left empty" >&2
         echo "$peak" | tail -n 5 >&2
@@ -232,6 +234,8 @@ def word(deck, metric):
     return xs[0] if xs else "?"
 
 sgemm = med("all", "sgemm_gflops")
+# The FMA peak of the cores the run uses (quintet peak: measured once per host, cached).
+fma = med("all", "fma_gflops_per_core") * min(int(threads), __import__("os").cpu_count() or 1)
 hdr = ["deck", "quintet tok/s", "torch tok/s (best)", "torch PASSIVE", "torch default", "torch BLIS",
        "quintet/torch", "quintet MFU", "model GFLOP/s", "sgemm GFLOP/s", "of sgemm"]
 baseline = any(m == "baseline_tok_s" for (_, m) in vals)
@@ -251,7 +255,8 @@ for d in decks:
         b = med(d, "baseline_tok_s")
         rows[-1] += [f"{b:.1f}", f"{q / b:.3f}"]
 w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(hdr)]
-print(f"# host: {host} (lscpu in runs/bench_results/lscpu.txt)")
+print(f"# host: {host} (lscpu in runs/bench_results/lscpu.txt); FMA peak {fma:.1f} GFLOP/s "
+      f"({threads} cores), sgemm {sgemm:.1f} GFLOP/s = {sgemm / fma:.2f} of it; quintet MFU is against the FMA peak")
 print(f"# medians over {repeats} round(s); {threads} threads; torch "
       f"{word(decks[0], 'torch_version') if decks else '?'}; model GFLOP/s = quintet tok/s x "
       f"(6P + 6 L T NH (dqk+dv)) per token")

@@ -1,4 +1,5 @@
-// quintet: one MPI program, subcommands train | prepare | generate | deck | peak | schedule.
+// quintet: one MPI program, subcommands train | eval | prepare | generate | deck | peak | schedule,
+// and plan | study | plot, which run without MPI.
 // Errors: ConfigError (the same on every rank) ends the job cleanly with status 2 after rank 0
 // prints it; any other failure prints "rank N: ..." and aborts the whole job (never a hang).
 #include <mpi.h>
@@ -23,12 +24,34 @@ const char* kUsage =
     "  prepare --input TXT --tokenizer byte|bpe --output DATA.h5   make a token file\n"
     "  generate --checkpoint CKPT.h5 --prompt TEXT   sample text from a checkpoint\n"
     "  deck --reference | --markdown          print every deck key with its default\n"
-    "  peak                                   measure this machine's sgemm rate\n"
-    "  schedule --pp P --microbatches M       print a pipeline schedule's timeline and bubble\n";
+    "  peak                                   measure this host's FMA peak and sgemm rate\n"
+    "  schedule --pp P --microbatches M       print a pipeline schedule's timeline and bubble\n"
+    "  plan DECK --world N [--json]           every layout of N ranks: memory, traffic, speed\n"
+    "  study STUDY.deck [--submit local|slurm] run a scaling study (no mpirun: it launches the runs)\n"
+    "  plot RUN_DIR... [-o FILE.png]          plot metrics.h5 of one or several runs\n";
 
 }  // namespace
 
+// Commands that never initialise MPI: they run as plain processes and launch mpirun or sbatch.
+int run_without_mpi(const std::string& cmd, int argc, char** argv) {
+    try {
+        if (cmd == "plan") return quintet::plan_main(argc, argv);
+        if (cmd == "study") return quintet::study_main(argc, argv);
+        return quintet::plot_main(argc, argv);
+    } catch (const quintet::ConfigError& e) {
+        std::fprintf(stderr, "quintet: error: %s\n", e.what());
+        return 2;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "quintet: error: %s\n", e.what());
+        return 1;
+    }
+}
+
 int main(int argc, char** argv) {
+    {
+        const std::string cmd = argc > 1 ? argv[1] : "";
+        if (cmd == "plan" || cmd == "study" || cmd == "plot") return run_without_mpi(cmd, argc - 1, argv + 1);
+    }
     int provided = 0;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     int rank = 0;
@@ -43,6 +66,8 @@ int main(int argc, char** argv) {
         else if (cmd == "prepare") status = rank == 0 ? quintet::prepare_main(sub_argc, sub_argv) : 0;
         else if (cmd == "generate") status = rank == 0 ? quintet::generate_main(sub_argc, sub_argv) : 0;
         else if (cmd == "deck") status = rank == 0 ? quintet::deck_main(sub_argc, sub_argv) : 0;
+        else if (cmd == "peak" && sub_argc > 1 && std::strcmp(sub_argv[1], "--links") == 0)
+            status = quintet::links_main(MPI_COMM_WORLD);
         else if (cmd == "peak") status = rank == 0 ? quintet::peak_main(sub_argc, sub_argv) : 0;
         else if (cmd == "schedule") status = rank == 0 ? quintet::schedule_main(sub_argc, sub_argv) : 0;
         else if (cmd == "-h" || cmd == "--help" || cmd == "help") {

@@ -30,6 +30,35 @@ void write_attr_i64(hid_t obj, const std::string& name, int64_t value) {
     check(H5Awrite(a, H5T_NATIVE_INT64, &value), "write attribute " + name);
 }
 
+void write_attr_f64(hid_t obj, const std::string& name, double value) {
+    Handle s = space(H5Screate(H5S_SCALAR));
+    if (H5Aexists(obj, name.c_str()) > 0) H5Adelete(obj, name.c_str());
+    Handle a = attr(check(H5Acreate2(obj, name.c_str(), H5T_IEEE_F64LE, s, H5P_DEFAULT, H5P_DEFAULT),
+                          "create attribute " + name));
+    check(H5Awrite(a, H5T_NATIVE_DOUBLE, &value), "write attribute " + name);
+}
+
+void write_f64(hid_t loc, const std::string& name, const std::vector<double>& v, const std::vector<hsize_t>& dims) {
+    std::vector<hsize_t> d = dims.empty() ? std::vector<hsize_t>{hsize_t(v.size())} : dims;
+    Handle s = space(check(H5Screate_simple(int(d.size()), d.data(), nullptr), "dataspace " + name));
+    Handle ds = dataset(check(H5Dcreate2(loc, name.c_str(), H5T_IEEE_F64LE, s, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                              "create dataset " + name));
+    if (!v.empty()) check(H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), "write " + name);
+}
+
+std::vector<double> read_f64(hid_t loc, const std::string& path, std::vector<hsize_t>* dims) {
+    std::vector<double> v;
+    if (!exists(loc, path)) return v;
+    Handle ds = dataset(check(H5Dopen2(loc, path.c_str(), H5P_DEFAULT), "open dataset " + path));
+    const std::vector<hsize_t> shape = dataset_shape(ds);
+    size_t n = 1;
+    for (hsize_t d : shape) n *= size_t(d);
+    v.resize(n);
+    if (n) check(H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), "read " + path);
+    if (dims) *dims = shape;
+    return v;
+}
+
 bool has_attr(hid_t obj, const std::string& name) { return H5Aexists(obj, name.c_str()) > 0; }
 
 std::string read_attr_string(hid_t obj, const std::string& name) {

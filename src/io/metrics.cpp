@@ -131,30 +131,44 @@ void MetricsFile::append(const std::string& group,
 }
 
 void MetricsFile::append_matrix(const std::string& path, const std::vector<double>& v, int rows, int cols) {
-    QUINTET_CHECK(v.size() == size_t(rows) * size_t(cols), "metrics: matrix of the wrong size for " + path);
-    hid_t ds = extendible(path, {hsize_t(rows), hsize_t(cols)}, 16);
+    append_slab(path, v, {hsize_t(rows), hsize_t(cols)});
+}
+
+void MetricsFile::append_vector(const std::string& path, const std::vector<double>& v) {
+    append_slab(path, v, {hsize_t(v.size())});
+}
+
+void MetricsFile::append_slab(const std::string& path, const std::vector<double>& v, const std::vector<hsize_t>& inner) {
+    hsize_t n = 1;
+    for (hsize_t d : inner) n *= d;
+    QUINTET_CHECK(v.size() == n, "metrics: slab of the wrong size for " + path);
+    hid_t ds = extendible(path, inner, 16);
     auto shape = h5::dataset_shape(ds);
-    if (shape.size() != 3 || shape[1] != hsize_t(rows) || shape[2] != hsize_t(cols)) {
-        // A run resumed on another layout (/moe/ep_tokens has one column per ep rank): the
-        // history moves to <path>_<rows>x<cols> of its shape, and the new dataset starts with
-        // NaN rows for those steps, so its rows stay aligned with /train/step.
+    if (shape.size() != inner.size() + 1 || !std::equal(inner.begin(), inner.end(), shape.begin() + 1)) {
+        // A run resumed on another layout (/moe/ep_tokens has one column per ep rank, /memory/*
+        // one per rank): the history moves to <path>_<d1>x<d2>... of its shape, and the new
+        // dataset starts with NaN rows for those steps, so its rows stay aligned with /train/step.
         const hsize_t before = shape.empty() ? 0 : shape[0];
-        std::string old = path + "_" + std::to_string(shape.size() > 1 ? shape[1] : 0) + "x" +
-                          std::to_string(shape.size() > 2 ? shape[2] : 0);
+        std::string old = path;
+        for (size_t i = 1; i < std::max<size_t>(shape.size(), 2); ++i)
+            old += (i == 1 ? "_" : "x") + std::to_string(i < shape.size() ? shape[i] : 0);
         open_.erase(path);
         if (h5::exists(file_, old)) H5Ldelete(file_, old.c_str(), H5P_DEFAULT);
         h5::check(H5Lmove(file_, path.c_str(), file_, old.c_str(), H5P_DEFAULT, H5P_DEFAULT), "move " + path);
-        ds = extendible(path, {hsize_t(rows), hsize_t(cols)}, 16);
+        ds = extendible(path, inner, 16);
         std::vector<double> nan(v.size(), std::nan(""));
-        for (hsize_t i = 0; i < before; ++i) append_matrix(path, nan, rows, cols);
+        for (hsize_t i = 0; i < before; ++i) append_slab(path, nan, inner);
         shape = h5::dataset_shape(ds);
     }
-    hsize_t start[3] = {shape[0], 0, 0}, count[3] = {1, hsize_t(rows), hsize_t(cols)};
-    hsize_t ext[3] = {shape[0] + 1, hsize_t(rows), hsize_t(cols)};
-    h5::check(H5Dset_extent(ds, ext), "extend " + path);
+    const int rank = int(inner.size()) + 1;
+    std::vector<hsize_t> start(size_t(rank), 0), count(size_t(rank), 1), ext(size_t(rank), 0);
+    start[0] = shape[0];
+    ext[0] = shape[0] + 1;
+    for (size_t i = 0; i < inner.size(); ++i) count[i + 1] = ext[i + 1] = inner[i];
+    h5::check(H5Dset_extent(ds, ext.data()), "extend " + path);
     h5::Handle fs = h5::space(H5Dget_space(ds));
-    H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, nullptr, count, nullptr);
-    h5::Handle ms = h5::space(H5Screate_simple(3, count, nullptr));
+    H5Sselect_hyperslab(fs, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+    h5::Handle ms = h5::space(H5Screate_simple(rank, count.data(), nullptr));
     h5::check(H5Dwrite(ds, H5T_NATIVE_DOUBLE, ms, fs, H5P_DEFAULT, v.data()), "write " + path);
 }
 

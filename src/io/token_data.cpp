@@ -371,4 +371,17 @@ Tokenizer token_file_read_tokenizer(const std::string& path) {
     return read_tokenizer(path, file.get(), ds.get(), vocab);
 }
 
+TokenFileInfo token_file_info(const std::string& path) {
+    H5Id file = open_token_file(path);
+    H5Id ds = open_tokens(path, file.get());
+    TokenFileInfo info;
+    read_tokenizer(path, file.get(), ds.get(), info.vocab_size);
+    hid_t sp = H5Dget_space(ds.get());
+    hsize_t n = 0;
+    H5Sget_simple_extent_dims(sp, &n, nullptr);
+    H5Sclose(sp);
+    info.n_tokens = int64_t(n);
+    return info;
+}
+
 }  // namespace quintet

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "quintet/core/error.hpp"
+#include "quintet/core/profile.hpp"
 #include "quintet/model/rope.hpp"
 
 namespace quintet {
@@ -53,6 +54,7 @@ float* BlockContext::buf(size_t n, bool per_slot) {
         if (void* p = shared_take(n * sizeof(float))) return static_cast<float*>(p);
     float* p = be.alloc(n);
     owned_.push_back(p);
+    if (!per_slot) work_floats += n;
     if (per_slot) {
         slot_floats += n;
         shared_put(p, n * sizeof(float));
@@ -65,6 +67,7 @@ bf16_bits* BlockContext::buf_bf16(size_t n, bool per_slot) {
         if (void* p = shared_take(n * sizeof(bf16_bits))) return static_cast<bf16_bits*>(p);
     bf16_bits* p = be.alloc_bf16(n);
     owned_bf16_.push_back(p);
+    if (!per_slot) work_floats += (n + 1) / 2;
     if (per_slot) {
         slot_floats += (n + 1) / 2;
         shared_put(p, n * sizeof(bf16_bits));
@@ -124,6 +127,7 @@ void BlockContext::reserve_lowp(size_t n) {
     if (!bf16_ || n <= lowp_n_) return;
     if (lowp_) {
         be.release_bf16(lowp_);
+        work_floats -= (lowp_n_ + 1) / 2;
         for (auto& o : owned_bf16_)
             if (o == lowp_) o = nullptr;
     }
@@ -149,6 +153,7 @@ Mat BlockContext::lowp(const float* x, size_t n) {
 
 void BlockContext::mm(bool ta, bool tb, int M, int Nn, int K, Mat A, int lda, Mat Bm, int ldb,
                       float beta, float* Cm, int ldc) {
+    profile::Scope scope(profile::enabled() ? std::string(gemm_role) + (ta ? ".dw" : tb ? ".fwd" : ".dx") : std::string());
     if (bf16_) be.gemm_bf16(ta, tb, M, Nn, K, 1.0f, A.b, lda, Bm.b, ldb, beta, Cm, ldc);
     else be.gemm(ta, tb, M, Nn, K, 1.0f, A.f, lda, Bm.f, ldb, beta, Cm, ldc);
 }

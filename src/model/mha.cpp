@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "quintet/core/error.hpp"
+#include "quintet/core/profile.hpp"
 #include "quintet/model/block.hpp"
 #include "quintet/model/rope.hpp"
 
@@ -63,10 +64,17 @@ public:
                  float* h, KvCache* cache) override {
         const int N = c_.N, C = c_.d.C;
         Saved& s = slots_[size_t(slot)];
-        c_.mm(false, true, N, QKV_, C, c_.gathered(xn, N, C), C, c_.weight(params + wqkv_), C, 0.0f,
-              s.qkv, QKV_);
+        {
+            auto role = c_.role("gemm.attn_qkv");
+            c_.mm(false, true, N, QKV_, C, c_.gathered(xn, N, C), C, c_.weight(params + wqkv_), C, 0.0f,
+                  s.qkv, QKV_);
+        }
         RopeArgs r{N, NH_ + NKV_, HD_, 0, HD_, QKV_};
-        c_.be.rope_forward(s.qkv, rope_.cos, rope_.sin, tok.rope_pos, r);
+        {
+            QUINTET_PROFILE("rope");
+            c_.be.rope_forward(s.qkv, rope_.cos, rope_.sin, tok.rope_pos, r);
+        }
+        auto out_role = c_.role("gemm.attn_out");
         AttentionArgs a = args(tok);
         if (!cache) {
             core_forward(s, tok);
@@ -95,6 +103,7 @@ public:
 
     // The attention core: out = softmax(q k^T) v over the (ring of) keys, into s.att and s.lse.
     void core_forward(Saved& s, const TokenInfo& tok) {
+        QUINTET_PROFILE("attention.fwd");
         const int N = c_.N;
         float* att = c_.produce(s.att, datt_);
         const AttentionArgs a = args(tok);
@@ -114,8 +123,11 @@ public:
         // (bf16: an activation gradient is rounded once, into the lowp scratch, for the two
         // GEMMs that read it.)
         Mat Dh = c_.lowp(c_.tp.gather(dh, c_.full_a, N, C), size_t(N) * C);
-        c_.mm(false, false, N, A_, C, Dh, C, c_.weight(params + wo_), A_, 0.0f, datt_, A_);
-        c_.mm(true, false, C, A_, N, Dh, C, c_.local(s.att), A_, 1.0f, grads + wo_, A_);
+        {
+            auto role = c_.role("gemm.attn_out");
+            c_.mm(false, false, N, A_, C, Dh, C, c_.weight(params + wo_), A_, 0.0f, datt_, A_);
+            c_.mm(true, false, C, A_, N, Dh, C, c_.local(s.att), A_, 1.0f, grads + wo_, A_);
+        }
         const float* att = s.att.f;
         if (c_.bf16()) {  // the backward's rowsum(dO * O) reads the stored (bf16) output, widened
             c_.be.from_bf16(c_.full_b, s.att.b, size_t(N) * A_);
@@ -125,14 +137,21 @@ public:
         const float* k = q + A_;
         const float* v = k + NKV_ * HD_;
         c_.be.zero(dqkv_, size_t(N) * QKV_);
+        {
+        QUINTET_PROFILE("attention.bwd");
         if (c_.cp)
             c_.cp->attention_backward(dqkv_, dqkv_ + A_, dqkv_ + A_ + NKV_ * HD_, datt_, att, s.lse,
                                       q, k, v, args(tok), tok.pos_all, tok.doc_all);
         else
             c_.be.attention_backward(dqkv_, dqkv_ + A_, dqkv_ + A_ + NKV_ * HD_, datt_, att, s.lse,
                                      q, k, v, args(tok));
+        }
         RopeArgs r{N, NH_ + NKV_, HD_, 0, HD_, QKV_};
-        c_.be.rope_backward(dqkv_, rope_.cos, rope_.sin, tok.rope_pos, r);
+        {
+            QUINTET_PROFILE("rope");
+            c_.be.rope_backward(dqkv_, rope_.cos, rope_.sin, tok.rope_pos, r);
+        }
+        auto role = c_.role("gemm.attn_qkv");
         Mat dqkv = c_.lowp(dqkv_, size_t(N) * QKV_);
         c_.mm(true, false, QKV_, C, N, dqkv, QKV_, c_.gathered(xn, N, C), C, 1.0f, grads + wqkv_, C);
         c_.mm(false, false, N, C, QKV_, dqkv, QKV_, c_.weight(params + wqkv_), C, 0.0f, c_.full_b, C);

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "quintet/core/profile.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/model/block.hpp"
 #include "quintet/model/rope.hpp"
@@ -143,6 +144,7 @@ public:
                  float* h, KvCache* cache) override {
         const int N = c_.N, C = s_.C;
         Saved& s = slots_[size_t(slot)];
+        auto role = c_.role("gemm.mla");
         const Mat X = c_.gathered(xn, N, C);
         // q = q_b(RMSNorm(q_a(x))) or q_proj(x); RoPE on each head's q_rope.
         if (s_.rq > 0) {
@@ -184,6 +186,7 @@ public:
         const int N = c_.N, C = s_.C, R = R_;
         const int Qw = s_.Qw(), Aw = s_.Aw(), KVBw = s_.KVBw(), Dqk = s_.Dqk();
         Saved& s = slots_[size_t(slot)];
+        auto role = c_.role("gemm.mla");
         if (c_.recompute == Recompute::selective) core_forward(s, tok);  // the same bits again
         // o_proj (row-parallel): datt = dh Wo, dWo += dh^T att.
         Mat Dh = c_.lowp(c_.tp.gather(dh, c_.full_a, N, C), size_t(N) * C);
@@ -198,14 +201,17 @@ public:
         c_.be.zero(dk_, size_t(R) * Qw);
         c_.be.zero(dv_, size_t(R) * Aw);
         const AttentionArgs a = args(tok);
-        if (latent_)
-            c_.cp->attention_backward_gathered(dq_, dk_, dv_, datt_, att, s.lse, s.q, s.k, s.v, a, tok.pos_all,
-                                               tok.doc_all);
-        else if (c_.cp)
-            c_.cp->attention_backward(dq_, dk_, dv_, datt_, att, s.lse, s.q, s.k, s.v, a, tok.pos_all,
-                                      tok.doc_all);
-        else
-            c_.be.attention_backward(dq_, dk_, dv_, datt_, att, s.lse, s.q, s.k, s.v, a);
+        {
+            QUINTET_PROFILE("attention.bwd");
+            if (latent_)
+                c_.cp->attention_backward_gathered(dq_, dk_, dv_, datt_, att, s.lse, s.q, s.k, s.v, a, tok.pos_all,
+                                                   tok.doc_all);
+            else if (c_.cp)
+                c_.cp->attention_backward(dq_, dk_, dv_, datt_, att, s.lse, s.q, s.k, s.v, a, tok.pos_all,
+                                          tok.doc_all);
+            else
+                c_.be.attention_backward(dq_, dk_, dv_, datt_, att, s.lse, s.q, s.k, s.v, a);
+        }
         // dK, dV back into kv_b's layout; d(RoPE(kr)) = the sum over heads of dK's rope columns.
         const size_t rh = size_t(R) * s_.NHl;
         c_.be.copy_2d(kvb_, s_.dn + s_.dv, dk_, Dqk, rh, s_.dn, false);
@@ -313,6 +319,7 @@ private:
 
     // The attention core over the local keys, the ring, or every rank's gathered keys.
     void core_forward(Saved& s, const TokenInfo& tok) {
+        QUINTET_PROFILE("attention.fwd");
         const int N = c_.N;
         float* att = c_.produce(s.att, datt_);
         const AttentionArgs a = args(tok);

@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "quintet/core/profile.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/model/block.hpp"
 
@@ -159,9 +160,16 @@ public:
         Saved& s = slots_[size_t(slot)];
         const Mat X = c_.local(hn);
         // The router: logits, softmax, top-k (bias only chooses).
-        c_.mm(false, true, Nr, E_, C, X, C, c_.weight(params + wg_), C, 0.0f, logits_, E_);
-        c_.be.moe_route(s.probs, s.expert, s.weight, logits_, bias_ ? params + bias_ : nullptr, Nr, E_, k_, norm_);
-        plan(s);
+        {
+            auto role = c_.role("gemm.router");
+            c_.mm(false, true, Nr, E_, C, X, C, c_.weight(params + wg_), C, 0.0f, logits_, E_);
+        }
+        {
+            QUINTET_PROFILE("moe.route");
+            c_.be.moe_route(s.probs, s.expert, s.weight, logits_, bias_ ? params + bias_ : nullptr, Nr, E_, k_, norm_);
+            plan(s);
+        }
+        auto role = c_.role("gemm.shared_expert");
         // Rows sorted by expert (stable in token order).
         const float* hn32 = hn.f;
         if (c_.bf16()) {
@@ -214,6 +222,7 @@ public:
         const int Nr = c_.Nr, C = c_.d.C, R = Nr * k_;
         Saved& s = slots_[size_t(slot)];
         const Mat X = c_.local(hn);
+        auto role = c_.role("gemm.shared_expert");
         // Combine: d(expert outputs) and d(weights); the output gradients go to the experts.
         c_.be.moe_combine_backward(dy_, dw_, dy, s.y, s.slot, s.weight, Nr, k_, C);
         if (ep_) ep_->dispatch_start(s.x, dy_);
@@ -229,6 +238,7 @@ public:
         }
         c_.be.moe_route_backward(logits_, dw_, s.probs, s.expert, s.weight, s.daux, Nr, E_, k_, norm_);
         {
+            auto router = c_.role("gemm.router");
             Mat Dz = c_.lowp(logits_, size_t(Nr) * E_);
             c_.mm(true, false, E_, C, Nr, Dz, E_, X, C, 1.0f, grads + wg_, C);
         }
@@ -252,6 +262,7 @@ public:
             Mat Ds = c_.lowp(dgu_s_, size_t(Nr) * 2 * Fs_);
             c_.mm(false, false, Nr, C, 2 * Fs_, Ds, 2 * Fs_, c_.weight(params + wgu_s_), C, 1.0f, dhn, C);
         }
+        auto router = c_.role("gemm.router");
         Mat Dz = c_.lowp(logits_, size_t(Nr) * E_);
         c_.mm(false, false, Nr, C, E_, Dz, E_, c_.weight(params + wg_), C, 1.0f, dhn, C);
         for (int j = 0; j < El_; ++j) {
@@ -300,6 +311,7 @@ private:
     }
 
     void experts_forward(const Experts& ex, const float* params, int rows, float* out) {
+        auto role = c_.role("gemm.experts");
         const int C = c_.d.C;
         for (int j = 0; j < El_; ++j)
             if (ex.count[j] > 0) {
@@ -321,6 +333,7 @@ private:
     // From dy[rows, C] of the experts' outputs: their weight gradients, and dx[rows, C].
     void experts_backward(const Experts& ex, const float* params, float* grads, int rows, const float* dy,
                           float* dx) {
+        auto role = c_.role("gemm.experts");
         const int C = c_.d.C;
         Mat Dy = c_.lowp(dy, size_t(rows) * C);
         for (int j = 0; j < El_; ++j)

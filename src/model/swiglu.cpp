@@ -1,5 +1,6 @@
 // The dense feed-forward block: down(silu(gate(x)) * up(x)), one fused gate|up GEMM.
 // Tensor parallelism (docs/parallelism.md): gate|up column-parallel, down_proj row-parallel.
+#include "quintet/core/profile.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/model/block.hpp"
 
@@ -35,11 +36,18 @@ public:
     void forward(int slot, const float* params, const Act& hn, const float* h, float* y) override {
         const int N = c_.N, C = c_.d.C, F = F_;
         Saved& s = slots_[size_t(slot)];
-        c_.mm(false, true, N, 2 * F, C, c_.gathered(hn, N, C), C, c_.weight(params + wgu_), C, 0.0f,
-              s.gu, 2 * F);
+        {
+            auto role = c_.role("gemm.ffn_gate_up");
+            c_.mm(false, true, N, 2 * F, C, c_.gathered(hn, N, C), C, c_.weight(params + wgu_), C, 0.0f,
+                  s.gu, 2 * F);
+        }
         float* act = c_.produce(s.act, dact_);
-        c_.be.swiglu_forward(act, s.gu, N, F);
-        c_.keep(s.act, act, size_t(N) * F);
+        {
+            QUINTET_PROFILE("swiglu");
+            c_.be.swiglu_forward(act, s.gu, N, F);
+            c_.keep(s.act, act, size_t(N) * F);
+        }
+        auto role = c_.role("gemm.ffn_down");
         c_.row_parallel_residual(y, h, c_.local(s.act), F, params + wdown_);
     }
 
@@ -48,9 +56,16 @@ public:
         const int N = c_.N, C = c_.d.C, F = F_;
         Saved& s = slots_[size_t(slot)];
         Mat D = c_.lowp(c_.tp.gather(dy, c_.full_a, N, C), size_t(N) * C);
-        c_.mm(false, false, N, F, C, D, C, c_.weight(params + wdown_), F, 0.0f, dact_, F);
-        c_.mm(true, false, C, F, N, D, C, c_.local(s.act), F, 1.0f, grads + wdown_, F);
-        c_.be.swiglu_backward(dgu_, dact_, s.gu, N, F);
+        {
+            auto role = c_.role("gemm.ffn_down");
+            c_.mm(false, false, N, F, C, D, C, c_.weight(params + wdown_), F, 0.0f, dact_, F);
+            c_.mm(true, false, C, F, N, D, C, c_.local(s.act), F, 1.0f, grads + wdown_, F);
+        }
+        {
+            QUINTET_PROFILE("swiglu");
+            c_.be.swiglu_backward(dgu_, dact_, s.gu, N, F);
+        }
+        auto role = c_.role("gemm.ffn_gate_up");
         Mat dgu = c_.lowp(dgu_, size_t(N) * 2 * F);
         // hn re-gathered, not kept (SP saves memory)
         c_.mm(true, false, 2 * F, C, N, dgu, 2 * F, c_.gathered(hn, N, C), C, 1.0f, grads + wgu_, C);

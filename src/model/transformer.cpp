@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "quintet/core/profile.hpp"
 #include "quintet/core/error.hpp"
 
 namespace quintet {
@@ -186,13 +187,19 @@ void ModelChunk::forward_layer(size_t i, int bslot, LayerSaved& l, const TokenIn
     // h = x + attention(RMSNorm(x)). In bf16 mode the norm writes fp32 into scratch that is
     // free during the forward and only the bf16 copy is kept.
     float* xn1 = ctx_.produce(l.xn1, ctx_.full_a);
-    be_.rmsnorm_forward(xn1, l.rstd1, x, params + layer.ln1, Nr, C, eps_);
-    ctx_.keep(l.xn1, xn1, size_t(Nr) * C);
+    {
+        QUINTET_PROFILE("rmsnorm");
+        be_.rmsnorm_forward(xn1, l.rstd1, x, params + layer.ln1, Nr, C, eps_);
+        ctx_.keep(l.xn1, xn1, size_t(Nr) * C);
+    }
     layer.attn->forward(bslot, tok, params, l.xn1, x, l.h, cache);
     // y = h + feed_forward(RMSNorm(h))
     float* xn2 = ctx_.produce(l.xn2, ctx_.full_a);
-    be_.rmsnorm_forward(xn2, l.rstd2, l.h, params + layer.ln2, Nr, C, eps_);
-    ctx_.keep(l.xn2, xn2, size_t(Nr) * C);
+    {
+        QUINTET_PROFILE("rmsnorm");
+        be_.rmsnorm_forward(xn2, l.rstd2, l.h, params + layer.ln2, Nr, C, eps_);
+        ctx_.keep(l.xn2, xn2, size_t(Nr) * C);
+    }
     layer.ffn->forward(bslot, params, l.xn2, l.h, y);
 }
 
@@ -200,6 +207,7 @@ void ModelChunk::run_layers(Slot& s, const float* params, std::vector<std::uniqu
     const int Nr = ctx_.Nr, C = ctx_.d.C, N = ctx_.N;
     const int si = int(&s - slots_.data());
     if (plan_.first) {
+        QUINTET_PROFILE("embedding");
         if (tp_.size() == 1) {
             be_.embedding_forward(s.res[0], s.ids, params + wte_, N, C);
         } else {  // vocab-parallel: each rank looks up its rows, the sum over tp completes x
@@ -215,10 +223,17 @@ void ModelChunk::run_layers(Slot& s, const float* params, std::vector<std::uniqu
 double ModelChunk::loss(Slot& s, const float* params, float grad_scale, bool need_grad) {
     const int N = ctx_.N, Nr = ctx_.Nr, C = ctx_.d.C, Vl = ctx_.d.Vl();
     float* xf = ctx_.produce(s.xf, ctx_.full_a);
-    be_.rmsnorm_forward(xf, s.rstd_f, s.res.back(), params + norm_, Nr, C, eps_);
-    ctx_.keep(s.xf, xf, size_t(Nr) * C);
-    ctx_.mm(false, true, N, Vl, C, ctx_.gathered(s.xf, N, C), C, ctx_.weight(params + head_), C, 0.0f,
-            s.logits, Vl);
+    {
+        QUINTET_PROFILE("rmsnorm");
+        be_.rmsnorm_forward(xf, s.rstd_f, s.res.back(), params + norm_, Nr, C, eps_);
+        ctx_.keep(s.xf, xf, size_t(Nr) * C);
+    }
+    {
+        auto role = ctx_.role("gemm.lm_head");
+        ctx_.mm(false, true, N, Vl, C, ctx_.gathered(s.xf, N, C), C, ctx_.weight(params + head_), C, 0.0f,
+                s.logits, Vl);
+    }
+    QUINTET_PROFILE("loss");
     if (tp_.size() == 1) {
         if (need_grad) be_.xent_forward_backward(s.logits, losses_.data(), tgt_, N, Vl, grad_scale);
         else be_.xent_forward(losses_.data(), s.logits, tgt_, N, Vl);
@@ -280,11 +295,17 @@ void ModelChunk::backward(int si, const float* params, float* grads, GradReadyHo
         const int Vl = ctx_.d.Vl();
         // s.logits holds grad_scale * dL/dlogits (written by the loss).
         Mat dlogits = ctx_.lowp(s.logits, size_t(N) * Vl);
-        ctx_.mm(true, false, Vl, C, N, dlogits, Vl, ctx_.gathered(s.xf, N, C), C, 1.0f, grads + head_, C);
-        ctx_.mm(false, false, N, C, Vl, dlogits, Vl, ctx_.weight(params + head_), C, 0.0f, ctx_.full_b, C);
+        {
+            auto role = ctx_.role("gemm.lm_head");
+            ctx_.mm(true, false, Vl, C, N, dlogits, Vl, ctx_.gathered(s.xf, N, C), C, 1.0f, grads + head_, C);
+            ctx_.mm(false, false, N, C, Vl, dlogits, Vl, ctx_.weight(params + head_), C, 0.0f, ctx_.full_b, C);
+        }
         const float* dxf = tp_.reduce(ctx_.full_b, ctx_.dshard, N, C);
         be_.zero(dres, size_t(Nr) * C);
-        be_.rmsnorm_backward(dres, grads + norm_, dxf, s.res.back(), params + norm_, s.rstd_f, Nr, C);
+        {
+            QUINTET_PROFILE("rmsnorm");
+            be_.rmsnorm_backward(dres, grads + norm_, dxf, s.res.back(), params + norm_, s.rstd_f, Nr, C);
+        }
         // A head tied to this chunk's own embedding completes only with the embedding backward.
         if (!(ctx_.d.tied && plan_.first)) ctx_.done(grads + head_, size_t(Vl) * C);
         ctx_.done(grads + norm_, size_t(C));
@@ -303,15 +324,22 @@ void ModelChunk::backward(int si, const float* params, float* grads, GradReadyHo
         }
         // Feed-forward branch; dres flows straight through the residual.
         const float* dhn = layer.ffn->backward(bslot, params, grads, l.xn2, dres);
-        be_.rmsnorm_backward(dres, grads + layer.ln2, dhn, l.h, params + layer.ln2, l.rstd2, Nr, C);
+        {
+            QUINTET_PROFILE("rmsnorm");
+            be_.rmsnorm_backward(dres, grads + layer.ln2, dhn, l.h, params + layer.ln2, l.rstd2, Nr, C);
+        }
         ctx_.done(grads + layer.ln2, size_t(C));
         // Attention branch.
         const float* dxn = layer.attn->backward(bslot, s.tok, params, grads, l.xn1, dres);
-        be_.rmsnorm_backward(dres, grads + layer.ln1, dxn, s.res[size_t(i)], params + layer.ln1,
-                             l.rstd1, Nr, C);
+        {
+            QUINTET_PROFILE("rmsnorm");
+            be_.rmsnorm_backward(dres, grads + layer.ln1, dxn, s.res[size_t(i)], params + layer.ln1,
+                                 l.rstd1, Nr, C);
+        }
         ctx_.done(grads + layer.ln1, size_t(C));
     }
     if (plan_.first) {
+        QUINTET_PROFILE("embedding");
         const float* D = tp_.gather(dres, ctx_.full_a, N, C);
         be_.embedding_backward(grads + wte_, D, s.ids, N, C, ctx_.d.Vl());
         ctx_.done(grads + wte_, size_t(ctx_.d.Vl()) * C);

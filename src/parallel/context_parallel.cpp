@@ -1,3 +1,4 @@
+#include "quintet/core/profile.hpp"
 #include "quintet/parallel/context_parallel.hpp"
 
 #include <chrono>
@@ -50,6 +51,7 @@ ContextParallel::Transfer ContextParallel::post_recv(float* buf, size_t n, int t
 }
 
 void ContextParallel::wait(Transfer& t, const char* what) {
+    QUINTET_PROFILE("comm.cp");
     if (t.handle < 0) return;
     const double t0 = now_s();
     if (t.recv) comm_.wait_recv(t.handle, what);
@@ -84,6 +86,7 @@ AttentionArgs ContextParallel::block_args(const AttentionArgs& a, int j, const i
 }
 
 void ContextParallel::gather_rows(const float* local, float* all, size_t n) {
+    QUINTET_PROFILE("comm.cp");
     const double t0 = now_s();
     comm_.all_gather(local, all, n);
     const double t = now_s() - t0;
@@ -93,6 +96,7 @@ void ContextParallel::gather_rows(const float* local, float* all, size_t n) {
 }
 
 void ContextParallel::reduce_scatter_rows(const float* all, float* local, size_t n) {
+    QUINTET_PROFILE("comm.cp");
     const double t0 = now_s();
     comm_.reduce_scatter_sum(all, local, n);
     const double t = now_s() - t0;

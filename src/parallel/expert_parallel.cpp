@@ -1,3 +1,4 @@
+#include "quintet/core/profile.hpp"
 #include "quintet/parallel/expert_parallel.hpp"
 
 #include <mpi.h>
@@ -51,6 +52,7 @@ void ExpertParallel::prepare(ExpertExchange& x, int max_rows, int C) {
 }
 
 void ExpertParallel::plan(ExpertExchange& x, const int* counts) {
+    QUINTET_PROFILE("comm.ep");
     const double t0 = MPI_Wtime();
     // The counts first: El per peer, the experts of that peer's group.
     std::copy(counts, counts + E_, x.send_expert.begin());
@@ -95,6 +97,7 @@ void ExpertParallel::plan(ExpertExchange& x, const int* counts) {
 }
 
 void ExpertParallel::dispatch_start(const ExpertExchange& x, const float* sorted) {
+    QUINTET_PROFILE("comm.ep");
     QUINTET_CHECK(pending_ == -1, "expert parallelism: a dispatch is already in flight");
     const double t0 = MPI_Wtime();
     pending_ = comm_.iall_to_allv(sorted, x.sc.data(), x.sd.data(), staging_, x.rc.data(), x.rd.data());
@@ -105,6 +108,7 @@ void ExpertParallel::dispatch_start(const ExpertExchange& x, const float* sorted
 }
 
 void ExpertParallel::dispatch_finish(const ExpertExchange& x, float* expert_major) {
+    QUINTET_PROFILE("comm.ep");
     const double t0 = MPI_Wtime();
     QUINTET_CHECK(pending_ != -1, "expert parallelism: dispatch_finish without dispatch_start");
     if (pending_ >= 0) comm_.wait_all_to_allv(pending_);
@@ -114,6 +118,7 @@ void ExpertParallel::dispatch_finish(const ExpertExchange& x, float* expert_majo
 }
 
 void ExpertParallel::combine(const ExpertExchange& x, const float* expert_major, float* sorted) {
+    QUINTET_PROFILE("comm.ep");
     const double t0 = MPI_Wtime();
     be_.gather_rows(staging_, expert_major, x.to_expert, x.rows, x.C);
     comm_.all_to_allv(staging_, x.rc.data(), x.rd.data(), sorted, x.sc.data(), x.sd.data());

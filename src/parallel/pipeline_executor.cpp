@@ -1,3 +1,4 @@
+#include "quintet/core/profile.hpp"
 #include "quintet/parallel/pipeline_executor.hpp"
 
 #include <algorithm>
@@ -89,7 +90,10 @@ PipelineExecutor::Result PipelineExecutor::run(const float* params, float* grads
             std::snprintf(what, sizeof what, "pipeline stage %d: %s mb %d (virtual stage %d)", stage_,
                           fwd ? "recv_fwd" : "recv_bwd", a.microbatch, vs);
             double t0 = now_s();
-            comm_.wait_recv(posted, what);
+            {
+                QUINTET_PROFILE("comm.pp");
+                comm_.wait_recv(posted, what);
+            }
             res.t_wait += now_s() - t0;
             be_.copy(fwd ? chunk.input(slot) : chunk.grad_output(slot), recv_stage_, n);
             post_next(k + 1);
@@ -142,6 +146,8 @@ double PipelineExecutor::forward_only(const float* params, const int32_t* ids, c
     }
     return sum;
 }
+
+size_t PipelineExecutor::buffer_bytes() const { return chunks_[0]->boundary_floats() * sizeof(float); }
 
 size_t PipelineExecutor::activation_bytes() const {
     size_t b = 0;

@@ -1,3 +1,4 @@
+#include "quintet/core/profile.hpp"
 #include "quintet/parallel/tensor_parallel.hpp"
 
 #include <mpi.h>
@@ -7,6 +8,7 @@
 namespace quintet {
 
 float* TensorParallel::reduce(float* partial, float* shard, size_t rows, size_t C) {
+    QUINTET_PROFILE("comm.tp");
     const int p = tp_.size();
     if (p == 1) return partial;
     double t0 = MPI_Wtime();
@@ -26,6 +28,7 @@ float* TensorParallel::reduce(float* partial, float* shard, size_t rows, size_t 
 }
 
 const float* TensorParallel::gather(const float* shard, float* full, size_t rows, size_t C) {
+    QUINTET_PROFILE("comm.tp");
     if (!sp_) return shard;
     const int p = tp_.size();
     double t0 = MPI_Wtime();
@@ -37,6 +40,7 @@ const float* TensorParallel::gather(const float* shard, float* full, size_t rows
 
 const bf16_bits* TensorParallel::gather(const bf16_bits* shard, bf16_bits* full, size_t rows,
                                         size_t C) {
+    QUINTET_PROFILE("comm.tp");
     if (!sp_) return shard;
     const int p = tp_.size();
     const size_t n = rows / p * C;
@@ -50,6 +54,7 @@ const bf16_bits* TensorParallel::gather(const bf16_bits* shard, bf16_bits* full,
 }
 
 void TensorParallel::all_reduce_sum(float* x, size_t n) {
+    QUINTET_PROFILE("comm.tp");
     if (tp_.size() == 1) return;
     double t0 = MPI_Wtime();
     tp_.all_reduce_sum(x, n);
@@ -58,6 +63,7 @@ void TensorParallel::all_reduce_sum(float* x, size_t n) {
 }
 
 void TensorParallel::all_reduce_max(float* x, size_t n) {
+    QUINTET_PROFILE("comm.tp");
     if (tp_.size() == 1) return;
     double t0 = MPI_Wtime();
     tp_.all_reduce_max(x, n);

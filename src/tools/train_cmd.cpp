@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "quintet/core/error.hpp"
+#include "quintet/io/checkpoint.hpp"
 #include "quintet/io/run_lock.hpp"
 #include "quintet/train/deck.hpp"
 #include "quintet/io/token_data.hpp"
@@ -33,7 +34,19 @@ const char* kTrainUsage =
     "Outputs go to output.run_dir: metrics.h5 (every step) and checkpoints/ (every\n"
     "checkpoint.every steps, at the end, and on SIGTERM/SIGUSR1). With checkpoint.resume = auto\n"
     "a run continues from run_dir/checkpoints/latest. `quintet deck --reference` prints every key.\n"
+    "\n"
+    "A job its batch system restarted (SLURM_RESTART_COUNT > 0, or QUINTET_RESUBMITS > 0 from\n"
+    "jobs/pbs/train.pbs) resumes from its own checkpoints even under checkpoint.resume = none.\n"
     "\n";
+
+// "SLURM_RESTART_COUNT=1" when this process belongs to a job the batch system restarted, else "".
+// Slurm counts requeues in SLURM_RESTART_COUNT; the PBS template counts its resubmissions in
+// QUINTET_RESUBMITS (PBS itself has no portable equivalent).
+std::string batch_restart() {
+    for (const char* name : {"SLURM_RESTART_COUNT", "QUINTET_RESUBMITS"})
+        if (const char* e = std::getenv(name); e && std::atoi(e) > 0) return std::string(name) + "=" + e;
+    return "";
+}
 
 }  // namespace
 
@@ -102,6 +115,16 @@ int train_main(int argc, char** argv, MPI_Comm world) {
     // is taken over: on this host when its pid is gone, elsewhere when it is 2 deadlines old).
     std::string lock_warning;
     RunLock lock(deck.output.run_dir, world, std::max(600.0, 2 * deck.train.collective_timeout_s), &lock_warning);
+    // A job the batch system restarted (requeued at its time limit, preempted, resubmitted) is
+    // the same run: it resumes even where its deck says checkpoint.resume = none.
+    const std::string restart = batch_restart();
+    if (deck.checkpoint.resume == "none" && !restart.empty() && !checkpoint_latest(deck.output.run_dir).empty()) {
+        deck.checkpoint.resume = "auto";
+        if (rank == 0)
+            std::printf("quintet: %s: a restarted job, so checkpoint.resume = none is taken as auto (it "
+                        "continues the checkpoints this job wrote in %s)\n",
+                        restart.c_str(), deck.output.run_dir.c_str());
+    }
     // Where the weights come from (resume wins over init_from) and the context they were trained
     // at: rope.original_max_position = 0 resolves to it, so the resolved deck says the number.
     WeightsSource source = resolve_weights_source(deck, world);

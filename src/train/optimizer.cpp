@@ -16,6 +16,7 @@ AdamW::AdamW(const ParamTable& table, Backend& be, const GradientSync& sync, con
         state_ += sync_.zero() ? dp->shard_size() : dp->region().size();
         if (sync_.zero()) {
             shards_[r] = be_.alloc(std::max<size_t>(dp->shard_size(), 1));
+            shard_floats_ += std::max<size_t>(dp->shard_size(), 1);
             owned_.push_back(shards_[r]);
         }
     }

@@ -1,3 +1,4 @@
+#include "quintet/core/profile.hpp"
 #include "quintet/train/trainer.hpp"
 
 #include <algorithm>
@@ -17,6 +18,8 @@
 #include "quintet/io/checkpoint.hpp"
 #include "quintet/io/metrics.hpp"
 #include "quintet/train/deck.hpp"
+#include "quintet/train/host_peak.hpp"
+#include "quintet/train/planner.hpp"
 #include "quintet/train/schedule_math.hpp"
 
 namespace quintet {
@@ -143,6 +146,9 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
                     "eval.every > 0 but the validation split has only " +
                         std::to_string(sampler_.val_len()) + " tokens; need at least seq_len + 1");
     host_arena_ = be.device() == Device::cpu;
+    start_rss_ = process_rss_bytes();
+    // On a GPU the kernels run asynchronously: host-side scopes would time launches, not work.
+    profile::enable(deck.train.profile && mode == TrainerMode::train && host_arena_);
     params_ = be_.alloc(table_.total);
     if (mode_ == TrainerMode::train) {
         grads_ = be_.alloc(table_.total);
@@ -192,15 +198,104 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
     refresh_bf16_weights();
     flops_per_token_ = model_flops_per_token(table_, dims_, dc.seq_len);
     if (mode_ == TrainerMode::eval) {
-        peak_flops_ = 1;
+        peak_flops_ = matmul_flops_ = 1;
     } else if (deck.train.peak_tflops > 0 || !host_arena_) {  // deck_validate requires it on a GPU
-        peak_flops_ = deck.train.peak_tflops * 1e12 * grid.world().size();
+        peak_flops_ = matmul_flops_ = deck.train.peak_tflops * 1e12 * grid.world().size();
+        peak_what_ = "train.peak_tflops";
     } else {
-        // Measured sgemm rate of every rank at once (so shared cores are not counted twice);
-        // 1024^3, best of 5: short runs read 30% low on a busy machine and inflate MFU.
+        // MFU's denominator: the FMA peak of the cores the job runs on (cached per host).
+        HostPeak hp;
+        peak_flops_ = job_fma_peak_flops(grid.world().handle(), be_.threads(), &hp);
+        peak_what_ = "FMA peak, " + hp.isa + ", " + hp.source;
+        // The achieved share of the measured matmul rate, the second column: every rank's sgemm
+        // at once (so shared cores are not counted twice); 1024^3, best of 5: short runs read 30%
+        // low on a busy machine.
         double g = cpu_measure_sgemm_gflops(be_, 1024, 5);
         grid.world().all_reduce_sum(&g, 1);
-        peak_flops_ = g * 1e9;
+        matmul_flops_ = g * 1e9;
+    }
+}
+
+MemoryBytes Trainer::memory_account() const {
+    MemoryBytes m;
+    const double total = double(table_.total);
+    m.params = total * 4 + (params_bf16_ ? total * 2 : 0);
+    if (opt_) {
+        m.grads = total * 4 + double(opt_->shard_floats()) * 4;
+        m.optimizer = 2.0 * double(std::max<size_t>(opt_->state_floats(), 1)) * 4;
+    }
+    m.activations = double(exec_->activation_bytes());
+    for (const auto& c : chunks_) m.activations += double(c->scratch_bytes());
+    m.buffers = double(exec_->buffer_bytes()) + (cp_ ? double(cp_->buffer_bytes()) : 0) +
+                (ep_ ? double(ep_->buffer_bytes()) : 0);
+    m.total = process_peak_rss_bytes();
+    m.runtime = m.total - (m.params + m.grads + m.optimizer + m.activations + m.buffers);
+    return m;
+}
+
+void Trainer::report_profile() const {
+    if (grid_.rank() != 0 || profile_steps_ == 0) return;
+    std::vector<std::string> names = profile_order_;
+    names.push_back("other");
+    std::stable_sort(names.begin(), names.end(), [&](const std::string& a, const std::string& b) {
+        return profile_totals_.at(a).first > profile_totals_.at(b).first;
+    });
+    char b[200];
+    std::snprintf(b, sizeof b, "profile of rank 0 over %lld step(s), %.3f s per step (train.profile = true):",
+                  (long long)profile_steps_, profile_steps_time_ / profile_steps_);
+    log(b);
+    log("  operation                        s/step   share   calls/step");
+    for (const auto& n : names) {
+        const auto& t = profile_totals_.at(n);
+        std::snprintf(b, sizeof b, "  %-30s %8.4f  %5.1f%%  %8.1f", n.c_str(), t.first / profile_steps_,
+                      100 * t.first / profile_steps_time_, double(t.second) / profile_steps_);
+        log(b);
+    }
+}
+
+void Trainer::report_prediction() const {
+    if (grid_.rank() != 0 || memory_all_.empty() || mode_ != TrainerMode::train) return;
+    const int world = grid_.world().size();
+    MachineModel mm;
+    mm.cores = host_cores();
+    mm.threads_per_rank = be_.threads();
+    mm.matmul_gflops_per_core = matmul_flops_ / 1e9 / std::max(1, std::min(mm.cores, world * be_.threads()));
+    LinkFigures link;
+    if (read_link_cache(&link)) mm.link_gbs = link.gbs, mm.link_latency_s = link.latency_s;
+    mm.runtime_base_bytes = start_rss_;  // after MPI_Init and the token file, before the model
+    mm.data_bytes = 0;
+    Deck d = deck_;
+    d.parallel.dp = grid_.dp().size();
+    const PlanRow pr = plan_layout(d, world, mm);
+    if (!pr.valid || !host_arena_) return;
+    // The measured rank with the largest peak RSS.
+    int big = 0;
+    for (int r = 1; r < world; ++r)
+        if (memory_all_[size_t(r) * kMemoryColumns + 6] > memory_all_[size_t(big) * kMemoryColumns + 6]) big = r;
+    const double* m = &memory_all_[size_t(big) * kMemoryColumns];
+    const double pred[kMemoryColumns] = {pr.memory.params, pr.memory.grads, pr.memory.optimizer,
+                                         pr.memory.activations, pr.memory.buffers, pr.memory.runtime,
+                                         pr.memory.total};
+    static const char* names[kMemoryColumns] = {"params", "grads", "optimizer", "activations", "buffers",
+                                                "runtime", "peak RSS"};
+    std::string line = "predicted (quintet plan) / measured, MiB, largest rank (" + std::to_string(big) + "):";
+    for (int c = 0; c < kMemoryColumns; ++c) {
+        char b[96];
+        std::snprintf(b, sizeof b, "%s %s %.1f/%.1f", c ? " |" : "", names[c], pred[c] / 1048576, m[c] / 1048576);
+        line += b;
+    }
+    log(line);
+    std::vector<double> h = tps_history_;
+    if (!h.empty()) {
+        std::nth_element(h.begin(), h.begin() + h.size() / 2, h.end());
+        const double med = h[h.size() / 2];
+        char b[200];
+        std::snprintf(b, sizeof b,
+                      "predicted / measured tokens/s: %.0f / %.0f (%+.0f%%; median of %zu steps), step %.3f s "
+                      "predicted (compute %.3f, bubble %.3f, comm %.3f)",
+                      pr.tokens_per_s, med, 100 * (pr.tokens_per_s / med - 1), h.size(), pr.step_time_s,
+                      pr.compute_s, pr.bubble_s, pr.comm_s.sum());
+        log(b);
     }
 }
 
@@ -349,7 +444,10 @@ StepStats Trainer::step(int64_t s, bool locate) {
     if (locate) st.origin = locate_nonfinite(r.ce_sum + r.aux_sum);
     // 2. Gradients summed over their replica groups (tp/kv/tied partials, then dp x cp / edp).
     st.dp_early = sync_->buckets_overlapped();
-    auto [t_sync, t_dp] = sync_->finish_step(grads_, opt_->shards());
+    auto [t_sync, t_dp] = [&] {
+        QUINTET_PROFILE("comm.dp");
+        return sync_->finish_step(grads_, opt_->shards());
+    }();
     // 3. The step's loss: cross-entropy summed over every target token of the global batch
     //    (only the last stage has it), aux averaged over the microbatches.
     double sums[2] = {r.ce_sum, r.aux_sum};
@@ -358,6 +456,7 @@ StepStats Trainer::step(int64_t s, bool locate) {
     const double t3 = now_s();
     // 4. Global-norm clipping and AdamW -- unless the loss or the norm is not finite (the same
     //    decision on every rank: both are all-reduced), which leaves the state as it was.
+    profile::Scope optimizer_scope("optimizer");
     const double norm = opt_->grad_norm(grads_, grid_.world());
     if (!std::isfinite(sums[0]) || !std::isfinite(sums[1]) || !std::isfinite(norm)) {
         st.nonfinite = true;
@@ -639,12 +738,13 @@ int Trainer::run_steps() {
         std::snprintf(buf, sizeof buf,
                       "model: %.2fM params (%.2fM in matmuls), vocab %d, %d layers, d_model %d, "
                       "heads %d/%d, ffn %d | layout %s%s | schedule %s | global batch %lld x %d "
-                      "tokens | %s | peak %.1f GFLOP/s",
+                      "tokens | %s | peak %.1f GFLOP/s (%s), sgemm %.1f GFLOP/s",
                       [&] { size_t n = 0; for (auto& l : table_.logical) n += l.numel(); return n; }() / 1e6,
                       table_.matmul_params / 1e6, dims_.V, dims_.L, dims_.C, dims_.NH, dims_.NKV,
                       dims_.F, grid_.layout().describe().c_str(), tp_.sp() ? " +sp" : "",
                       deck_.parallel.schedule.c_str(), (long long)gb, deck_.data.seq_len,
-                      deck_.train.precision.c_str(), peak_flops_ / 1e9);
+                      deck_.train.precision.c_str(), peak_flops_ / 1e9, peak_what_.c_str(),
+                      matmul_flops_ / 1e9);
         log(buf);
     }
     if (grid_.rank() == 0) {
@@ -718,12 +818,50 @@ int Trainer::run_steps() {
             grid_.pp().all_reduce_sum(act_mib.data(), act_mib.size());
         }
         double tps = tokens_per_step / st.step_time;
-        double mfu = tps * flops_per_token_ / peak_flops_;
+        const double mfu = tps * flops_per_token_ / peak_flops_;
+        const double mfu_matmul = tps * flops_per_token_ / matmul_flops_;  // share of the sgemm rate
         const MoeFigures moe = moe_figures();
+        // Every rank's memory by category, for /memory/* (and the prediction check at the end).
+        {
+            const MemoryBytes mb = memory_account();
+            const double mine[kMemoryColumns] = {mb.params, mb.grads, mb.optimizer, mb.activations,
+                                                 mb.buffers, mb.runtime, mb.total};
+            memory_all_.resize(size_t(kMemoryColumns) * grid_.world().size());
+            MPI_Gather(mine, kMemoryColumns, MPI_DOUBLE, memory_all_.data(), kMemoryColumns, MPI_DOUBLE, 0,
+                       grid_.world().handle());
+        }
+        if (s - start_step_ > 2) tps_history_.push_back(tps);
+        if (profile::enabled()) {
+            // This rank's per-operation seconds of the step (rank 0's go to the metrics).
+            std::vector<std::pair<std::string, double>> ops;
+            double sum = 0;
+            for (const auto& e : profile::take()) {
+                ops.emplace_back(e.name, e.seconds);
+                sum += e.seconds;
+                auto& t = profile_totals_[e.name];
+                t.first += e.seconds;
+                t.second += e.calls;
+                if (std::find(profile_order_.begin(), profile_order_.end(), e.name) == profile_order_.end())
+                    profile_order_.push_back(e.name);
+            }
+            ops.emplace_back("other", std::max(0.0, st.step_time - sum));
+            profile_totals_["other"].first += std::max(0.0, st.step_time - sum);
+            profile_steps_time_ += st.step_time;
+            ++profile_steps_;
+            if (metrics) metrics->append("/timing/op", ops);
+        }
         if (metrics) {
+            static const char* names[kMemoryColumns] = {"params", "grads", "optimizer", "activations",
+                                                        "buffers", "runtime", "peak_rss"};
+            for (int c = 0; c < kMemoryColumns; ++c) {
+                std::vector<double> col(size_t(grid_.world().size()));
+                for (size_t r = 0; r < col.size(); ++r) col[r] = memory_all_[r * kMemoryColumns + size_t(c)];
+                metrics->append_vector(std::string("/memory/") + names[c] + "_bytes", col);
+            }
             metrics->append("/train", {{"step", double(s)}, {"loss", st.loss}, {"ce_loss", st.ce_loss},
                                        {"aux_loss", st.aux_loss}, {"lr", st.lr}, {"grad_norm", st.grad_norm},
-                                       {"tokens_per_s", tps}, {"mfu", mfu}, {"step_time_s", st.step_time},
+                                       {"tokens_per_s", tps}, {"mfu", mfu}, {"mfu_matmul", mfu_matmul},
+                                       {"step_time_s", st.step_time},
                                        {"skipped", skipped ? 1.0 : 0.0}});
             metrics->append("/timing", {{"pipeline", st.t_pipeline}, {"pipeline_wait", st.t_wait},
                                         {"replica_sync", st.t_sync}, {"dp_reduce", st.t_dp},
@@ -756,10 +894,11 @@ int Trainer::run_steps() {
             if (!moe_counts_.empty())  // the worst MoE layer's max/mean expert load
                 std::snprintf(imb, sizeof imb, " | imbalance %.2f", moe.worst_imbalance);
             std::snprintf(buf, sizeof buf,
-                          "step %6lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | MFU %.1f%%%s | "
+                          "step %6lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | MFU %.1f%% | "
+                          "%.0f%% of sgemm%s | "
                           "%s elapsed | ETA %s",
                           (long long)s, (long long)t.steps, st.loss, st.lr, st.grad_norm,
-                          human_rate(tps).c_str(), 100.0 * mfu, imb, human_time(el).c_str(),
+                          human_rate(tps).c_str(), 100.0 * mfu, 100.0 * mfu_matmul, imb, human_time(el).c_str(),
                           human_time(eta).c_str());
             log(buf);
         }
@@ -801,6 +940,7 @@ int Trainer::run_steps() {
                 ": checkpointed step " + std::to_string(s) + "; resume with checkpoint.resume=auto");
             break;
         }
+        if (s == t.steps) report_prediction();
         if (s == t.steps && pp > 1) {
             const int m = deck_.parallel.microbatches, v = deck_.parallel.virtual_stages;
             char buf[160];
@@ -815,6 +955,7 @@ int Trainer::run_steps() {
             }
         }
     }
+    if (profile::enabled()) report_profile();
     return 0;
 }
 

@@ -30,6 +30,16 @@ RunResult run_quintet(int ranks, const std::string& args) {
     return r;
 }
 
+RunResult run_shell(const std::string& command) {
+    RunResult r;
+    FILE* p = popen((command + " 2>&1").c_str(), "r");
+    std::array<char, 4096> buf;
+    while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.output.append(buf.data(), n);
+    int st = pclose(p);
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    return r;
+}
+
 std::string read_file(const fs::path& p) {
     std::ifstream f(p);
     std::stringstream s;

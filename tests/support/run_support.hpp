@@ -18,6 +18,8 @@ struct RunResult {
 
 // Runs `mpirun -n ranks quintet <args>` (ranks 0: no mpirun) in the current directory.
 RunResult run_quintet(int ranks, const std::string& args);
+// Runs a shell command line (stdout + stderr captured).
+RunResult run_shell(const std::string& command);
 std::string read_file(const std::filesystem::path& p);
 void write_file(const std::filesystem::path& p, const std::string& text);
 // A fresh empty directory under the build tree for one test.

@@ -61,6 +61,11 @@ hid_t check(hid_t id, const std::string& what);
 
 void write_attr_string(hid_t obj, const std::string& name, const std::string& value);
 void write_attr_i64(hid_t obj, const std::string& name, int64_t value);
+void write_attr_f64(hid_t obj, const std::string& name, double value);
+// A float64 dataset `name` under `loc` of shape `dims` (empty: 1-D of v.size()).
+void write_f64(hid_t loc, const std::string& name, const std::vector<double>& v, const std::vector<hsize_t>& dims = {});
+// Every value of the dataset at `path`, row-major, as double (empty when it does not exist).
+std::vector<double> read_f64(hid_t loc, const std::string& path, std::vector<hsize_t>* dims = nullptr);
 bool has_attr(hid_t obj, const std::string& name);
 std::string read_attr_string(hid_t obj, const std::string& name);
 int64_t read_attr_i64(hid_t obj, const std::string& name);

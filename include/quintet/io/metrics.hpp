@@ -3,6 +3,7 @@
 // /train/{step, loss, ce_loss, aux_loss, lr, grad_norm, tokens_per_s, mfu, step_time_s}
 // /eval/{step, loss}    /timing/<phase> (seconds per step, aligned with /train/step)
 // /pipeline/stage<s>_{idle_fraction, activation_mib} (aligned with /train/step)
+// /memory/<category>_bytes [step, rank] (train/memory_account.hpp)
 // /moe/expert_load [step, layer, expert], /moe/{imbalance, dead_experts, dropped_tokens, aux}
 // [step, layer, 1], /moe/ep_tokens [step, layer, ep] (aligned with /train/step)
 #pragma once
@@ -32,6 +33,8 @@ public:
     // Appends one [rows, cols] slice to the 3-D dataset `path` [step, rows, cols]
     // (e.g. /moe/expert_load [step, layer, expert]).
     void append_matrix(const std::string& path, const std::vector<double>& v, int rows, int cols);
+    // Appends one row of v.size() values to the 2-D dataset `path` [step, n] (/memory/* [step, rank]).
+    void append_vector(const std::string& path, const std::vector<double>& v);
     void flush();
     // Every value of the dataset `path`, row-major (empty when it does not exist): the history a
     // resumed run rebuilds its counters from (/moe/expert_load for the dead-expert count).
@@ -39,6 +42,7 @@ public:
 
 private:
     void append_value(const std::string& path, double v);
+    void append_slab(const std::string& path, const std::vector<double>& v, const std::vector<hsize_t>& inner);
     // The dataset [step, inner...] at `path`, opened or created (extendible in its first dim).
     hid_t extendible(const std::string& path, const std::vector<hsize_t>& inner, hsize_t chunk_rows);
     h5::Handle file_;

@@ -36,4 +36,11 @@ TokenFile token_file_read(const std::string& path);
 // The tokenizer only, without reading the tokens (for generate). Same checks on the header.
 Tokenizer token_file_read_tokenizer(const std::string& path);
 
+// The header only: how many tokens and the vocabulary size (for `quintet plan`).
+struct TokenFileInfo {
+    int64_t n_tokens = 0;
+    int vocab_size = 0;
+};
+TokenFileInfo token_file_info(const std::string& path);
+
 }  // namespace quintet

@@ -190,4 +190,13 @@ bool cuda_available();
 // Measured single-precision GEMM rate of the CPU backend (GFLOP/s) on this machine.
 double cpu_measure_sgemm_gflops(Backend& be, int size = 1024, int repeats = 4);
 
+// The fp32 FMA peak of `threads` cores (GFLOP/s), measured with a loop of independent FMAs in
+// the widest vector ISA the CPU reports at run time (kernels/cpu/cpu_fma_peak.cpp).
+struct FmaPeak {
+    double gflops = 0;
+    int threads = 1;
+    const char* isa = "scalar";  // "avx512f", "avx2+fma" or "scalar"
+};
+FmaPeak cpu_measure_fma_peak(int threads);
+
 }  // namespace quintet

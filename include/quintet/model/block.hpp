@@ -104,6 +104,8 @@ public:
     Act act(size_t n);  // per slot, in this chunk's precision
     Act act_shared(const char* name, size_t n);  // one for all blocks, in the chunk's precision
     size_t slot_floats = 0;
+    // Not per slot: scratch, operand staging, full-width buffers (in floats; bf16 counts half).
+    size_t work_floats = 0;
     // Sharing per-slot buffers between layers (full recompute keeps one layer's activations):
     // between share_begin(true) and share_end() per-slot allocations are recorded; between
     // share_begin(false) and share_end() the same sequence of requests gets the recorded
@@ -127,6 +129,16 @@ public:
     Mat lowp(const float* x, size_t n);                 // x, as a GEMM operand (bf16: into lowp_)
     Mat weight(const float* w) const { return {w, bf16_ ? shadow_ + (w - master_) : nullptr}; }
     // C[M,N] = op(A) op(B) + beta * C in the chunk's precision.
+    // The role the next GEMMs are profiled under (`train.profile`): "gemm.<role>.fwd|dx|dw" by
+    // the transposes (X W^T, dY W, dY^T X). Role r = c.role("gemm.attn_qkv") sets it for a scope.
+    const char* gemm_role = "gemm.other";
+    struct Role {
+        BlockContext& c;
+        const char* before;
+        Role(BlockContext& ctx, const char* r) : c(ctx), before(ctx.gemm_role) { c.gemm_role = r; }
+        ~Role() { c.gemm_role = before; }
+    };
+    Role role(const char* r) { return Role(*this, r); }
     void mm(bool ta, bool tb, int M, int N, int K, Mat A, int lda, Mat B, int ldb, float beta,
             float* C, int ldc);
     // out[Nr,C] = res[Nr,C] + (X[N,K] W[C,K]^T summed over tp): a row-parallel block + residual.

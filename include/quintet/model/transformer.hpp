@@ -101,6 +101,11 @@ public:
     size_t slot_bytes() const { return slot_floats_ * sizeof(float); }
     // Activations kept once for all slots (full recompute: one layer's worth, shared).
     size_t workspace_bytes() const { return workspace_floats_ * sizeof(float); }
+    // Buffers kept once besides those: the blocks' shared scratch and operand staging.
+    size_t scratch_bytes() const {
+        const size_t shared = full_recompute_ && !ws_layers_.empty() ? size_t(ctx_.Nr) * ctx_.d.C : 0;
+        return (ctx_.work_floats - shared) * sizeof(float);
+    }
     bool needs_tokens() const { return plan_.first || plan_.last || docs_; }
     // The last chunk's per-row cross-entropies of its last forward (host [N], this rank's rows),
     // and the position in its sample of local row n.

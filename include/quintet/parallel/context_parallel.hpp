@@ -71,6 +71,8 @@ public:
     // from posting each transfer to its completion (comm, overlapping compute), bytes sent.
     double exposed_s = 0, comm_s = 0, bytes = 0;
     void reset_stats() { exposed_s = comm_s = bytes = 0; }
+    // The ring's K/V, dK/dV and partial-output buffers (sized on the first step).
+    size_t buffer_bytes() const { return (4 * cap_ + part_cap_ + lse_cap_) * sizeof(float); }
 
 private:
     // Block buffers [rows, kw + vw]: K in columns [0, kw), V in [kw, kw + vw).

@@ -68,6 +68,7 @@ public:
     // float payload bytes this rank sent to other ranks.
     double dispatch_s = 0, combine_s = 0, bytes = 0;
     void reset_stats() { dispatch_s = combine_s = bytes = 0; }
+    size_t buffer_bytes() const { return staging_n_ * sizeof(float); }  // the exchange's staging
 
 private:
     const Communicator& comm_;

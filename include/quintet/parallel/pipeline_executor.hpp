@@ -41,6 +41,8 @@ public:
 
     // Activation bytes of the microbatches in flight at this step's peak, over this stage's chunks.
     size_t activation_bytes() const;
+    // The receive staging of the next message (one microbatch's boundary activations).
+    size_t buffer_bytes() const;
 
 private:
     int acquire_slot(int chunk);

@@ -15,7 +15,12 @@ int eval_main(int argc, char** argv, MPI_Comm world);   // tools/eval_cmd.cpp; c
 int prepare_main(int argc, char** argv);   // tools/prepare_cmd.cpp; rank 0 only, no MPI
 int generate_main(int argc, char** argv);  // tools/generate_cmd.cpp; rank 0 only
 int deck_main(int argc, char** argv);      // tools/misc_cmd.cpp: reference deck / markdown
-int peak_main(int argc, char** argv);      // tools/misc_cmd.cpp: sgemm rate
+int peak_main(int argc, char** argv);      // tools/misc_cmd.cpp: FMA peak and sgemm rate
+int links_main(MPI_Comm world);            // tools/misc_cmd.cpp: `peak --links`; collective, 2 ranks
+// Commands that run without MPI (no MPI_Init: they launch mpirun or sbatch themselves).
+int plan_main(int argc, char** argv);      // tools/plan_cmd.cpp: the layout planner
+int study_main(int argc, char** argv);     // tools/study_cmd.cpp: scaling studies
+int plot_main(int argc, char** argv);      // tools/plot_cmd.cpp: metrics.h5 to PNG
 int schedule_main(int argc, char** argv);  // tools/schedule_cmd.cpp: pipeline timeline; rank 0 only, no MPI
 
 }  // namespace quintet

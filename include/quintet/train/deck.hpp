@@ -26,8 +26,9 @@ std::vector<DeckOption> deck_options(Deck& deck);
 Deck deck_load(const std::string& deck_path, const std::vector<std::string>& overrides);
 
 // Cross-key checks that need the world size (layout) and features not built yet.
-// vocab_size must already be set from the data file.
-void deck_validate(const Deck& deck, int world_size);
+// vocab_size must already be set from the data file. check_host_memory: refuse a model whose
+// weights and optimizer state cannot fit this machine (the planner plans for other machines).
+void deck_validate(const Deck& deck, int world_size, bool check_host_memory = true);
 
 // The resolved deck as a config file ("[section]" blocks), stored in checkpoints and metrics.
 std::string deck_to_text(const Deck& deck);

@@ -41,6 +41,7 @@ public:
     float* exp_avg() const { return m_; }
     float* exp_avg_sq() const { return v_; }
     size_t state_floats() const { return state_; }
+    size_t shard_floats() const { return shard_floats_; }  // ZeRO: the reduced gradient shards
 
 private:
     // The range of region r this rank updates (its ZeRO shard, or the whole region) and the
@@ -54,6 +55,7 @@ private:
     size_t state_ = 0;
     size_t state_at_[kNumRegions] = {0, 0, 0};
     float* shards_[kNumRegions] = {nullptr, nullptr, nullptr};
+    size_t shard_floats_ = 0;
     std::vector<float*> owned_;
 };
 

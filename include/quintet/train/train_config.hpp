@@ -45,6 +45,7 @@ struct TrainConfig {
     double collective_timeout_s = 600;  // deadline of every communicator wait; 0 = none
     std::string recompute = "none";     // none | selective | full
     std::string on_nonfinite = "stop";  // stop | skip: a step whose loss or gradient norm is not finite
+    bool profile = false;               // per-operation times: /timing/op/<name> and a table at the end
     int max_skips = 5;                  // skip: consecutive skipped steps before stopping (exit 3)
 };
 

@@ -6,6 +6,7 @@
 // (collective over the grid).
 #pragma once
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "quintet/train/device_comms.hpp"
 #include "quintet/train/grad_sync.hpp"
 #include "quintet/train/optimizer.hpp"
+#include "quintet/train/planner.hpp"
 #include "quintet/train/sampler.hpp"
 #include "quintet/train/train_config.hpp"
 
@@ -129,7 +131,25 @@ private:
     // The first rank (lowest) whose local values are not finite, and what: "rank R, gradient of T"
     // or "rank R, loss" (collective; "" when every rank is finite).
     std::string locate_nonfinite(double local_loss) const;
-    double peak_flops_ = 0, flops_per_token_ = 0;
+    // MFU's denominator (the FMA peak of the job's cores, or train.peak_tflops) and the measured
+    // sgemm rate of all ranks (the second column: the achieved share of the matmul rate).
+    double peak_flops_ = 0, matmul_flops_ = 0, flops_per_token_ = 0;
+    std::string peak_what_;
+    // Memory accounting (DESIGN §4 /memory/*): this rank's bytes by category, measured peak RSS
+    // as the total; every rank's, gathered on rank 0 each step; tokens/s after the first steps.
+    static constexpr int kMemoryColumns = 7;  // params grads optimizer activations buffers runtime peak_rss
+    MemoryBytes memory_account() const;
+    std::vector<double> memory_all_, tps_history_;
+    double start_rss_ = 0;  // resident set when the trainer began (libraries, MPI, the data)
+    // Rank 0, at the end of a run: the planner's prediction for this deck and layout against the
+    // measured memory of the largest rank and the median tokens/s.
+    void report_prediction() const;
+    // train.profile: per-operation totals (seconds, calls) of this run's steps, and the table.
+    std::map<std::string, std::pair<double, int64_t>> profile_totals_;
+    std::vector<std::string> profile_order_;
+    int64_t profile_steps_ = 0;
+    double profile_steps_time_ = 0;
+    void report_profile() const;
 };
 
 // run_dir/fault for job scripts: "kind=K step=S rank=R" and the message (written atomically).

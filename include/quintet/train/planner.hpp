@@ -1,0 +1,74 @@
+// The layout planner behind `quintet plan` (DESIGN §5) and the trainer's "predicted" line:
+// memory per rank by category, bytes per step on each axis, the pipeline bubble and a predicted
+// step time, for any (tp, cp, dp, pp, ep) of a deck -- without running it. docs/planner.md
+// derives every term; tests/train/test_planner.cpp holds it to the trainer's own accounting
+// (params, grads and optimizer bytes exactly, activations within 10%).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "quintet/train/train_config.hpp"
+
+namespace quintet {
+
+// Bytes of one rank by category (DESIGN §4 /memory/*). total = the predicted (or measured)
+// peak resident set; runtime = what the process holds besides the model's own buffers.
+struct MemoryBytes {
+    double params = 0, grads = 0, optimizer = 0, activations = 0, buffers = 0, runtime = 0, total = 0;
+};
+
+// One figure per axis.
+struct AxisFigures {
+    double tp = 0, cp = 0, dp = 0, ep = 0, pp = 0;
+    double sum() const { return tp + cp + dp + ep + pp; }
+};
+
+// What the machine does: the rates a prediction is made from.
+struct MachineModel {
+    double matmul_gflops_per_core = 0;  // one thread's sgemm rate (quintet peak, --matmul-gflops)
+    int cores = 1;                      // of one node
+    int ranks_per_node = 0;             // 0: all ranks on one node
+    int threads_per_rank = 0;           // 0: cores / ranks on the node (at least 1)
+    double link_gbs = 10;               // one rank's point-to-point / collective bandwidth, GB/s
+    double link_latency_s = 5e-6;       // per message
+    double runtime_base_bytes = 0;      // a rank's resident set besides the model (calibrated)
+    double data_bytes = 0;              // the token file's ids as every rank holds them
+};
+
+struct PlanRow {
+    int tp = 1, cp = 1, dp = 1, pp = 1, ep = 1, microbatches = 1, zero = 0;
+    std::string recompute = "none";
+    bool valid = false;
+    std::string reason;        // why not valid
+    bool fits = true;          // within --device-memory (when given)
+    int stage = 0;             // the pipeline stage of the largest rank
+    MemoryBytes memory;        // of the largest rank
+    AxisFigures comm_bytes;    // bytes one rank sends per step on each axis (largest of the axis)
+    AxisFigures comm_s;        // the time they take (exposed)
+    double compute_s = 0, bubble = 0, bubble_s = 0, step_time_s = 0, tokens_per_s = 0;
+    double flops_per_step = 0;  // model FLOPs of the global batch (6·N·P convention)
+};
+
+// The deck with its [parallel] section set for `world` ranks: checks it (deck_validate, without
+// this machine's memory check) and predicts. deck.model.vocab_size must be set.
+PlanRow plan_layout(const Deck& deck, int world, const MachineModel& machine);
+
+// Every (tp, cp, dp, pp, ep) of `world` (dp = what the others leave), crossed with the sweep
+// lists (empty: the deck's value), sorted by predicted tokens/s, invalid ones last.
+struct PlanSweep {
+    std::vector<int> microbatches, zero;
+    std::vector<std::string> recompute;
+};
+std::vector<PlanRow> plan_all(const Deck& deck, int world, const MachineModel& machine,
+                              const PlanSweep& sweep = {}, double device_memory_bytes = 0);
+
+// JSON of the rows as DESIGN §5 fixes it (a list of objects; null where not valid).
+std::string plan_json(const std::vector<PlanRow>& rows);
+
+// A rank's resident set besides the model: the executable and its libraries as loaded (with a
+// CUDA build, the CUDA libraries are most of it even on a CPU run), MPI, OpenMP, the BLAS, HDF5.
+// The planner's default: this process's own resident set when it starts (the same binary),
+// which docs/planner.md compares with the trainer's measured remainder.
+double runtime_base_estimate();
+
+}  // namespace quintet

@@ -1,0 +1,176 @@
+// Host FMA peak: measured with kernels' FMA loop, cached per host name and CPU model.
+#include "quintet/train/host_peak.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "quintet/kernels/backend.hpp"
+
+namespace quintet {
+
+namespace {
+
+std::string cpu_model() {
+    std::ifstream f("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(f, line))
+        if (line.rfind("model name", 0) == 0) {
+            auto p = line.find(':');
+            std::string m = p == std::string::npos ? line : line.substr(p + 1);
+            m.erase(0, m.find_first_not_of(' '));
+            return m;
+        }
+    return "unknown";
+}
+
+std::string host_name() {
+    char h[256] = {0};
+    gethostname(h, sizeof h - 1);
+    return h[0] ? h : "localhost";
+}
+
+}  // namespace
+
+namespace {
+double status_kib(const char* key) {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    const size_t n = std::strlen(key);
+    while (std::getline(f, line))
+        if (line.compare(0, n, key) == 0) return std::atof(line.c_str() + n) * 1024.0;
+    return 0;
+}
+}  // namespace
+
+double process_rss_bytes() { return status_kib("VmRSS:"); }
+double process_peak_rss_bytes() { return status_kib("VmHWM:"); }
+
+int host_cores() {
+    if (const char* e = std::getenv("QUINTET_CORES"); e && std::atoi(e) > 0) return std::atoi(e);
+    return std::max(1, int(sysconf(_SC_NPROCESSORS_ONLN)));
+}
+
+std::string host_peak_cache_path() {
+    std::string dir;
+    if (const char* e = std::getenv("QUINTET_CACHE_DIR"); e && *e) dir = e;
+    else if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) dir = std::string(x) + "/quintet";
+    else if (const char* h = std::getenv("HOME"); h && *h) dir = std::string(h) + "/.cache/quintet";
+    else dir = "/tmp/quintet-cache";
+    return dir + "/fma_peak-" + host_name();
+}
+
+HostPeak host_fma_peak(bool remeasure) {
+    const std::string path = host_peak_cache_path(), cpu = cpu_model();
+    HostPeak p;
+    if (!remeasure) {
+        // One line: gflops_per_core=<x> isa=<isa> cpu=<model name to the end of the line>
+        std::ifstream f(path);
+        std::string line;
+        if (std::getline(f, line)) {
+            double g = 0;
+            char isa[32] = {0};
+            auto c = line.find(" cpu=");
+            if (std::sscanf(line.c_str(), "gflops_per_core=%lf isa=%31s", &g, isa) == 2 && g > 0 &&
+                c != std::string::npos && line.substr(c + 5) == cpu) {
+                p.gflops_per_core = g, p.isa = isa, p.cpu = cpu, p.source = "cached in " + path;
+                return p;
+            }
+        }
+    }
+    const FmaPeak m = cpu_measure_fma_peak(1);
+    p.gflops_per_core = m.gflops, p.isa = m.isa, p.cpu = cpu, p.source = "measured";
+    // Best effort: a read-only home only costs a measurement next time.
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+    const std::string tmp = path + ".tmp" + std::to_string(getpid());
+    {
+        std::ofstream o(tmp);
+        o << "gflops_per_core=" << m.gflops << " isa=" << m.isa << " cpu=" << cpu << "\n";
+    }
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) std::filesystem::remove(tmp, ec);
+    return p;
+}
+
+namespace {
+std::string cache_file(const std::string& kind) {
+    const std::string p = host_peak_cache_path();
+    return p.substr(0, p.rfind('/') + 1) + kind + "-" + host_name();
+}
+// "key1=v1 key2=v2 cpu=<model>" of this CPU model, or false.
+bool read_pair(const std::string& kind, const char* fmt, double* a, double* b) {
+    std::ifstream f(cache_file(kind));
+    std::string line;
+    if (!std::getline(f, line)) return false;
+    auto c = line.find(" cpu=");
+    if (c == std::string::npos || line.substr(c + 5) != cpu_model()) return false;
+    double x = 0, y = 0;
+    const int n = std::sscanf(line.c_str(), fmt, &x, &y);
+    if (n < 1 || x <= 0) return false;
+    *a = x;
+    if (b) *b = y;
+    return true;
+}
+void write_line(const std::string& kind, const std::string& text) {
+    const std::string path = cache_file(kind);
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+    const std::string tmp = path + ".tmp" + std::to_string(getpid());
+    {
+        std::ofstream o(tmp);
+        o << text << " cpu=" << cpu_model() << "\n";
+    }
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) std::filesystem::remove(tmp, ec);
+}
+}  // namespace
+
+bool read_link_cache(LinkFigures* out) {
+    return read_pair("links", "gbs=%lf latency_s=%lf", &out->gbs, &out->latency_s);
+}
+void write_link_cache(const LinkFigures& l) {
+    std::ostringstream o;
+    o << "gbs=" << l.gbs << " latency_s=" << l.latency_s;
+    write_line("links", o.str());
+}
+bool read_sgemm_cache(double* g) { return read_pair("sgemm", "gflops_per_core=%lf", g, nullptr); }
+void write_sgemm_cache(double g) {
+    std::ostringstream o;
+    o << "gflops_per_core=" << g;
+    write_line("sgemm", o.str());
+}
+
+double job_fma_peak_flops(MPI_Comm world, int threads_per_rank, HostPeak* info) {
+    MPI_Comm node;
+    MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    int local = 0;
+    MPI_Comm_rank(node, &local);
+    int threads = threads_per_rank, node_threads = 0;
+    MPI_Allreduce(&threads, &node_threads, 1, MPI_INT, MPI_SUM, node);
+    // The node's first rank measures while the others wait (so the measurement runs alone).
+    HostPeak p;
+    double per_core = 0, node_peak = 0;
+    if (local == 0) {
+        p = host_fma_peak();
+        per_core = p.gflops_per_core;
+        node_peak = per_core * 1e9 * std::min(host_cores(), node_threads);
+    }
+    MPI_Bcast(&per_core, 1, MPI_DOUBLE, 0, node);
+    double total = 0;
+    MPI_Allreduce(&node_peak, &total, 1, MPI_DOUBLE, MPI_SUM, world);
+    if (info) {
+        if (local != 0) p.gflops_per_core = per_core, p.source = "from this node's first rank";
+        *info = p;
+    }
+    MPI_Comm_free(&node);
+    return total;
+}
+
+}  // namespace quintet

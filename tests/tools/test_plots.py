@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Smoke test of scripts/plot_metrics.py and scripts/plot_study.py (exit status 0 = pass).
+
+Builds, in a temporary directory, synthetic files of the layouts the C++ writes:
+  * two run dirs with metrics.h5 (/train/*, /eval/*, /train/mfu_matmul, /moe/expert_load
+    [step, layer, expert]) sharing a basename, so the labels must be disambiguated;
+  * a study dir with study.h5: three runs (two of equal world size, different layouts), one
+    failed run, and /parity groups (one with an exact 0 and a NaN);
+  * a study of a single run with scaling "none" (no efficiency.png, no parity.png).
+Runs both scripts with /usr/bin/python3 and checks that every PNG exists, starts with the PNG
+magic bytes and is more than a few KB, that `wrote PATH` is printed, that a missing or corrupt
+metrics.h5 gives exit status 2 with a message naming the path, that a failed study run is listed
+on stderr, and that --help exits 0.
+
+    /usr/bin/python3 tests/tools/test_plots.py [--keep DIR]   (--keep: build in DIR, keep it)
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PLOT_METRICS = os.path.join(ROOT, "scripts", "plot_metrics.py")
+PLOT_STUDY = os.path.join(ROOT, "scripts", "plot_study.py")
+PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+MIN_PNG_BYTES = 5000
+
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        failures.append(what)
+
+
+def run(*args):
+    p = subprocess.run([PYTHON, *args], capture_output=True, text=True, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def check_png(path):
+    ok = os.path.isfile(path)
+    if ok:
+        with open(path, "rb") as f:
+            head = f.read(8)
+        ok = head == PNG_MAGIC and os.path.getsize(path) > MIN_PNG_BYTES
+    check(ok, f"{os.path.basename(path)} is a PNG of more than {MIN_PNG_BYTES} bytes")
+
+
+# --- synthetic files -------------------------------------------------------------------------
+
+def write_metrics(run_dir, steps=40, layers=3, experts=4, seed=0):
+    rng = np.random.default_rng(seed)
+    os.makedirs(run_dir, exist_ok=True)
+    s = np.arange(1, steps + 1)
+    with h5py.File(os.path.join(run_dir, "metrics.h5"), "w") as f:
+        f.attrs["deck"] = "model:\n  d_model: 64\n"
+        f["/train/step"] = s.astype(np.int64)
+        f["/train/loss"] = 5.0 * np.exp(-s / 20.0) + 0.05 * rng.random(steps) + 1.0
+        f["/train/lr"] = np.minimum(s / 5.0, 1.0) * 1e-3
+        f["/train/grad_norm"] = 2.0 / np.sqrt(s) + 0.1 * rng.random(steps)
+        f["/train/tokens_per_s"] = 4000 + 200 * rng.random(steps)
+        f["/train/mfu"] = 0.3 + 0.02 * rng.random(steps)
+        f["/train/mfu_matmul"] = 0.6 + 0.02 * rng.random(steps)
+        f["/eval/step"] = s[4::5].astype(np.int64)
+        f["/eval/loss"] = 5.0 * np.exp(-s[4::5] / 20.0) + 1.1
+        load = rng.integers(0, 500, size=(steps, layers, experts)).astype(np.float64)
+        load[3] = np.nan  # a row of a run resumed on another layout
+        f["/moe/expert_load"] = load
+
+
+def write_run(g, name, world, layout, status="done", seed=0):
+    rng = np.random.default_rng(seed)
+    tp, cp, pp, dp, ep = (int(tok[2:]) for tok in layout.split())
+    for key, v in dict(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, world=world, threads=2,
+                       seed=7, exit_status=0 if status == "done" else 1).items():
+        g.attrs[key] = np.int64(v)
+    g.attrs.update(layout=layout, commit="abc123", deck="model: {}\n", status=status)
+    step_time = 1.0 / world ** 0.8
+    times = dict(time_tp_s=0.05 * (tp > 1), time_cp_s=0.03 * (cp > 1), time_dp_s=0.04 * (dp > 1),
+                 time_ep_s=0.02 * (ep > 1), time_bubble_s=0.06 * (pp > 1))
+    times = {k: v * step_time for k, v in times.items()}
+    times["time_compute_s"] = step_time - sum(times.values())
+    tps = 8192.0 / step_time
+    scalars = dict(tokens_per_s=tps, mfu=0.3 / world ** 0.2, mfu_matmul=0.6 / world ** 0.2,
+                   step_time_s=step_time, predicted_tokens_per_s=tps * 1.1,
+                   predicted_step_time_s=step_time / 1.1,
+                   predicted_peak_rss_bytes=(2.0e9 / world) if world > 1 else np.nan,
+                   peak_rss_bytes=2.2e9 / world, **times)
+    for key, v in scalars.items():
+        g.attrs[key] = np.float64(v)
+    n = 20
+    g["step"] = np.arange(1, n + 1, dtype=np.float64)
+    g["loss"] = 5.0 * np.exp(-np.arange(n) / 10.0) + 1.0 + 0.01 * rng.random(n)
+    g["grad_norm"] = 1.0 + rng.random(n)
+    g["tokens_per_s"] = tps * (1 + 0.01 * rng.random(n))
+    g["memory_bytes"] = np.full((world, 6), 1.0e8)
+    g["memory_bytes"].attrs["columns"] = "params,grads,optimizer,activations,buffers,peak_rss"
+
+
+def write_study(study_dir):
+    os.makedirs(study_dir, exist_ok=True)
+    with h5py.File(os.path.join(study_dir, "study.h5"), "w") as f:
+        f.attrs.update(scaling="strong", study="runs: ...\n", base_deck="inputs/small.yaml")
+        write_run(f.create_group("runs/w1"), "w1", 1, "tp1 cp1 pp1 dp1 ep1", seed=1)
+        write_run(f.create_group("runs/w2_tp"), "w2_tp", 2, "tp2 cp1 pp1 dp1 ep1", seed=2)
+        write_run(f.create_group("runs/w2_dp"), "w2_dp", 2, "tp1 cp1 pp1 dp2 ep1", seed=3)
+        write_run(f.create_group("runs/w4_bad"), "w4_bad", 4, "tp1 cp1 pp2 dp2 ep1",
+                  status="failed", seed=4)
+        for name, rels in dict(w2_tp=(1e-7, 3e-6, np.nan), w2_dp=(0.0, 2e-7, 5e-6)).items():
+            g = f.create_group(f"parity/{name}")
+            for key, v in zip(("loss_rel", "grad_norm_rel", "expert_load_rel"), rels):
+                g.attrs[key] = np.float64(v)
+            g.attrs["reference"] = "w1"
+
+
+# --- the checks ------------------------------------------------------------------------------
+
+def test_plot_metrics(tmp):
+    a, b = os.path.join(tmp, "x", "run"), os.path.join(tmp, "y", "run")
+    write_metrics(a, seed=1)
+    write_metrics(b, steps=25, seed=2)
+    rc, out, err = run(PLOT_METRICS, a)
+    default = os.path.join(a, "metrics.png")
+    check(rc == 0, f"plot_metrics one run exits 0 (rc={rc}, stderr={err.strip()!r})")
+    check(out.strip().splitlines()[-1:] == [f"wrote {default}"], "plot_metrics prints `wrote PATH`")
+    check_png(default)
+    two = os.path.join(tmp, "two.png")
+    rc, out, err = run(PLOT_METRICS, a, b, "-o", two)
+    check(rc == 0, f"plot_metrics two runs exits 0 (rc={rc}, stderr={err.strip()!r})")
+    check_png(two)
+
+    missing = os.path.join(tmp, "nothing_here")
+    rc, out, err = run(PLOT_METRICS, missing)
+    check(rc == 2 and os.path.join(missing, "metrics.h5") in err,
+          f"missing metrics.h5: exit 2 naming the path (rc={rc}, stderr={err.strip()!r})")
+    corrupt = os.path.join(tmp, "corrupt")
+    os.makedirs(corrupt)
+    with open(os.path.join(corrupt, "metrics.h5"), "wb") as f:
+        f.write(b"not an hdf5 file")
+    rc, out, err = run(PLOT_METRICS, corrupt)
+    check(rc == 2 and os.path.join(corrupt, "metrics.h5") in err,
+          f"corrupt metrics.h5: exit 2 naming the path (rc={rc}, stderr={err.strip()!r})")
+    rc, out, _ = run(PLOT_METRICS, "--help")
+    check(rc == 0 and "usage" in out, "plot_metrics --help exits 0")
+
+
+def test_plot_study(tmp):
+    study = os.path.join(tmp, "study")
+    write_study(study)
+    rc, out, err = run(PLOT_STUDY, study)
+    check(rc == 0, f"plot_study exits 0 (rc={rc}, stderr={err.strip()!r})")
+    check("w4_bad" in err, "plot_study lists the failed run on stderr")
+    names = ["throughput", "efficiency", "mfu", "comm_fraction", "predicted", "loss", "parity"]
+    for name in names:
+        path = os.path.join(study, "plots", name + ".png")
+        check(f"wrote {path}" in out.splitlines(), f"plot_study prints `wrote {name}.png`")
+        check_png(path)
+    single = os.path.join(tmp, "single")
+    os.makedirs(single)
+    with h5py.File(os.path.join(single, "study.h5"), "w") as f:
+        f.attrs.update(scaling="none", study="", base_deck="d.yaml")
+        write_run(f.create_group("runs/only"), "only", 1, "tp1 cp1 pp1 dp1 ep1")
+    rc, out, err = run(PLOT_STUDY, single)
+    check(rc == 0, f"plot_study with one run, scaling none, exits 0 (rc={rc}, stderr={err.strip()!r})")
+    for name in names:
+        path = os.path.join(single, "plots", name + ".png")
+        if name in ("efficiency", "parity"):
+            check(not os.path.exists(path), f"one-run study: no {name}.png")
+        else:
+            check_png(path)
+    rc, out, err = run(PLOT_STUDY, os.path.join(tmp, "no_study"))
+    check(rc == 2 and "study.h5" in err, f"missing study.h5: exit 2 (rc={rc})")
+    rc, out, _ = run(PLOT_STUDY, "--help")
+    check(rc == 0 and "usage" in out, "plot_study --help exits 0")
+
+
+def main():
+    keep = sys.argv[2] if len(sys.argv) > 2 and sys.argv[1] == "--keep" else None
+    if keep:
+        os.makedirs(keep, exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=keep)
+        test_plot_metrics(tmp)
+        test_plot_study(tmp)
+        print(f"kept {tmp}")
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            test_plot_metrics(tmp)
+            test_plot_study(tmp)
+    print(f"{len(failures)} failure(s)" if failures else "all passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

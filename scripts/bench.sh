@@ -21,7 +21,7 @@
 # after this one (side by side, interleaved) and the table adds its tok/s and the ratio: the
 # "no slower than the commit before" check of a refactor.
 #
-# Environment: REPEATS (3), BENCH_DECKS ("small medium"; "mla", "moe" for inputs/bench_{mla,moe}.deck), BENCH_THREADS (2), BASELINE,
+# Environment: REPEATS (3), BENCH_DECKS ("small medium"; "medium_mha", "mla", "moe" for inputs/bench_{medium_mha,mla,moe}.deck), BENCH_THREADS (2), BASELINE,
 #   BENCH_CORPUS (text for `quintet prepare`; default ../shared/data/tinyshakespeare.txt if
 #   present, else data/quickstart.txt), PYTHON (an interpreter with torch, numpy and h5py).
 # Output: the table on stdout; raw numbers, logs and the table under runs/bench_results/.

@@ -28,6 +28,24 @@ bool readable(const std::string& path) {
     return v.empty() || H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) >= 0;
 }
 
+// Whether the history in `path` reaches step `first_step` with strictly increasing /train/step
+// rows. A job killed between extending the datasets and writing their rows can leave a row of
+// zeros (the fill value) in the middle; trimming by step would keep it.
+bool consistent(const std::string& path, long first_step) {
+    h5::Handle f = h5::file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    if (!f.valid()) return false;
+    if (!h5::exists(f, "/train/step")) return true;  // nothing to align with
+    const std::vector<double> v = h5::read_f64(f, "/train/step");
+    double prev = 0;
+    for (double x : v) {
+        if (!(x > prev)) return false;
+        if (x == double(first_step)) return true;
+        if (x > double(first_step)) return false;
+        prev = x;
+    }
+    return v.empty() ? true : false;
+}
+
 std::string aside(const std::string& path, const char* why) {
     std::string to = path + "." + why + "-" + std::to_string(std::time(nullptr));
     std::error_code ec;
@@ -49,6 +67,11 @@ MetricsFile::MetricsFile(const std::string& run_dir, const std::string& deck_tex
         warnings.push_back("metrics.h5 is unreadable (a write was interrupted?): kept as " + aside(path, "unreadable") +
                            (snapshot.empty() || !fs::exists(snapshot) ? "; no copy in the checkpoint: the history restarts here"
                                                                        : "; the history is rebuilt from " + snapshot));
+    } else if (fs::exists(path) && first_step > 0 && !snapshot.empty() && fs::exists(snapshot) &&
+               !consistent(path, first_step)) {
+        warnings.push_back("metrics.h5 does not hold steps 1.." + std::to_string(first_step) +
+                           " in order (a write was interrupted?): kept as " + aside(path, "inconsistent") +
+                           "; the history is rebuilt from " + snapshot);
     }
     if (first_step > 0 && !fs::exists(path) && !snapshot.empty() && fs::exists(snapshot)) {
         fs::copy_file(snapshot, path);
@@ -64,16 +87,21 @@ MetricsFile::MetricsFile(const std::string& run_dir, const std::string& deck_tex
     h5::write_attr_string(file_, "deck", deck_text);
     if (!keep) return;
     // Drop rows of steps >= first_step in every group that has a "step" column.
-    // /eval has its own step column; /timing and /pipeline rows align with /train's.
-    for (const char* group : {"/train", "/eval", "/timing", "/pipeline", "/moe"}) {
+    // /eval has its own step column; /timing (and /timing/op), /pipeline, /moe and /memory rows
+    // align with /train's. (A group's subgroups are skipped: they are listed themselves.)
+    for (const char* group : {"/train", "/eval", "/timing", "/timing/op", "/pipeline", "/moe", "/memory"}) {
         std::string steps = std::string(group == std::string("/eval") ? "/eval" : "/train") + "/step";
         if (!h5::exists(file_, steps) || !h5::exists(file_, group)) continue;
         h5::Handle ds = h5::dataset(H5Dopen2(file_, steps.c_str(), H5P_DEFAULT));
         auto shape = h5::dataset_shape(ds);
         std::vector<double> v(shape.empty() ? 0 : shape[0]);
         if (!v.empty()) H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+        // Rows up to first_step while the steps increase: a job killed after extending the
+        // datasets but before their data reached the file leaves a row of zeros, which ends
+        // the kept history (its step, 0, does not increase).
         hsize_t keep_rows = 0;
-        while (keep_rows < v.size() && v[keep_rows] <= first_step) ++keep_rows;
+        double prev = -1;
+        while (keep_rows < v.size() && v[keep_rows] <= first_step && v[keep_rows] > prev) prev = v[keep_rows++];
         h5::Handle g = h5::group(H5Gopen2(file_, group, H5P_DEFAULT));
         H5G_info_t info;
         H5Gget_info(g, &info);

@@ -84,15 +84,18 @@ HostPeak host_fma_peak(bool remeasure) {
             }
         }
     }
-    const FmaPeak m = cpu_measure_fma_peak(1);
-    p.gflops_per_core = m.gflops, p.isa = m.isa, p.cpu = cpu, p.source = "measured";
+    // Every core at once, then per core: a virtual machine's "cores" may be SMT siblings that
+    // share FMA units, and only running them together shows it (one alone reads the whole core).
+    const int cores = host_cores();
+    const FmaPeak m = cpu_measure_fma_peak(cores);
+    p.gflops_per_core = m.gflops / cores, p.isa = m.isa, p.cpu = cpu, p.source = "measured";
     // Best effort: a read-only home only costs a measurement next time.
     std::error_code ec;
     std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
     const std::string tmp = path + ".tmp" + std::to_string(getpid());
     {
         std::ofstream o(tmp);
-        o << "gflops_per_core=" << m.gflops << " isa=" << m.isa << " cpu=" << cpu << "\n";
+        o << "gflops_per_core=" << p.gflops_per_core << " isa=" << m.isa << " cpu=" << cpu << "\n";
     }
     std::filesystem::rename(tmp, path, ec);
     if (ec) std::filesystem::remove(tmp, ec);
@@ -154,13 +157,29 @@ double job_fma_peak_flops(MPI_Comm world, int threads_per_rank, HostPeak* info) 
     MPI_Comm_rank(node, &local);
     int threads = threads_per_rank, node_threads = 0;
     MPI_Allreduce(&threads, &node_threads, 1, MPI_INT, MPI_SUM, node);
-    // The node's first rank measures while the others wait (so the measurement runs alone).
+    // The node's first rank measures while the others wait asleep: a rank spinning in a
+    // blocking MPI call would take a core from the measurement and halve the peak it reads.
     HostPeak p;
     double per_core = 0, node_peak = 0;
+    MPI_Barrier(node);  // everyone here (done with earlier work) before the measurement starts
+    if (local != 0) {
+        // Asleep until the measurement is done (rank 0 joins the barrier after it).
+        MPI_Request done;
+        MPI_Ibarrier(node, &done);
+        for (int flag = 0; !flag;) {
+            MPI_Test(&done, &flag, MPI_STATUS_IGNORE);
+            if (!flag) usleep(2000);
+        }
+    }
     if (local == 0) {
         p = host_fma_peak();
         per_core = p.gflops_per_core;
         node_peak = per_core * 1e9 * std::min(host_cores(), node_threads);
+    }
+    if (local == 0) {
+        MPI_Request done;
+        MPI_Ibarrier(node, &done);
+        MPI_Wait(&done, MPI_STATUS_IGNORE);
     }
     MPI_Bcast(&per_core, 1, MPI_DOUBLE, 0, node);
     double total = 0;

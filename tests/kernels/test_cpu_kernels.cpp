@@ -209,3 +209,39 @@ TEST(CpuKernels, Bf16GemmIsSgemmOnRoundedOperands) {
 }
 
 }  // namespace
+
+// The vectorisable exp of the CPU kernels (src/kernels/cpu/cpu_math.hpp) against std::exp:
+// within 2 ulp over the normal range, exactly 0 for masked (-inf) and tiny inputs, inf and NaN
+// as std::exp gives them.
+#include "../../src/kernels/cpu/cpu_math.hpp"
+
+TEST(CpuMath, ExpFastMatchesStdExp) {
+    using quintet::cpu::exp_fast;
+    auto ulps = [](float a, float b) {
+        int32_t ia, ib;
+        std::memcpy(&ia, &a, 4);
+        std::memcpy(&ib, &b, 4);
+        return std::abs(int64_t(ia) - int64_t(ib));
+    };
+    int64_t worst = 0;
+    float at = 0;
+    for (int i = 0; i <= 2000000; ++i) {
+        const float x = -87.0f + 175.0f * float(i) / 2000000.0f;  // -87 .. 88
+        const float want = std::exp(x), got = exp_fast(x);
+        if (!std::isnormal(want)) continue;
+        const int64_t u = ulps(got, want);
+        if (u > worst) worst = u, at = x;
+    }
+    EXPECT_LE(worst, 2) << "at x = " << at;
+    EXPECT_EQ(exp_fast(0.0f), 1.0f);
+    EXPECT_EQ(exp_fast(-INFINITY), 0.0f);
+    EXPECT_EQ(exp_fast(-200.0f), 0.0f);
+    EXPECT_EQ(exp_fast(INFINITY), INFINITY);
+    EXPECT_EQ(exp_fast(100.0f), INFINITY);
+    EXPECT_TRUE(std::isnan(exp_fast(std::nanf(""))));
+    // Monotone across the reduction's boundaries (n ln2 +- ln2/2).
+    for (int n = -120; n < 120; ++n) {
+        const float b = float(n) * 0.69314718f + 0.34657359f;
+        EXPECT_LE(exp_fast(std::nextafter(b, -1e9f)), exp_fast(std::nextafter(b, 1e9f))) << n;
+    }
+}

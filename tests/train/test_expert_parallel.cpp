@@ -143,7 +143,9 @@ TEST_F(ExpertParallel, AuxFreeOnALayerSubsetMatchesOneRank) {
 }
 
 TEST_F(ExpertParallel, Bf16FollowsOneRank) {
-    compare("--train.precision=bf16", {kLayouts[0], kLayouts[3], kLayouts[7]}, 2e-3, 1e-2, 1e-2);
+    // Loads to 2% of the 40960 choices: bf16 rounding flips near-tied choices, 1.1% of them on
+    // ep2 x tp2+SP after the vectorised exp (under 1% before); the loss agrees to 2e-3 regardless.
+    compare("--train.precision=bf16", {kLayouts[0], kLayouts[3], kLayouts[7]}, 2e-3, 2e-2, 1e-2);
 }
 
 TEST_F(ExpertParallel, StepZeroIsBitIdenticalAndEp2ResumesAtEp1AndEp4) {

@@ -15,7 +15,8 @@ struct HostPeak {
 // The cache file: $QUINTET_CACHE_DIR, else $XDG_CACHE_HOME/quintet, else ~/.cache/quintet, then
 // fma_peak-<hostname>. An entry for another CPU model (a host name reused) is measured again.
 std::string host_peak_cache_path();
-// One core's FMA peak of this host: the cache, else measured (about 0.5 s) and cached.
+// One core's FMA peak of this host: the cache, else measured on all cores at once (their sum
+// over the cores: SMT siblings sharing FMA units count once; about 0.5 s) and cached.
 HostPeak host_fma_peak(bool remeasure = false);
 
 // The intra-node link between two ranks as `quintet plan --measure` measured it (cached beside

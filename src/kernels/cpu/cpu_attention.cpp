@@ -10,6 +10,7 @@
 // accumulating straight into dk/dv and the others into private buffers added afterwards in
 // thread order -- a pure function of the shapes and the thread count, so a given thread count
 // gives the same bits every run.
+#include "cpu_math.hpp"
 #include "cpu_backend.hpp"
 
 namespace quintet::cpu {
@@ -165,6 +166,7 @@ void CpuBackend::attention_forward(float* out, float* lse, const float* q, const
                     float* srow = S + size_t(i) * kBk;
                     float mx = mrow[i];
                     if (kind == TileKind::full) {
+#pragma omp simd reduction(max : mx)
                         for (int j = 0; j < nk; ++j) mx = std::max(mx, srow[j]);
                     } else {
                         for (int j = 0; j < nk; ++j)
@@ -175,20 +177,14 @@ void CpuBackend::attention_forward(float* out, float* lse, const float* q, const
                         for (int j = 0; j < nk; ++j) srow[j] = 0.0f;
                         continue;
                     }
-                    const float corr = std::exp(mrow[i] - mx);
+                    const float corr = cpu::exp_fast(mrow[i] - mx);
+                    // Masked scores are -inf here, and exp_fast(-inf) is exactly 0.
                     float sum = 0.0f;
-                    if (kind == TileKind::full) {
-                        for (int j = 0; j < nk; ++j) {
-                            float p = std::exp(srow[j] - mx);
-                            srow[j] = p;
-                            sum += p;
-                        }
-                    } else {
-                        for (int j = 0; j < nk; ++j) {
-                            float p = srow[j] == -INFINITY ? 0.0f : std::exp(srow[j] - mx);
-                            srow[j] = p;
-                            sum += p;
-                        }
+#pragma omp simd reduction(+ : sum)
+                    for (int j = 0; j < nk; ++j) {
+                        const float p = cpu::exp_fast(srow[j] - mx);
+                        srow[j] = p;
+                        sum += p;
                     }
                     lrow[i] = lrow[i] * corr + sum;
                     mrow[i] = mx;
@@ -288,10 +284,12 @@ void backward_task(long task, const AttentionArgs& a, const Masker& mk, int nqt,
             if (L[i] == -INFINITY) {
                 for (int j = 0; j < nk; ++j) prow[j] = 0.0f;
             } else if (kind == TileKind::full) {
-                for (int j = 0; j < nk; ++j) prow[j] = std::exp(prow[j] - L[i]);
+                const float l = L[i];
+#pragma omp simd
+                for (int j = 0; j < nk; ++j) prow[j] = cpu::exp_fast(prow[j] - l);
             } else {
                 for (int j = 0; j < nk; ++j)
-                    prow[j] = mk.visible(qrow0 + i, krow0 + j) ? std::exp(prow[j] - L[i]) : 0.0f;
+                    prow[j] = mk.visible(qrow0 + i, krow0 + j) ? cpu::exp_fast(prow[j] - L[i]) : 0.0f;
             }
         }
         // dV += P^T dO
@@ -304,7 +302,9 @@ void backward_task(long task, const AttentionArgs& a, const Masker& mk, int nqt,
         for (int i = 0; i < nq; ++i) {
             float* prow = P + size_t(i) * kBk;
             float* drow = dP + size_t(i) * kBk;
-            for (int j = 0; j < nk; ++j) drow[j] = prow[j] * (drow[j] - D[i]);
+            const float di = D[i];
+#pragma omp simd
+            for (int j = 0; j < nk; ++j) drow[j] = prow[j] * (drow[j] - di);
         }
         // dQ += scale * dS K ; dK += scale * dS^T Q
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, Dqk, nk, a.scale, dP, kBk, K,

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu_math.hpp"
 #include "quintet/core/bf16.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/kernels/backend.hpp"
@@ -210,7 +211,7 @@ public:
             const float* u = g + F;
             float* o = out + size_t(n) * F;
 #pragma omp simd
-            for (int f = 0; f < F; ++f) o[f] = g[f] / (1.0f + std::exp(-g[f])) * u[f];
+            for (int f = 0; f < F; ++f) o[f] = g[f] / (1.0f + exp_fast(-g[f])) * u[f];
         }
     }
     void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F) override {
@@ -223,7 +224,7 @@ public:
             float* du = dg + F;
 #pragma omp simd
             for (int f = 0; f < F; ++f) {
-                float s = 1.0f / (1.0f + std::exp(-g[f]));
+                float s = 1.0f / (1.0f + exp_fast(-g[f]));
                 float silu = g[f] * s;
                 du[f] = dy[f] * silu;
                 dg[f] = dy[f] * u[f] * s * (1.0f + g[f] * (1.0f - s));
@@ -261,12 +262,13 @@ public:
                 continue;
             }
             float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
             for (int i = 0; i < V; ++i) mx = std::max(mx, z[i]);
             const float zt = z[tgt];
             float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
             for (int i = 0; i < V; ++i) {
-                float e = std::exp(z[i] - mx);
+                float e = exp_fast(z[i] - mx);
                 z[i] = e;
                 sum += e;
             }
@@ -286,10 +288,11 @@ public:
             int tgt = targets[n];
             if (tgt < 0) { losses[n] = 0.0f; continue; }
             float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
             for (int i = 0; i < V; ++i) mx = std::max(mx, z[i]);
             float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-            for (int i = 0; i < V; ++i) sum += std::exp(z[i] - mx);
+            for (int i = 0; i < V; ++i) sum += exp_fast(z[i] - mx);
             losses[n] = std::log(sum) + mx - z[tgt];
         }
     }
@@ -300,10 +303,11 @@ public:
         for (int n = 0; n < N; ++n) {
             const float* z = logits + size_t(n) * V;
             float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
             for (int i = 0; i < V; ++i) mx = std::max(mx, z[i]);
             float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-            for (int i = 0; i < V; ++i) sum += std::exp(z[i] - mx);
+            for (int i = 0; i < V; ++i) sum += exp_fast(z[i] - mx);
             rowmax[n] = V > 0 ? mx : -INFINITY;
             rowsum[n] = sum;
             tl[n] = targets[n] >= 0 ? z[targets[n]] : 0.0f;
@@ -316,7 +320,7 @@ public:
             float* z = logits + size_t(n) * V;
             const float m = gmax[n], k = grad_scale / gsum[n];
 #pragma omp simd
-            for (int i = 0; i < V; ++i) z[i] = std::exp(z[i] - m) * k;
+            for (int i = 0; i < V; ++i) z[i] = exp_fast(z[i] - m) * k;
             if (targets[n] >= 0) z[targets[n]] -= grad_scale;
         }
     }

@@ -7,11 +7,13 @@
 // measures the host's own peak. Values stay finite: a = 1 - 2^-20 shrinks the accumulators
 // towards b / (1 - a), never to a denormal.
 #include <immintrin.h>
-#include <omp.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "quintet/kernels/backend.hpp"
@@ -80,9 +82,19 @@ FmaPeak cpu_measure_fma_peak(int threads) {
     std::vector<float> sink(size_t(threads), 0.0f);
     double best = 0;
     for (int rep = 0; rep < 5; ++rep) {
+        // Plain threads, each on its own CPU: the calling rank may be bound to one core by
+        // mpirun (and OpenMP's pool with it), which would stack every thread on that core.
+        std::vector<std::thread> pool;
         auto t0 = std::chrono::steady_clock::now();
-#pragma omp parallel num_threads(threads)
-        sink[size_t(omp_get_thread_num())] += loop(iters);
+        for (int t = 0; t < threads; ++t)
+            pool.emplace_back([&, t] {
+                cpu_set_t one;
+                CPU_ZERO(&one);
+                CPU_SET(t, &one);
+                pthread_setaffinity_np(pthread_self(), sizeof one, &one);  // best effort
+                sink[size_t(t)] += loop(iters);
+            });
+        for (auto& th : pool) th.join();
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         best = std::max(best, flops / s / 1e9);
     }

@@ -1,6 +1,8 @@
 // Element-wise maths the CPU kernels vectorise: no library calls inside their loops, so that
 // `#pragma omp simd` loops compile to AVX2/AVX-512 (std::exp is a scalar call in GCC without
-// -ffast-math, and it was most of SwiGLU's and the softmaxes' time: docs/benchmarks.md).
+// -ffast-math, and it was most of SwiGLU's and the softmaxes' time: docs/benchmarks.md). The
+// selects below vectorise because the library is compiled with -fno-trapping-math (CMakeLists:
+// it changes no result, only which FP exception flags may be raised).
 #pragma once
 #include <bit>
 #include <cmath>
@@ -13,21 +15,31 @@ namespace quintet::cpu {
 // the exponent bits. Exactly 0 below -87.3 (e^x is then below the smallest normal float), +inf
 // above 88.7, and NaN stays NaN, so masked (-inf) scores and non-finite values behave as with
 // std::exp.
-#pragma omp declare simd
 inline float exp_fast(float x) {
-    const float xc = std::fmin(std::fmax(x, -87.3f), 88.3f);  // 2^n stays a normal float
-    const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
-    float r = std::fma(n, -0.693359375f, xc);
-    r = std::fma(n, 2.12194440e-4f, r);
+    // Branch-free (selects, not jumps), so that it vectorises inside the callers' simd loops.
+    float xc = x < -87.3f ? -87.3f : x;
+    xc = xc > 88.3f ? 88.3f : xc;  // 2^n stays a normal float
+    // n = round(xc / ln2) as floor(t + 128) - 128, t + 128 > 0 so truncation is floor (no
+    // library call: floorf needs SSE4.1 to vectorise). Near a rounding boundary the addition may
+    // pick the neighbouring n; the polynomial is as accurate there (|r| just above ln2/2).
+    const int32_t i = int32_t(xc * 1.44269504088896341f + 128.5f) - 128;
+    const float n = float(i);
+    // Cody-Waite: n * 0.693359375 is exact (9 significant bits), so no FMA is needed and the
+    // baseline x86-64 build vectorises too.
+    float r = xc - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
-    p = std::fma(p, r, 1.3981999507e-3f);
-    p = std::fma(p, r, 8.3334519073e-3f);
-    p = std::fma(p, r, 4.1665795894e-2f);
-    p = std::fma(p, r, 1.6666665459e-1f);
-    p = std::fma(p, r, 5.0000001201e-1f);
-    const float er = std::fma(p, r * r, r) + 1.0f;
-    const float y = er * std::bit_cast<float>((int32_t(n) + 127) << 23);
-    return x < -87.3f ? 0.0f : x > 88.7f ? INFINITY : x != x ? x : y;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float er = p * (r * r) + r + 1.0f;
+    float y = er * std::bit_cast<float>((i + 127) << 23);
+    y = x < -87.3f ? 0.0f : y;
+    y = x > 88.7f ? INFINITY : y;
+    y = x != x ? x : y;
+    return y;
 }
 
 }  // namespace quintet::cpu

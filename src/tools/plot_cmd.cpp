@@ -19,21 +19,29 @@ namespace quintet {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// Runs argv, returns its exit status (127: could not start).
-int run_argv(const std::vector<std::string>& args, bool quiet) {
+int run_process(const std::vector<std::string>& args, const std::string& log, bool quiet,
+                const std::vector<std::string>& env_add) {
     std::vector<char*> argv;
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
+    std::vector<std::string> env_s;
+    for (char** e = environ; *e; ++e) env_s.push_back(*e);
+    env_s.insert(env_s.end(), env_add.begin(), env_add.end());
+    std::vector<char*> envp;
+    for (auto& e : env_s) envp.push_back(e.data());
+    envp.push_back(nullptr);
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    if (quiet) {
+    if (!log.empty()) {
+        posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+        posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+        posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    } else if (quiet) {
         posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
         posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
     }
     pid_t pid = 0;
-    const int rc = posix_spawnp(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+    const int rc = posix_spawnp(&pid, argv[0], &fa, nullptr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&fa);
     if (rc != 0) return 127;
     int status = 0;
@@ -42,15 +50,13 @@ int run_argv(const std::vector<std::string>& args, bool quiet) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-}  // namespace
-
 std::string plotting_python() {
     std::vector<std::string> tried;
     if (const char* e = std::getenv("QUINTET_PYTHON"); e && *e) tried.push_back(e);
     tried.push_back("/usr/bin/python3");
     tried.push_back("python3");
     for (const auto& py : tried)
-        if (run_argv({py, "-c", "import matplotlib, h5py, numpy"}, true) == 0) return py;
+        if (run_process({py, "-c", "import matplotlib, h5py, numpy"}, "", true) == 0) return py;
     std::string list;
     for (const auto& t : tried) list += (list.empty() ? "" : ", ") + t;
     throw ConfigError("no python3 with matplotlib, h5py and numpy found (tried " + list +
@@ -78,7 +84,7 @@ std::string project_script(const std::string& name) {
 int run_python(const std::string& script, const std::vector<std::string>& args) {
     std::vector<std::string> cmd{plotting_python(), script};
     cmd.insert(cmd.end(), args.begin(), args.end());
-    return run_argv(cmd, false);
+    return run_process(cmd);
 }
 
 int plot_main(int argc, char** argv) {

@@ -7,8 +7,6 @@
 // DIR/study.h5 (its resolved deck, layout, medians, time breakdown, memory, the planner's
 // prediction) and draws the plots (scripts/plot_study.py). docs/studies.md describes it all.
 #include <boost/program_options.hpp>
-#include <fcntl.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,7 +32,6 @@
 #include "quintet/train/host_peak.hpp"
 #include "quintet/train/planner.hpp"
 
-extern char** environ;
 
 namespace quintet {
 
@@ -337,32 +334,6 @@ std::string quote(const std::string& s) {
     return o + "'";
 }
 
-// Runs argv with stdout+stderr to `log` (stdin from /dev/null); returns the exit status.
-int spawn_to_log(const std::vector<std::string>& args, const std::string& log, const std::vector<std::string>& env_add) {
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    std::vector<std::string> env_s;
-    for (char** e = environ; *e; ++e) env_s.push_back(*e);
-    for (const auto& e : env_add) env_s.push_back(e);
-    std::vector<char*> envp;
-    for (auto& e : env_s) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    pid_t pid = 0;
-    const int rc = posix_spawnp(&pid, argv[0], &fa, nullptr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) return 127;
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0)
-        if (errno != EINTR) return 127;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 std::string capture(const std::string& cmd) {
     std::string out;
     if (FILE* f = popen(cmd.c_str(), "r")) {
@@ -649,7 +620,7 @@ int run_local(const Study& st, const std::vector<Case>& cases, bool dry) {
         fs::create_directories(run_dir(st, *c));
         std::ofstream(run_dir(st, *c) + "/command") << line << "\n";
         const auto r0 = std::chrono::steady_clock::now();
-        const int rc = spawn_to_log(args, run_dir(st, *c) + "/train.log", {"OMP_NUM_THREADS=" + std::to_string(c->threads)});
+        const int rc = run_process(args, run_dir(st, *c) + "/train.log", false, {"OMP_NUM_THREADS=" + std::to_string(c->threads)});
         ++i;
         const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();

@@ -11,7 +11,8 @@ packages=(
   openmpi-bin libopenmpi-dev            # mpirun and MPI
   libhdf5-openmpi-dev                   # parallel HDF5 (MPI-IO)
   libboost-program-options-dev          # the input deck
-  libopenblas-openmp-dev                # sgemm; the OpenMP build shares our thread pool
+  libblis-openmp-dev                    # sgemm (the default BLAS, CMake QUINTET_BLAS=blis)
+  libopenblas-openmp-dev                # sgemm with -DQUINTET_BLAS=openblas; OpenMP builds share our thread pool
   libgtest-dev                          # GoogleTest
   python3 python3-numpy python3-h5py python3-torch  # reference model, benchmarks, HDF5 tools
   python3-matplotlib                    # plots (docs, quintet plot)

@@ -40,7 +40,7 @@ int peak_main(int argc, char** argv) {
                          "       mpirun -n 2 quintet peak --links\n"
                          "Measures this host's fp32 FMA peak (one core, a loop of independent FMAs in the\n"
                          "widest vector ISA; cached per host and CPU model: the denominator of MFU) and the\n"
-                         "OpenBLAS sgemm rate (N x N x N, best of 5) with N threads (default OMP_NUM_THREADS\n"
+                         "BLAS sgemm rate (N x N x N, best of 5) with N threads (default OMP_NUM_THREADS\n"
                          "or all cores) and with one (cached for `quintet plan`). Prints\n"
                          "fma_peak_gflops=<all cores> fma_gflops_per_core=<x> sgemm_gflops=<rate> ...\n"
                          "--links (under mpirun, 2 ranks): all-reduce bandwidth and message latency\n"

@@ -2,6 +2,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -50,21 +51,49 @@ std::string batch_restart() {
 
 }  // namespace
 
+namespace {
+// The threads of a rank bound to fewer cores (mpirun binds each rank to one core by default
+// when there are 2 ranks or fewer) share them: a 2x slowdown that only the tokens/s would show.
+// Said once, by rank 0, naming the first rank concerned.
+void warn_if_threads_exceed_cores(int threads, MPI_Comm world) {
+    cpu_set_t mask;
+    int cores = threads;
+    if (sched_getaffinity(0, sizeof mask, &mask) == 0) cores = std::max(1, CPU_COUNT(&mask));
+    int rank = 0;
+    MPI_Comm_rank(world, &rank);
+    struct {
+        int over, rank;
+    } mine{threads > cores ? cores : INT32_MAX, rank}, worst{};
+    MPI_Allreduce(&mine, &worst, 1, MPI_2INT, MPI_MINLOC, world);
+    if (rank == 0 && worst.over != INT32_MAX)
+        std::cerr << "warning: " << threads << " threads per rank, but rank " << worst.rank
+                  << " may run on only " << worst.over
+                  << " core(s) (its CPU affinity mask), so its threads share them and run slower. "
+                     "mpirun binds each rank to one core by default for 2 ranks or fewer: launch "
+                     "with `mpirun --bind-to none` or `--map-by slot:PE="
+                  << threads << "` (as jobs/common.sh does), or run fewer threads per rank.\n";
+}
+}  // namespace
+
 // Threads per rank: train.threads, else OMP_NUM_THREADS, else the cores this rank may run on
 // (its affinity mask, which mpirun narrows when it binds ranks) shared by the node's ranks.
 int threads_per_rank(const Deck& deck, MPI_Comm world) {
-    if (deck.train.threads > 0) return deck.train.threads;
-    if (const char* e = std::getenv("OMP_NUM_THREADS"); e && std::atoi(e) > 0) return std::atoi(e);
-    MPI_Comm local;
-    MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-    int n = 1;
-    MPI_Comm_size(local, &n);
-    MPI_Comm_free(&local);
-    int cores = int(sysconf(_SC_NPROCESSORS_ONLN));
-    if (const char* e = std::getenv("QUINTET_CORES"); e && std::atoi(e) > 0) cores = std::atoi(e);
-    int threads = std::max(1, cores / n);
-    cpu_set_t mask;
-    if (sched_getaffinity(0, sizeof mask, &mask) == 0) threads = std::min(threads, std::max(1, CPU_COUNT(&mask)));
+    int threads = 0;
+    if (deck.train.threads > 0) threads = deck.train.threads;
+    else if (const char* e = std::getenv("OMP_NUM_THREADS"); e && std::atoi(e) > 0) threads = std::atoi(e);
+    else {
+        MPI_Comm local;
+        MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+        int n = 1;
+        MPI_Comm_size(local, &n);
+        MPI_Comm_free(&local);
+        int cores = int(sysconf(_SC_NPROCESSORS_ONLN));
+        if (const char* e = std::getenv("QUINTET_CORES"); e && std::atoi(e) > 0) cores = std::atoi(e);
+        threads = std::max(1, cores / n);
+        cpu_set_t mask;
+        if (sched_getaffinity(0, sizeof mask, &mask) == 0) threads = std::min(threads, std::max(1, CPU_COUNT(&mask)));
+    }
+    warn_if_threads_exceed_cores(threads, world);
     return threads;
 }
 

@@ -143,11 +143,13 @@ void write_link_cache(const LinkFigures& l) {
     o << "gbs=" << l.gbs << " latency_s=" << l.latency_s;
     write_line("links", o.str());
 }
-bool read_sgemm_cache(double* g) { return read_pair("sgemm", "gflops_per_core=%lf", g, nullptr); }
+// Per BLAS: a build with the other one (CMake QUINTET_BLAS) measures its own rate.
+const std::string kSgemmKind = std::string("sgemm_") + QUINTET_BLAS_NAME;
+bool read_sgemm_cache(double* g) { return read_pair(kSgemmKind, "gflops_per_core=%lf", g, nullptr); }
 void write_sgemm_cache(double g) {
     std::ostringstream o;
     o << "gflops_per_core=" << g;
-    write_line("sgemm", o.str());
+    write_line(kSgemmKind, o.str());
 }
 
 double job_fma_peak_flops(MPI_Comm world, int threads_per_rank, HostPeak* info) {

@@ -245,3 +245,66 @@ TEST(CpuMath, ExpFastMatchesStdExp) {
         EXPECT_LE(exp_fast(std::nextafter(b, -1e9f)), exp_fast(std::nextafter(b, 1e9f))) << n;
     }
 }
+
+// The attention tiles' register-blocked GEMM (src/kernels/cpu/cpu_tile_gemm.hpp) against a
+// double-precision loop: every row remainder (1..5 past the 6-row blocks), column remainders
+// inside and across the two vectors of a 16-column block, A and B each read as stored and
+// transposed through their strides, A packed and read in place, padded leading dimensions,
+// beta 0 (C's old contents, NaN here, never read) and 1, columns past n left untouched; the
+// AVX2 kernel (where the host has it) and the plain C++ one.
+#include "../../src/kernels/cpu/cpu_tile_gemm.hpp"
+
+TEST(CpuTileGemm, MatchesADoubleLoopOnEveryEdge) {
+    using namespace quintet::cpu;
+    const bool host_avx2 = tile_detail::use_avx2();
+    int cases = 0;
+    for (int kernel = 0; kernel < 2; ++kernel) {
+        tile_detail::use_avx2() = kernel == 0 && host_avx2;
+        double worst = 0;
+        for (int m : {1, 5, 6, 7, 12, 64})
+            for (int n : {1, 7, 8, 9, 16, 17, 33, 64})
+                for (int k : {1, 3, 64})
+                    for (int form = 0; form < 8; ++form)
+                        for (float beta : {0.0f, 1.0f}) {
+                            const bool at = form & 1, bt = form & 2, packed_a = form & 4;
+                            const long lda = (at ? m : k) + 3, ldb = (bt ? k : n) + 5, ldc = n + 2;
+                            auto A = randn(size_t(at ? k : m) * lda, 11 + m);
+                            auto B = randn(size_t(bt ? n : k) * ldb, 13 + n);
+                            auto C = randn(size_t(m) * ldc, 17 + k);
+                            if (beta == 0.0f) std::fill(C.begin(), C.end(), std::nanf(""));
+                            auto C0 = C;
+                            const long ars = at ? 1 : lda, acs = at ? lda : 1;
+                            const long brs = bt ? 1 : ldb, bcs = bt ? ldb : 1;
+                            std::vector<float> pa(tile_packed_a_size(m, k), -7.0f);
+                            std::vector<float> pb(tile_packed_b_size(k, n), -7.0f);
+                            tile_pack_b(pb.data(), k, n, B.data(), brs, bcs);
+                            if (packed_a) {
+                                tile_pack_a(pa.data(), m, k, A.data(), ars, acs);
+                                tile_gemm_packed(m, n, k, 0.7f, pa.data(), pb.data(), k, beta, C.data(), ldc);
+                            } else {
+                                tile_gemm_packed_b(m, n, k, 0.7f, A.data(), ars, acs, pb.data(), k, beta,
+                                                   C.data(), ldc);
+                            }
+                            for (int i = 0; i < m; ++i)
+                                for (int j = 0; j < ldc; ++j) {
+                                    const float got = C[size_t(i) * ldc + j];
+                                    if (j >= n) {  // past the columns: untouched
+                                        const float was = C0[size_t(i) * ldc + j];
+                                        ASSERT_TRUE(std::isnan(was) ? std::isnan(got) : got == was);
+                                        continue;
+                                    }
+                                    double want = 0;
+                                    for (int p = 0; p < k; ++p)
+                                        want += double(A[size_t(i * ars + p * acs)]) * B[size_t(p * brs + j * bcs)];
+                                    want *= 0.7;
+                                    if (beta != 0.0f) want += C0[size_t(i) * ldc + j];
+                                    ASSERT_FALSE(std::isnan(got)) << m << "x" << n << "x" << k;
+                                    worst = std::max(worst, std::abs(got - want) / (1.0 + std::abs(want)));
+                                }
+                            ++cases;
+                        }
+        EXPECT_LT(worst, 1e-5) << (kernel == 0 ? "avx2" : "plain") << " kernel";
+    }
+    tile_detail::use_avx2() = host_avx2;
+    EXPECT_EQ(cases, 2 * 6 * 8 * 3 * 8 * 2);
+}

@@ -10,8 +10,14 @@
 // accumulating straight into dk/dv and the others into private buffers added afterwards in
 // thread order -- a pure function of the shapes and the thread count, so a given thread count
 // gives the same bits every run.
+//
+// Products. Each call first packs every key tile's K^T and V (forward; K^T, V^T and K in the
+// backward) into panels for cpu_tile_gemm.hpp, work-shared over threads: a key tile serves every
+// query tile and every head of its kv group, so it is read from memory and packed once. A task
+// packs its query tile's Q (and dO) once for all its key tiles; the score tile is read in place.
 #include "cpu_math.hpp"
 #include "cpu_backend.hpp"
+#include "cpu_tile_gemm.hpp"
 
 namespace quintet::cpu {
 
@@ -68,14 +74,26 @@ struct Masker {
         while (n > 0 && kp[n - 1] > qmax) --n;
         return n;
     }
-    bool visible(size_t qrow, size_t krow) const {
-        if (a.causal && a.k_pos[krow] > a.q_pos[qrow]) return false;
-        if (a.q_doc && a.k_doc[krow] != a.q_doc[qrow]) return false;
-        return true;
+    // Scores of keys krow0.. that query qrow may not see become -inf (branch-free, so it
+    // vectorises: a masked tile costs about what a full one does).
+    void mask_row(float* srow, size_t qrow, size_t krow0, int nk) const {
+        const int32_t qp = a.q_pos[qrow];
+        const int32_t* kp = a.k_pos + krow0;
+        if (a.q_doc) {
+            const int32_t qd = a.q_doc[qrow];
+            const int32_t* kd = a.k_doc + krow0;
+            const bool causal = a.causal;
+#pragma omp simd
+            for (int j = 0; j < nk; ++j)
+                srow[j] = (kd[j] == qd && (!causal || kp[j] <= qp)) ? srow[j] : -INFINITY;
+        } else if (a.causal) {
+#pragma omp simd
+            for (int j = 0; j < nk; ++j) srow[j] = kp[j] <= qp ? srow[j] : -INFINITY;
+        }
     }
 };
 
-AttentionScratch::Tile& tile_of(AttentionScratch& sc, int thread) {
+AttentionScratch::Tile& tile_of(AttentionScratch& sc, int thread, int Dqk, int Dv) {
     AttentionScratch::Tile& t = sc.tiles[size_t(thread)];
     if (t.s.size() < size_t(kBq) * kBk) {
         t.s.resize(size_t(kBq) * kBk);
@@ -84,7 +102,40 @@ AttentionScratch::Tile& tile_of(AttentionScratch& sc, int thread) {
         t.l.resize(kBq);
         t.d.resize(kBq);
     }
+    auto fit = [](std::vector<float>& v, size_t n) {
+        if (v.size() < n) v.resize(n);
+    };
+    fit(t.q_a, tile_packed_a_size(kBq, Dqk));
+    fit(t.do_a, tile_packed_a_size(kBq, Dv));
+    fit(t.q_b, tile_packed_b_size(kBq, Dqk));
+    fit(t.do_b, tile_packed_b_size(kBq, Dv));
     return t;
+}
+
+// Floats per key tile of a packed key-side operand of head dim D: transposed, the head dims are
+// the rows (K^T, V^T: one panel per 16 keys); else the keys are (K, V: one per 16 dims).
+size_t key_block(int D, bool transposed) {
+    return transposed ? tile_packed_b_size(D, kBk) : tile_packed_b_size(kBk, D);
+}
+
+// Packs x's tile of every (sequence b, kv head g, key tile kt) as B panels, block
+// (b * NKV + g) * nkt + kt of dst. Work-shares an enclosing parallel region (omp for).
+void pack_key_tiles(float* dst, const float* x, int stride, int D, bool transposed,
+                    const AttentionArgs& a, int nkt) {
+    const size_t per = key_block(D, transposed);
+    const long units = long(a.B) * a.NKV * nkt;
+#pragma omp for schedule(static)
+    for (long u = 0; u < units; ++u) {
+        const int kt = int(u % nkt), g = int((u / nkt) % a.NKV), b = int(u / (long(nkt) * a.NKV));
+        const int s0 = kt * kBk, nk = std::min(kBk, a.Tk - s0);
+        const float* X = x + (size_t(b) * a.Tk + s0) * stride + size_t(g) * D;
+        if (transposed) tile_pack_b(dst + size_t(u) * per, D, nk, X, 1, stride);
+        else tile_pack_b(dst + size_t(u) * per, nk, D, X, stride, 1);
+    }
+}
+
+void grow(std::vector<float>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
 }
 
 void check_args(const AttentionArgs& a) {
@@ -129,12 +180,20 @@ void CpuBackend::attention_forward(float* out, float* lse, const float* q, const
     att_.tiles.resize(size_t(threads_));
     const Masker mk{a, att_.qb.data(), att_.kb.data(), nqt, nkt};
     const long tasks = long(a.B) * a.NH * nqt;
+    const size_t units = size_t(a.B) * a.NKV * nkt;
+    const size_t kT_per = key_block(Dqk, true), v_per = key_block(Dv, false);
+    grow(att_.kT, units * kT_per);
+    grow(att_.v, units * v_per);
+    float* kT = att_.kT.data();
+    float* vp = att_.v.data();
 #pragma omp parallel
     {
-        AttentionScratch::Tile& sc = tile_of(att_, omp_get_thread_num());
+        AttentionScratch::Tile& sc = tile_of(att_, omp_get_thread_num(), Dqk, Dv);
         float* S = sc.s.data();
         float* mrow = sc.m.data();
         float* lrow = sc.l.data();
+        pack_key_tiles(kT, k, a.k_stride, Dqk, true, a, nkt);
+        pack_key_tiles(vp, v, a.v_stride, Dv, false, a, nkt);  // the omp for's barrier: all packed
 #pragma omp for schedule(dynamic, 1)
         for (long task = 0; task < tasks; ++task) {
             // The last query tiles (the most keys) first.
@@ -151,6 +210,7 @@ void CpuBackend::attention_forward(float* out, float* lse, const float* q, const
                 lrow[i] = 0.0f;
                 std::memset(O + size_t(i) * a.o_stride, 0, size_t(Dv) * 4);
             }
+            tile_pack_a(sc.q_a.data(), nq, Dqk, Q, a.q_stride, 1);
             for (int kt = 0; kt < nkt; ++kt) {
                 const TileKind kind = mk.kind(b, qt, kt);
                 if (kind == TileKind::skip) continue;
@@ -158,21 +218,13 @@ void CpuBackend::attention_forward(float* out, float* lse, const float* q, const
                 const int nk = mk.keys(b, qt, s0, std::min(kBk, a.Tk - s0));
                 if (nk == 0) continue;
                 const size_t krow0 = size_t(b) * a.Tk + s0;
-                const float* K = k + krow0 * a.k_stride + size_t(g) * Dqk;
-                const float* Vt = v + krow0 * a.v_stride + size_t(g) * Dv;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, Dqk, a.scale, Q,
-                            a.q_stride, K, a.k_stride, 0.0f, S, kBk);
+                const size_t unit = (size_t(b) * a.NKV + g) * nkt + kt;
+                // S = scale * Q K^T
+                tile_gemm_packed(nq, nk, Dqk, a.scale, sc.q_a.data(), kT + unit * kT_per, Dqk, 0.0f, S, kBk);
                 for (int i = 0; i < nq; ++i) {
                     float* srow = S + size_t(i) * kBk;
-                    float mx = mrow[i];
-                    if (kind == TileKind::full) {
-#pragma omp simd reduction(max : mx)
-                        for (int j = 0; j < nk; ++j) mx = std::max(mx, srow[j]);
-                    } else {
-                        for (int j = 0; j < nk; ++j)
-                            if (mk.visible(qrow0 + i, krow0 + j)) mx = std::max(mx, srow[j]);
-                            else srow[j] = -INFINITY;
-                    }
+                    if (kind == TileKind::masked) mk.mask_row(srow, qrow0 + i, krow0, nk);
+                    const float mx = cpu::max_of(srow, nk, mrow[i]);
                     if (mx == -INFINITY) {  // nothing visible yet in this row
                         for (int j = 0; j < nk; ++j) srow[j] = 0.0f;
                         continue;
@@ -193,8 +245,8 @@ void CpuBackend::attention_forward(float* out, float* lse, const float* q, const
                         for (int d = 0; d < Dv; ++d) orow[d] *= corr;
                     }
                 }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, Dv, nk, 1.0f, S, kBk,
-                            Vt, a.v_stride, 1.0f, O, a.o_stride);
+                tile_gemm_packed_b(nq, Dv, nk, 1.0f, S, kBk, 1, vp + unit * v_per,
+                                   std::min(kBk, a.Tk - s0), 1.0f, O, a.o_stride);
             }
             float* L = lse + (size_t(b) * a.NH + h) * a.Tq + t0;
             for (int i = 0; i < nq; ++i) {
@@ -239,12 +291,18 @@ void CpuBackend::attention_merge(float* out, float* lse, const float* out2, cons
 
 namespace {
 
+// The key tiles' operands of the backward, packed by pack_key_tiles.
+struct PackedKeys {
+    const float *kT, *vT, *k;
+    size_t kT_per, vT_per, k_per;
+};
+
 // One backward task: query tile qt of head h of sequence b, over every visible key tile. dQ of
 // its rows accumulates into dq; dK/dV of the keys it sees into dK0/dV0 (row strides lk, lv).
 void backward_task(long task, const AttentionArgs& a, const Masker& mk, int nqt, int nkt,
                    AttentionScratch::Tile& sc, float* dq, float* dK0, size_t lk, float* dV0,
                    size_t lv, const float* dout, const float* out, const float* lse,
-                   const float* q, const float* k, const float* v) {
+                   const float* q, const PackedKeys& pk) {
     const int Dqk = a.Dqk, Dv = a.Dv, group = a.NH / a.NKV;
     float* P = sc.s.data();
     float* dP = sc.dp.data();
@@ -265,6 +323,11 @@ void backward_task(long task, const AttentionArgs& a, const Masker& mk, int nqt,
         for (int d = 0; d < Dv; ++d) s += dO[size_t(i) * a.o_stride + d] * O[size_t(i) * a.o_stride + d];
         D[i] = s;
     }
+    // This query tile's operands, packed once for all its key tiles.
+    tile_pack_a(sc.q_a.data(), nq, Dqk, Q, a.q_stride, 1);
+    tile_pack_a(sc.do_a.data(), nq, Dv, dO, a.o_stride, 1);
+    tile_pack_b(sc.q_b.data(), nq, Dqk, Q, a.q_stride, 1);
+    tile_pack_b(sc.do_b.data(), nq, Dv, dO, a.o_stride, 1);
     for (int kt = 0; kt < nkt; ++kt) {
         const TileKind kind = mk.kind(b, qt, kt);
         if (kind == TileKind::skip) continue;
@@ -272,32 +335,28 @@ void backward_task(long task, const AttentionArgs& a, const Masker& mk, int nqt,
         const int nk = mk.keys(b, qt, s0, std::min(kBk, a.Tk - s0));
         if (nk == 0) continue;
         const size_t krow0 = size_t(b) * a.Tk + s0;
-        const float* K = k + krow0 * a.k_stride + size_t(g) * Dqk;
-        const float* Vt = v + krow0 * a.v_stride + size_t(g) * Dv;
+        const size_t unit = (size_t(b) * a.NKV + g) * nkt + kt;
+        const int nk_tile = std::min(kBk, a.Tk - s0);  // the rows of the packed K panels
         float* dK = dK0 + krow0 * lk + size_t(g) * Dqk;
         float* dV = dV0 + krow0 * lv + size_t(g) * Dv;
         // P = exp(scale * Q K^T - lse), masked
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, Dqk, a.scale, Q, a.q_stride, K,
-                    a.k_stride, 0.0f, P, kBk);
+        tile_gemm_packed(nq, nk, Dqk, a.scale, sc.q_a.data(), pk.kT + unit * pk.kT_per, Dqk, 0.0f, P, kBk);
         for (int i = 0; i < nq; ++i) {
             float* prow = P + size_t(i) * kBk;
             if (L[i] == -INFINITY) {
                 for (int j = 0; j < nk; ++j) prow[j] = 0.0f;
-            } else if (kind == TileKind::full) {
-                const float l = L[i];
-#pragma omp simd
-                for (int j = 0; j < nk; ++j) prow[j] = cpu::exp_fast(prow[j] - l);
-            } else {
-                for (int j = 0; j < nk; ++j)
-                    prow[j] = mk.visible(qrow0 + i, krow0 + j) ? cpu::exp_fast(prow[j] - L[i]) : 0.0f;
+                continue;
             }
+            // Masked scores are -inf, and exp_fast(-inf) is exactly 0.
+            if (kind == TileKind::masked) mk.mask_row(prow, qrow0 + i, krow0, nk);
+            const float l = L[i];
+#pragma omp simd
+            for (int j = 0; j < nk; ++j) prow[j] = cpu::exp_fast(prow[j] - l);
         }
         // dV += P^T dO
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, Dv, nq, 1.0f, P, kBk, dO,
-                    a.o_stride, 1.0f, dV, int(lv));
+        tile_gemm_packed_b(nk, Dv, nq, 1.0f, P, 1, kBk, sc.do_b.data(), nq, 1.0f, dV, long(lv));
         // dP = dO V^T
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, Dv, 1.0f, dO, a.o_stride, Vt,
-                    a.v_stride, 0.0f, dP, kBk);
+        tile_gemm_packed(nq, nk, Dv, 1.0f, sc.do_a.data(), pk.vT + unit * pk.vT_per, Dv, 0.0f, dP, kBk);
         // dS = P * (dP - D), stored in dP
         for (int i = 0; i < nq; ++i) {
             float* prow = P + size_t(i) * kBk;
@@ -307,10 +366,9 @@ void backward_task(long task, const AttentionArgs& a, const Masker& mk, int nqt,
             for (int j = 0; j < nk; ++j) drow[j] = prow[j] * (drow[j] - di);
         }
         // dQ += scale * dS K ; dK += scale * dS^T Q
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, Dqk, nk, a.scale, dP, kBk, K,
-                    a.k_stride, 1.0f, dQ, a.q_stride);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, Dqk, nq, a.scale, dP, kBk, Q,
-                    a.q_stride, 1.0f, dK, int(lk));
+        tile_gemm_packed_b(nq, Dqk, nk, a.scale, dP, kBk, 1, pk.k + unit * pk.k_per, nk_tile, 1.0f,
+                           dQ, a.q_stride);
+        tile_gemm_packed_b(nk, Dqk, nq, a.scale, dP, 1, kBk, sc.q_b.data(), nq, 1.0f, dK, long(lk));
     }
 }
 
@@ -329,6 +387,19 @@ void CpuBackend::attention_backward(float* dq, float* dk, float* dv, const float
     const int nth = threads_;
     att_.tiles.resize(size_t(nth));
     const int group = a.NH / a.NKV;
+    const size_t units = size_t(a.B) * a.NKV * nkt;
+    PackedKeys keys{nullptr, nullptr, nullptr, key_block(a.Dqk, true), key_block(a.Dv, true),
+                    key_block(a.Dqk, false)};
+    grow(att_.kT, units * keys.kT_per);
+    grow(att_.vT, units * keys.vT_per);
+    grow(att_.k, units * keys.k_per);
+    keys.kT = att_.kT.data(), keys.vT = att_.vT.data(), keys.k = att_.k.data();
+#pragma omp parallel num_threads(nth)
+    {
+        pack_key_tiles(att_.kT.data(), k, a.k_stride, a.Dqk, true, a, nkt);
+        pack_key_tiles(att_.vT.data(), v, a.v_stride, a.Dv, true, a, nkt);
+        pack_key_tiles(att_.k.data(), k, a.k_stride, a.Dqk, false, a, nkt);
+    }
     // Enough (sequence, kv head) pairs to keep every thread busy -- as many as threads, or so
     // many that an uneven split costs under 25% -- one task per pair, scheduled dynamically
     // (robust to a core being busy elsewhere); a pair's dK/dV have one writer, so every thread
@@ -337,14 +408,14 @@ void CpuBackend::attention_backward(float* dq, float* dk, float* dv, const float
     if (nth == 1 || pairs % nth == 0 || pairs >= 4L * nth) {
 #pragma omp parallel num_threads(nth)
         {
-            AttentionScratch::Tile& sc = tile_of(att_, omp_get_thread_num());
+            AttentionScratch::Tile& sc = tile_of(att_, omp_get_thread_num(), a.Dqk, a.Dv);
 #pragma omp for schedule(dynamic, 1)
             for (long pr = 0; pr < pairs; ++pr) {
                 const long b = pr / a.NKV, g = pr % a.NKV;
                 for (long h = g * group; h < (g + 1) * group; ++h)
                     for (int qt = 0; qt < nqt; ++qt)
                         backward_task((b * a.NH + h) * nqt + qt, a, mk, nqt, nkt, sc, dq, dk,
-                                      size_t(a.k_stride), dv, size_t(a.v_stride), dout, out, lse, q, k, v);
+                                      size_t(a.k_stride), dv, size_t(a.v_stride), dout, out, lse, q, keys);
             }
         }
         return;
@@ -390,7 +461,7 @@ void CpuBackend::attention_backward(float* dq, float* dk, float* dv, const float
 #pragma omp parallel num_threads(nth)
     {
         const int th = omp_get_thread_num(), nt = omp_get_num_threads();
-        AttentionScratch::Tile& sc = tile_of(att_, th);
+        AttentionScratch::Tile& sc = tile_of(att_, th, a.Dqk, a.Dv);
         for (int l = th; l < nth; l += nt) {  // one list per thread, unless fewer threads came
             const auto& tasks = att_.tasks[size_t(l)];
             if (tasks.empty()) continue;
@@ -404,7 +475,7 @@ void CpuBackend::attention_backward(float* dq, float* dk, float* dv, const float
                 dK0 = bk.data(), dV0 = bv.data(), lk = ldk, lv = ldv;
             }
             for (long task : tasks)
-                backward_task(task, a, mk, nqt, nkt, sc, dq, dK0, lk, dV0, lv, dout, out, lse, q, k, v);
+                backward_task(task, a, mk, nqt, nkt, sc, dq, dK0, lk, dV0, lv, dout, out, lse, q, keys);
         }
 #pragma omp barrier
         // dk/dv += the private buffers: rows split over threads, lists added in order.

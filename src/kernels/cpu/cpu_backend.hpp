@@ -1,6 +1,7 @@
-// The CPU backend (private header): OpenBLAS sgemm for every matmul (also the attention tiles,
-// through the OpenMP build of OpenBLAS, which runs single-threaded inside our parallel regions),
-// and fused element-wise kernels parallelised with OpenMP. The reference implementation of
+// The CPU backend (private header): the BLAS's sgemm for every matmul (BLIS or OpenBLAS, the
+// CMake option QUINTET_BLAS, OpenMP builds: they share our thread pool), a register-blocked
+// kernel for the attention tiles (cpu_tile_gemm.hpp), and fused element-wise kernels
+// parallelised with OpenMP. The reference implementation of
 // Backend. The attention and RoPE kernels live in cpu_attention.cpp.
 #pragma once
 #include <cblas.h>
@@ -17,7 +18,14 @@
 #include "quintet/core/error.hpp"
 #include "quintet/kernels/backend.hpp"
 
+#if QUINTET_BLAS_BLIS
+// Declared in blis.h (which BLIS's cblas.h does not pull in); dim_t is 64-bit in Debian's build.
+extern "C" void bli_thread_set_num_threads(int64_t);
+inline void blas_set_threads(int n) { bli_thread_set_num_threads(int64_t(n)); }
+#else
 extern "C" void openblas_set_num_threads(int);
+inline void blas_set_threads(int n) { openblas_set_num_threads(n); }
+#endif
 
 namespace quintet::cpu {
 
@@ -27,8 +35,14 @@ namespace quintet::cpu {
 struct AttentionScratch {
     struct Tile {
         std::vector<float> s, dp, m, l, d;  // [Bq*Bk], [Bq*Bk], [Bq] x 3
+        // A query tile's operands packed for cpu_tile_gemm.hpp (once per task), as A panels
+        // (_a) or B panels (_b).
+        std::vector<float> q_a, do_a, q_b, do_b;
     };
     std::vector<Tile> tiles;                // per thread
+    // Every key tile's operands as B panels, packed once per call for all the query tiles and
+    // heads that use them: K^T (S = Q K^T), V (P V), V^T (dP = dO V^T), K (dQ = dS K).
+    std::vector<float> kT, v, vT, k;
     std::vector<int32_t> qb, kb;            // per (b, tile): min/max position and document
     std::vector<std::vector<long>> tasks;   // per thread: backward tasks
     std::vector<std::vector<float>> dk, dv; // per thread > 0: private dK, dV
@@ -40,10 +54,10 @@ class CpuBackend final : public Backend {
 public:
     explicit CpuBackend(int threads) : threads_(threads) {
         omp_set_num_threads(threads_);
-        openblas_set_num_threads(threads_);
+        blas_set_threads(threads_);
     }
     Device device() const override { return Device::cpu; }
-    std::string name() const override { return "cpu (OpenBLAS + OpenMP)"; }
+    std::string name() const override { return std::string("cpu (") + QUINTET_BLAS_NAME + " + OpenMP)"; }
     int threads() const override { return threads_; }
 
     float* alloc(size_t n) override {
@@ -261,9 +275,7 @@ public:
                 losses[n] = 0.0f;
                 continue;
             }
-            float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-            for (int i = 0; i < V; ++i) mx = std::max(mx, z[i]);
+            const float mx = max_of(z, V, -INFINITY);
             const float zt = z[tgt];
             float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
@@ -287,9 +299,7 @@ public:
             const float* z = logits + size_t(n) * V;
             int tgt = targets[n];
             if (tgt < 0) { losses[n] = 0.0f; continue; }
-            float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-            for (int i = 0; i < V; ++i) mx = std::max(mx, z[i]);
+            const float mx = max_of(z, V, -INFINITY);
             float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
             for (int i = 0; i < V; ++i) sum += exp_fast(z[i] - mx);
@@ -302,9 +312,7 @@ public:
 #pragma omp parallel for schedule(static)
         for (int n = 0; n < N; ++n) {
             const float* z = logits + size_t(n) * V;
-            float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-            for (int i = 0; i < V; ++i) mx = std::max(mx, z[i]);
+            const float mx = max_of(z, V, -INFINITY);
             float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
             for (int i = 0; i < V; ++i) sum += exp_fast(z[i] - mx);

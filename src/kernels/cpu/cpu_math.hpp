@@ -42,4 +42,18 @@ inline float exp_fast(float x) {
     return y;
 }
 
+// max(init, x[0..n)) with std::max's rule (a NaN element is passed over). A max is exact in
+// any order, so it runs eight lanes at once: GCC does not vectorise the plain std::max loop,
+// even under `omp simd reduction(max)`.
+inline float max_of(const float* x, int n, float init) {
+    float m[8] = {init, init, init, init, init, init, init, init};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; ++l) m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
+    float r = init;
+    for (int l = 0; l < 8; ++l) r = m[l] > r ? m[l] : r;
+    for (; i < n; ++i) r = x[i] > r ? x[i] : r;
+    return r;
+}
+
 }  // namespace quintet::cpu

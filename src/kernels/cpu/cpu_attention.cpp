@@ -319,8 +319,11 @@ void backward_task(long task, const AttentionArgs& a, const Masker& mk, int nqt,
     float* dQ = dq + qrow0 * a.q_stride + size_t(h) * Dqk;
     const float* L = lse + (size_t(b) * a.NH + h) * a.Tq + t0;
     for (int i = 0; i < nq; ++i) {
+        const float* dOi = dO + size_t(i) * a.o_stride;
+        const float* Oi = O + size_t(i) * a.o_stride;
         float s = 0.0f;
-        for (int d = 0; d < Dv; ++d) s += dO[size_t(i) * a.o_stride + d] * O[size_t(i) * a.o_stride + d];
+#pragma omp simd reduction(+ : s)
+        for (int d = 0; d < Dv; ++d) s += dOi[d] * Oi[d];
         D[i] = s;
     }
     // This query tile's operands, packed once for all its key tiles.

@@ -109,6 +109,8 @@ AttentionScratch::Tile& tile_of(AttentionScratch& sc, int thread, int Dqk, int D
     fit(t.do_a, tile_packed_a_size(kBq, Dv));
     fit(t.q_b, tile_packed_b_size(kBq, Dqk));
     fit(t.do_b, tile_packed_b_size(kBq, Dv));
+    fit(t.o, size_t(kBq) * Dv);
+    fit(t.dq, size_t(kBq) * Dqk);
     return t;
 }
 
@@ -204,12 +206,15 @@ void CpuBackend::attention_forward(float* out, float* lse, const float* q, const
             const int t0 = qt * kBq, nq = std::min(kBq, a.Tq - t0);
             const size_t qrow0 = size_t(b) * a.Tq + t0;
             const float* Q = q + qrow0 * a.q_stride + size_t(h) * Dqk;
-            float* O = out + qrow0 * a.o_stride + size_t(h) * Dv;
+            // O accumulates in contiguous scratch: out's rows are a multiple of 1 KiB apart
+            // (all heads side by side), which would map a tile's rows onto a few L1 sets.
+            float* O = sc.o.data();
+            const long ldo = Dv;
             for (int i = 0; i < nq; ++i) {
                 mrow[i] = -INFINITY;
                 lrow[i] = 0.0f;
-                std::memset(O + size_t(i) * a.o_stride, 0, size_t(Dv) * 4);
             }
+            std::memset(O, 0, size_t(nq) * Dv * 4);
             tile_pack_a(sc.q_a.data(), nq, Dqk, Q, a.q_stride, 1);
             for (int kt = 0; kt < nkt; ++kt) {
                 const TileKind kind = mk.kind(b, qt, kt);
@@ -241,22 +246,26 @@ void CpuBackend::attention_forward(float* out, float* lse, const float* q, const
                     lrow[i] = lrow[i] * corr + sum;
                     mrow[i] = mx;
                     if (corr != 1.0f) {
-                        float* orow = O + size_t(i) * a.o_stride;
+                        float* orow = O + size_t(i) * ldo;
+#pragma omp simd
                         for (int d = 0; d < Dv; ++d) orow[d] *= corr;
                     }
                 }
                 tile_gemm_packed_b(nq, Dv, nk, 1.0f, S, kBk, 1, vp + unit * v_per,
-                                   std::min(kBk, a.Tk - s0), 1.0f, O, a.o_stride);
+                                   std::min(kBk, a.Tk - s0), 1.0f, O, ldo);
             }
             float* L = lse + (size_t(b) * a.NH + h) * a.Tq + t0;
             for (int i = 0; i < nq; ++i) {
-                if (lrow[i] == 0.0f) {  // no visible key: out stays 0
+                float* orow = out + (qrow0 + i) * a.o_stride + size_t(h) * Dv;
+                if (lrow[i] == 0.0f) {  // no visible key: out is 0
+                    std::memset(orow, 0, size_t(Dv) * 4);
                     L[i] = -INFINITY;
                     continue;
                 }
-                float inv = 1.0f / lrow[i];
-                float* orow = O + size_t(i) * a.o_stride;
-                for (int d = 0; d < Dv; ++d) orow[d] *= inv;
+                const float inv = 1.0f / lrow[i];
+                const float* oacc = O + size_t(i) * ldo;
+#pragma omp simd
+                for (int d = 0; d < Dv; ++d) orow[d] = oacc[d] * inv;
                 L[i] = mrow[i] + std::log(lrow[i]);
             }
         }
@@ -316,7 +325,10 @@ void backward_task(long task, const AttentionArgs& a, const Masker& mk, int nqt,
     const float* Q = q + qrow0 * a.q_stride + size_t(h) * Dqk;
     const float* dO = dout + qrow0 * a.o_stride + size_t(h) * Dv;
     const float* O = out + qrow0 * a.o_stride + size_t(h) * Dv;
-    float* dQ = dq + qrow0 * a.q_stride + size_t(h) * Dqk;
+    // dQ accumulates in contiguous scratch (q's rows are a multiple of 1 KiB apart), added to dq
+    // at the end.
+    float* dQ = sc.dq.data();
+    std::memset(dQ, 0, size_t(nq) * Dqk * 4);
     const float* L = lse + (size_t(b) * a.NH + h) * a.Tq + t0;
     for (int i = 0; i < nq; ++i) {
         const float* dOi = dO + size_t(i) * a.o_stride;
@@ -370,8 +382,14 @@ void backward_task(long task, const AttentionArgs& a, const Masker& mk, int nqt,
         }
         // dQ += scale * dS K ; dK += scale * dS^T Q
         tile_gemm_packed_b(nq, Dqk, nk, a.scale, dP, kBk, 1, pk.k + unit * pk.k_per, nk_tile, 1.0f,
-                           dQ, a.q_stride);
+                           dQ, Dqk);
         tile_gemm_packed_b(nk, Dqk, nq, a.scale, dP, 1, kBk, sc.q_b.data(), nq, 1.0f, dK, long(lk));
+    }
+    for (int i = 0; i < nq; ++i) {
+        float* dst = dq + (qrow0 + i) * a.q_stride + size_t(h) * Dqk;
+        const float* src = dQ + size_t(i) * Dqk;
+#pragma omp simd
+        for (int d = 0; d < Dqk; ++d) dst[d] += src[d];
     }
 }
 

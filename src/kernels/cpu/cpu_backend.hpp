@@ -38,6 +38,7 @@ struct AttentionScratch {
         // A query tile's operands packed for cpu_tile_gemm.hpp (once per task), as A panels
         // (_a) or B panels (_b).
         std::vector<float> q_a, do_a, q_b, do_b;
+        std::vector<float> o, dq;  // [Bq * Dv], [Bq * Dqk]: the tile's O and dQ accumulators
     };
     std::vector<Tile> tiles;                // per thread
     // Every key tile's operands as B panels, packed once per call for all the query tiles and

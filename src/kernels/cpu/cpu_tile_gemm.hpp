@@ -17,7 +17,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
+#include <cstddef>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>

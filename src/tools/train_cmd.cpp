@@ -49,16 +49,19 @@ std::string batch_restart() {
     return "";
 }
 
-}  // namespace
+// The cores this process may run on: its affinity mask, which mpirun narrows when it binds
+// ranks (0 where the mask cannot be read).
+int affinity_cores() {
+    cpu_set_t mask;
+    return sched_getaffinity(0, sizeof mask, &mask) == 0 ? std::max(1, CPU_COUNT(&mask)) : 0;
+}
 
-namespace {
 // The threads of a rank bound to fewer cores (mpirun binds each rank to one core by default
 // when there are 2 ranks or fewer) share them: a 2x slowdown that only the tokens/s would show.
 // Said once, by rank 0, naming the first rank concerned.
 void warn_if_threads_exceed_cores(int threads, MPI_Comm world) {
-    cpu_set_t mask;
-    int cores = threads;
-    if (sched_getaffinity(0, sizeof mask, &mask) == 0) cores = std::max(1, CPU_COUNT(&mask));
+    int cores = affinity_cores();
+    if (cores == 0) cores = threads;  // unknown: nothing to say
     int rank = 0;
     MPI_Comm_rank(world, &rank);
     struct {
@@ -73,6 +76,7 @@ void warn_if_threads_exceed_cores(int threads, MPI_Comm world) {
                      "with `mpirun --bind-to none` or `--map-by slot:PE="
                   << threads << "` (as jobs/common.sh does), or run fewer threads per rank.\n";
 }
+
 }  // namespace
 
 // Threads per rank: train.threads, else OMP_NUM_THREADS, else the cores this rank may run on
@@ -90,8 +94,7 @@ int threads_per_rank(const Deck& deck, MPI_Comm world) {
         int cores = int(sysconf(_SC_NPROCESSORS_ONLN));
         if (const char* e = std::getenv("QUINTET_CORES"); e && std::atoi(e) > 0) cores = std::atoi(e);
         threads = std::max(1, cores / n);
-        cpu_set_t mask;
-        if (sched_getaffinity(0, sizeof mask, &mask) == 0) threads = std::min(threads, std::max(1, CPU_COUNT(&mask)));
+        if (const int bound = affinity_cores(); bound > 0) threads = std::min(threads, bound);
     }
     warn_if_threads_exceed_cores(threads, world);
     return threads;

@@ -93,6 +93,11 @@ struct Masker {
     }
 };
 
+// Scratch grows to the largest shape seen and stays (no allocation in the steady state).
+void grow(std::vector<float>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+}
+
 AttentionScratch::Tile& tile_of(AttentionScratch& sc, int thread, int Dqk, int Dv) {
     AttentionScratch::Tile& t = sc.tiles[size_t(thread)];
     if (t.s.size() < size_t(kBq) * kBk) {
@@ -102,15 +107,12 @@ AttentionScratch::Tile& tile_of(AttentionScratch& sc, int thread, int Dqk, int D
         t.l.resize(kBq);
         t.d.resize(kBq);
     }
-    auto fit = [](std::vector<float>& v, size_t n) {
-        if (v.size() < n) v.resize(n);
-    };
-    fit(t.q_a, tile_packed_a_size(kBq, Dqk));
-    fit(t.do_a, tile_packed_a_size(kBq, Dv));
-    fit(t.q_b, tile_packed_b_size(kBq, Dqk));
-    fit(t.do_b, tile_packed_b_size(kBq, Dv));
-    fit(t.o, size_t(kBq) * Dv);
-    fit(t.dq, size_t(kBq) * Dqk);
+    grow(t.q_a, tile_packed_a_size(kBq, Dqk));
+    grow(t.do_a, tile_packed_a_size(kBq, Dv));
+    grow(t.q_b, tile_packed_b_size(kBq, Dqk));
+    grow(t.do_b, tile_packed_b_size(kBq, Dv));
+    grow(t.o, size_t(kBq) * Dv);
+    grow(t.dq, size_t(kBq) * Dqk);
     return t;
 }
 
@@ -134,10 +136,6 @@ void pack_key_tiles(float* dst, const float* x, int stride, int D, bool transpos
         if (transposed) tile_pack_b(dst + size_t(u) * per, D, nk, X, 1, stride);
         else tile_pack_b(dst + size_t(u) * per, nk, D, X, stride, 1);
     }
-}
-
-void grow(std::vector<float>& v, size_t n) {
-    if (v.size() < n) v.resize(n);
 }
 
 void check_args(const AttentionArgs& a) {

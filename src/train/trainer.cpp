@@ -234,21 +234,28 @@ MemoryBytes Trainer::memory_account() const {
 }
 
 void Trainer::report_profile() const {
-    if (grid_.rank() != 0 || profile_steps_ == 0) return;
+    const bool steady = profile_steady_.steps > 0;
+    const ProfileTotals& pt = steady ? profile_steady_ : profile_all_;
+    if (grid_.rank() != 0 || pt.steps == 0) return;
     std::vector<std::string> names = profile_order_;
     names.push_back("other");
+    auto seconds = [&](const std::string& n) {
+        const auto it = pt.ops.find(n);
+        return it == pt.ops.end() ? std::pair<double, int64_t>{0.0, 0} : it->second;
+    };
     std::stable_sort(names.begin(), names.end(), [&](const std::string& a, const std::string& b) {
-        return profile_totals_.at(a).first > profile_totals_.at(b).first;
+        return seconds(a).first > seconds(b).first;
     });
-    char b[200];
-    std::snprintf(b, sizeof b, "profile of rank 0 over %lld step(s), %.3f s per step (train.profile = true):",
-                  (long long)profile_steps_, profile_steps_time_ / profile_steps_);
+    char b[240];
+    std::snprintf(b, sizeof b, "profile of rank 0 over %lld %sstep(s), %.3f s per step (train.profile = true%s):",
+                  (long long)pt.steps, steady ? "steady-state " : "", pt.time / pt.steps,
+                  steady ? "; the first 2 steps left out, as for the tokens/s median" : "");
     log(b);
     log("  operation                        s/step   share   calls/step");
     for (const auto& n : names) {
-        const auto& t = profile_totals_.at(n);
-        std::snprintf(b, sizeof b, "  %-30s %8.4f  %5.1f%%  %8.1f", n.c_str(), t.first / profile_steps_,
-                      100 * t.first / profile_steps_time_, double(t.second) / profile_steps_);
+        const auto t = seconds(n);
+        std::snprintf(b, sizeof b, "  %-30s %8.4f  %5.1f%%  %8.1f", n.c_str(), t.first / pt.steps,
+                      100 * t.first / pt.time, double(t.second) / pt.steps);
         log(b);
     }
 }
@@ -834,20 +841,27 @@ int Trainer::run_steps() {
         if (profile::enabled()) {
             // This rank's per-operation seconds of the step (rank 0's go to the metrics).
             std::vector<std::pair<std::string, double>> ops;
+            std::vector<int64_t> calls;
             double sum = 0;
             for (const auto& e : profile::take()) {
                 ops.emplace_back(e.name, e.seconds);
+                calls.push_back(e.calls);
                 sum += e.seconds;
-                auto& t = profile_totals_[e.name];
-                t.first += e.seconds;
-                t.second += e.calls;
                 if (std::find(profile_order_.begin(), profile_order_.end(), e.name) == profile_order_.end())
                     profile_order_.push_back(e.name);
             }
             ops.emplace_back("other", std::max(0.0, st.step_time - sum));
-            profile_totals_["other"].first += std::max(0.0, st.step_time - sum);
-            profile_steps_time_ += st.step_time;
-            ++profile_steps_;
+            calls.push_back(0);
+            for (ProfileTotals* pt : {&profile_all_, &profile_steady_}) {
+                if (pt == &profile_steady_ && s - start_step_ <= 2) continue;  // the steps of tps_history_
+                for (size_t i = 0; i < ops.size(); ++i) {
+                    auto& t = pt->ops[ops[i].first];
+                    t.first += ops[i].second;
+                    t.second += calls[i];
+                }
+                pt->time += st.step_time;
+                ++pt->steps;
+            }
             if (metrics) metrics->append("/timing/op", ops);
         }
         if (metrics) {

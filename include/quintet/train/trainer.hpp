@@ -144,11 +144,16 @@ private:
     // Rank 0, at the end of a run: the planner's prediction for this deck and layout against the
     // measured memory of the largest rank and the median tokens/s.
     void report_prediction() const;
-    // train.profile: per-operation totals (seconds, calls) of this run's steps, and the table.
-    std::map<std::string, std::pair<double, int64_t>> profile_totals_;
+    // train.profile: per-operation totals (seconds, calls), and the table. Two sets: every step,
+    // and the steady state (the steps the tokens/s median reads: past the first two, which
+    // carry first-touch page faults and warm-up); the table shows the second when it has steps.
+    struct ProfileTotals {
+        std::map<std::string, std::pair<double, int64_t>> ops;
+        int64_t steps = 0;
+        double time = 0;
+    };
+    ProfileTotals profile_all_, profile_steady_;
     std::vector<std::string> profile_order_;
-    int64_t profile_steps_ = 0;
-    double profile_steps_time_ = 0;
     void report_profile() const;
 };
 

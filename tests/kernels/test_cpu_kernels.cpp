@@ -263,7 +263,7 @@ TEST(CpuTileGemm, MatchesADoubleLoopOnEveryEdge) {
         double worst = 0;
         for (int m : {1, 5, 6, 7, 12, 64})
             for (int n : {1, 7, 8, 9, 16, 17, 33, 64})
-                for (int k : {1, 3, 64})
+                for (int k : {1, 3, 13, 64})
                     for (int form = 0; form < 8; ++form)
                         for (float beta : {0.0f, 1.0f}) {
                             const bool at = form & 1, bt = form & 2, packed_a = form & 4;
@@ -306,5 +306,33 @@ TEST(CpuTileGemm, MatchesADoubleLoopOnEveryEdge) {
         EXPECT_LT(worst, 1e-5) << (kernel == 0 ? "avx2" : "plain") << " kernel";
     }
     tile_detail::use_avx2() = host_avx2;
-    EXPECT_EQ(cases, 2 * 6 * 8 * 3 * 8 * 2);
+    EXPECT_EQ(cases, 2 * 6 * 8 * 4 * 8 * 2);
+}
+
+// The AVX2 packs (8 x 8 register transposes, and the plain copy of B) write exactly what the
+// plain loops do, padding included, on every edge: rows and columns past the last whole
+// panel, p past the last block of 8.
+TEST(CpuTileGemm, PacksMatchThePlainLoops) {
+    using namespace quintet::cpu;
+    if (!tile_detail::use_avx2()) GTEST_SKIP() << "host without AVX2+FMA: only the plain packs run";
+    for (int rows : {1, 5, 6, 7, 12, 17, 64})
+        for (int k : {1, 7, 8, 9, 16, 64, 70}) {
+            const long ld = k + 3;
+            auto X = randn(size_t(rows) * ld, 29 + rows + k);
+            // A as stored (acs 1): the rows of X.
+            std::vector<float> fast(tile_packed_a_size(rows, k), -7.0f), plain(fast);
+            tile_pack_a(fast.data(), rows, k, X.data(), ld, 1);
+            tile_detail::pack_a_generic(plain.data(), rows, k, X.data(), ld, 1);
+            ASSERT_EQ(fast, plain) << "A " << rows << "x" << k;
+            // B^T as stored (brs 1): B is k x rows, its column j the row j of X.
+            std::vector<float> fb(tile_packed_b_size(k, rows), -7.0f), pb(fb);
+            tile_pack_b(fb.data(), k, rows, X.data(), 1, ld);
+            tile_detail::pack_b_generic(pb.data(), k, rows, X.data(), 1, ld);
+            ASSERT_EQ(fb, pb) << "B^T " << k << "x" << rows;
+            // B as stored (bcs 1): B is rows x k, the rows of X.
+            std::vector<float> fn(tile_packed_b_size(rows, k), -7.0f), pn(fn);
+            tile_pack_b(fn.data(), rows, k, X.data(), ld, 1);
+            tile_detail::pack_b_generic(pn.data(), rows, k, X.data(), ld, 1);
+            ASSERT_EQ(fn, pn) << "B " << rows << "x" << k;
+        }
 }

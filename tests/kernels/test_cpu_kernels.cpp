@@ -336,3 +336,47 @@ TEST(CpuTileGemm, PacksMatchThePlainLoops) {
             ASSERT_EQ(fn, pn) << "B " << rows << "x" << k;
         }
 }
+
+// Per-block limits (a causal tile's triangle): each 6-row block sums p over [p_begin, p_end)
+// only, and C's column panels at or past its n_end keep what they held -- both kernels, A
+// packed and in place, limits of 0, mid-panel and past the end.
+TEST(CpuTileGemm, BlockLimitsSumOnlyTheirRange) {
+    using namespace quintet::cpu;
+    const bool host_avx2 = tile_detail::use_avx2();
+    const int m = 64, n = 64, k = 64;
+    auto A = randn(size_t(m) * k, 41), B = randn(size_t(k) * n, 43);
+    std::vector<float> pa(tile_packed_a_size(m, k)), pb(tile_packed_b_size(k, n));
+    tile_pack_a(pa.data(), m, k, A.data(), k, 1);
+    tile_pack_b(pb.data(), k, n, B.data(), n, 1);
+    const int blocks = (m + kTileMR - 1) / kTileMR;
+    std::vector<int> n_end(static_cast<size_t>(blocks)), p_begin(n_end), p_end(n_end);
+    for (int ib = 0; ib < blocks; ++ib) {
+        n_end[size_t(ib)] = (ib * 7) % 70;        // 0, mid-panel, a panel edge, past n
+        p_begin[size_t(ib)] = (ib * 11) % 60;
+        p_end[size_t(ib)] = p_begin[size_t(ib)] + (ib * 13) % 40;  // may pass k
+    }
+    for (int kernel = 0; kernel < 2; ++kernel) {
+        tile_detail::use_avx2() = kernel == 0 && host_avx2;
+        for (int packed = 0; packed < 2; ++packed) {
+            std::vector<float> C(size_t(m) * n, 5.0f);
+            TileLimits lim;
+            lim.n_end = n_end.data(), lim.p_begin = p_begin.data(), lim.p_end = p_end.data();
+            if (packed) tile_gemm_packed(m, n, k, 1.0f, pa.data(), pb.data(), k, 1.0f, C.data(), n, lim);
+            else tile_gemm_packed_b(m, n, k, 1.0f, A.data(), k, 1, pb.data(), k, 1.0f, C.data(), n, lim);
+            for (int i = 0; i < m; ++i)
+                for (int j = 0; j < n; ++j) {
+                    const int ib = i / kTileMR;
+                    const float got = C[size_t(i) * n + j];
+                    if (j / kTileNR * kTileNR >= n_end[size_t(ib)]) {
+                        ASSERT_EQ(got, 5.0f) << i << "," << j;
+                        continue;
+                    }
+                    double want = 5.0;
+                    for (int p = p_begin[size_t(ib)]; p < std::min(k, p_end[size_t(ib)]); ++p)
+                        want += double(A[size_t(i) * k + p]) * B[size_t(p) * n + j];
+                    ASSERT_NEAR(got, want, 1e-4 * (1 + std::abs(want))) << i << "," << j << " kernel " << kernel;
+                }
+        }
+    }
+    tile_detail::use_avx2() = host_avx2;
+}

@@ -29,6 +29,18 @@ namespace quintet::cpu {
 
 constexpr int kTileMR = 6, kTileNR = 16;  // rows x columns of C per register block
 
+// Per 6-row block of C, what of the product it needs (null: everything). Causal attention's
+// diagonal tiles are a triangle: a block of query rows sees only the keys up to its last row
+// (n_end: column panels at or past it are not computed, C keeps what it held), and a block of
+// key rows only the queries from its first (p_begin), or the sum over keys stops at the block's
+// last visible one (p_end). The terms left out of a sum are exact zeros, so the bits are those
+// of the whole product.
+struct TileLimits {
+    const int* n_end = nullptr;
+    const int* p_begin = nullptr;
+    const int* p_end = nullptr;
+};
+
 // Panel sizes in floats: A as ceil(m/6) panels of [k][6], B as ceil(n/16) panels of [k][16].
 inline size_t tile_packed_a_size(int m, int k) { return size_t((m + kTileMR - 1) / kTileMR) * kTileMR * k; }
 inline size_t tile_packed_b_size(int k, int n) { return size_t((n + kTileNR - 1) / kTileNR) * kTileNR * k; }
@@ -225,16 +237,22 @@ inline bool& use_avx2() {
 
 // A given per row block: block ib's rows start at a + ib * a_block, stepping ars / acs.
 inline void sweep(int m, int n, int k, float alpha, const float* a, long a_block, long ars,
-                  long acs, const float* pb, long pb_stride, float beta, float* c, long ldc) {
+                  long acs, const float* pb, long pb_stride, float beta, float* c, long ldc,
+                  const TileLimits& lim) {
     const bool avx2 = use_avx2();
     // Column panels outer: a B panel (k x 16, 4 KiB at k = 64) stays in L1 across the rows.
     for (int j0 = 0, jb = 0; j0 < n; j0 += kTileNR, ++jb) {
         const int nj = std::min(kTileNR, n - j0);
         const float* bp = pb + size_t(jb) * size_t(pb_stride);
         for (int i0 = 0, ib = 0; i0 < m; i0 += kTileMR, ++ib) {
+            if (lim.n_end && j0 >= lim.n_end[ib]) continue;  // C's panel left as it was
+            const int p0 = lim.p_begin ? std::min(k, lim.p_begin[ib]) : 0;
+            const int p1 = lim.p_end ? std::max(p0, std::min(k, lim.p_end[ib])) : k;
             const int mi = std::min(kTileMR, m - i0);
-            if (avx2) micro_avx2(k, a + ib * a_block, ars, acs, bp, alpha, beta, c + i0 * ldc + j0, ldc, mi, nj);
-            else micro_generic(k, a + ib * a_block, ars, acs, bp, alpha, beta, c + i0 * ldc + j0, ldc, mi, nj);
+            const float* ab = a + ib * a_block + p0 * acs;
+            float* cb = c + i0 * ldc + j0;
+            if (avx2) micro_avx2(p1 - p0, ab, ars, acs, bp + p0 * kTileNR, alpha, beta, cb, ldc, mi, nj);
+            else micro_generic(p1 - p0, ab, ars, acs, bp + p0 * kTileNR, alpha, beta, cb, ldc, mi, nj);
         }
     }
 }
@@ -266,17 +284,18 @@ inline void tile_pack_b(float* dst, int k, int n, const float* b, long brs, long
 // used), A(i, p) = a[i * ars + p * acs]: for an A that sits compactly in cache (the
 // attention's score tiles, row stride 64), read in place.
 inline void tile_gemm_packed_b(int m, int n, int k, float alpha, const float* a, long ars, long acs,
-                               const float* pb, int kb, float beta, float* c, long ldc) {
+                               const float* pb, int kb, float beta, float* c, long ldc,
+                               const TileLimits& lim = {}) {
     if (m > 0 && n > 0)
-        tile_detail::sweep(m, n, k, alpha, a, kTileMR * ars, ars, acs, pb, long(kTileNR) * kb, beta, c, ldc);
+        tile_detail::sweep(m, n, k, alpha, a, kTileMR * ars, ars, acs, pb, long(kTileNR) * kb, beta, c, ldc, lim);
 }
 
 // The same with A packed by tile_pack_a too (with k columns: an A spread over memory at a
 // large row stride, packed once and used against many B).
 inline void tile_gemm_packed(int m, int n, int k, float alpha, const float* pa, const float* pb,
-                             int kb, float beta, float* c, long ldc) {
+                             int kb, float beta, float* c, long ldc, const TileLimits& lim = {}) {
     if (m > 0 && n > 0)
-        tile_detail::sweep(m, n, k, alpha, pa, long(kTileMR) * k, 1, kTileMR, pb, long(kTileNR) * kb, beta, c, ldc);
+        tile_detail::sweep(m, n, k, alpha, pa, long(kTileMR) * k, 1, kTileMR, pb, long(kTileNR) * kb, beta, c, ldc, lim);
 }
 
 }  // namespace quintet::cpu

@@ -184,7 +184,8 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("train.max_skips", &t.max_skips, 1, big, "on_nonfinite = skip: consecutive skips before stopping"),
         opt_bool("train.profile", &t.profile,
                  "time every operation (GEMMs by role, attention, norms, RoPE, SwiGLU, loss, optimizer, "
-                 "each axis's communication): /timing/op/<name> in metrics.h5 and a table at the end"),
+                 "each axis's communication): /timing/op/<name> in metrics.h5 for every step, and a table at "
+                 "the end over the steady state (the steps past the first two, as the tokens/s median)"),
         opt_int("train.exit_after", &t.exit_after, 0, big,
                 "stop after this many steps of this run, with a checkpoint (time-limited jobs); 0 = never"),
         opt_int("train.threads", &t.threads, 0, 4096, "threads per rank; 0 = OMP_NUM_THREADS or cores/local ranks"),

@@ -194,4 +194,35 @@ double job_fma_peak_flops(MPI_Comm world, int threads_per_rank, HostPeak* info) 
     return total;
 }
 
+double job_sgemm_flops(MPI_Comm world, double measured_gflops, int threads_per_rank,
+                       double* measured_flops) {
+    MPI_Comm node;
+    MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    int local = 0, ranks = 0;
+    MPI_Comm_rank(node, &local);
+    MPI_Comm_size(node, &ranks);
+    double node_measured = 0;
+    MPI_Allreduce(&measured_gflops, &node_measured, 1, MPI_DOUBLE, MPI_SUM, node);
+    int max_threads = 0;
+    MPI_Allreduce(&threads_per_rank, &max_threads, 1, MPI_INT, MPI_MAX, node);
+    double mine[2] = {0, 0};  // this node's rate and its measurement, from its first rank only
+    if (local == 0) {
+        // The best node-wide measurement seen on this host for this arrangement of ranks and
+        // threads: contention only ever makes a measurement lower.
+        const std::string kind = kSgemmKind + "_r" + std::to_string(ranks) + "t" + std::to_string(max_threads);
+        double best = 0;
+        if (!read_pair(kind, "gflops=%lf", &best, nullptr) || node_measured > best) {
+            std::ostringstream o;
+            o << "gflops=" << node_measured;
+            write_line(kind, o.str());
+        }
+        mine[0] = std::max(best, node_measured), mine[1] = node_measured;
+    }
+    double total[2] = {0, 0};
+    MPI_Allreduce(mine, total, 2, MPI_DOUBLE, MPI_SUM, world);
+    MPI_Comm_free(&node);
+    if (measured_flops) *measured_flops = total[1] * 1e9;
+    return total[0] * 1e9;
+}
+
 }  // namespace quintet

@@ -1,7 +1,9 @@
 // The FMA peak behind MFU (train/host_peak.cpp): measured on all cores, cached per host and CPU
-// model, the cached value the measured one; a cache of another CPU model is measured again.
+// model, the cached value the measured one; a cache of another CPU model is measured again; the
+// sgemm rate behind "% of sgemm", the best measurement seen on the host.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -30,5 +32,27 @@ TEST(HostPeak, MeasuredOnceThenCachedExactly) {
     const quintet::HostPeak again = quintet::host_fma_peak();
     EXPECT_EQ(again.source, "measured");
     EXPECT_LT(again.gflops_per_core, 1000);
+    unsetenv("QUINTET_CACHE_DIR");
+}
+
+// The sgemm rate behind "% of sgemm": the measurement, but no less than the best one seen on
+// this host for the same arrangement (a short measurement on a busy host reads low).
+TEST(HostPeak, SgemmRateIsTheBestMeasurementSeenHere) {
+    const fs::path dir = quintet::testing::scratch_dir("host_sgemm");
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    setenv("QUINTET_CACHE_DIR", dir.c_str(), 1);
+    double measured = 0;
+    // Nothing cached: the measurement as it is (and it is kept).
+    EXPECT_DOUBLE_EQ(quintet::job_sgemm_flops(MPI_COMM_WORLD, 50.0, 2, &measured), 50e9);
+    EXPECT_DOUBLE_EQ(measured, 50e9);
+    // A lower one reads as the best seen; the measurement itself is reported.
+    EXPECT_DOUBLE_EQ(quintet::job_sgemm_flops(MPI_COMM_WORLD, 10.0, 2, &measured), 50e9);
+    EXPECT_DOUBLE_EQ(measured, 10e9);
+    // A higher one stands and becomes the best.
+    EXPECT_DOUBLE_EQ(quintet::job_sgemm_flops(MPI_COMM_WORLD, 60.0, 2, &measured), 60e9);
+    EXPECT_DOUBLE_EQ(quintet::job_sgemm_flops(MPI_COMM_WORLD, 55.0, 2, &measured), 60e9);
+    // Another arrangement (threads per rank) has its own figure.
+    EXPECT_DOUBLE_EQ(quintet::job_sgemm_flops(MPI_COMM_WORLD, 20.0, 1, &measured), 20e9);
     unsetenv("QUINTET_CACHE_DIR");
 }

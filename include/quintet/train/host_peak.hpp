@@ -44,4 +44,13 @@ int host_cores();
 // node's first rank measures or reads the cache. Also returns this rank's node's peak in *info.
 double job_fma_peak_flops(MPI_Comm world, int threads_per_rank, HostPeak* info = nullptr);
 
+// The sgemm rate behind "% of sgemm" (the progress line, the planner check): the sum of every
+// rank's `measured_gflops` (taken at once, so shared cores are not counted twice), but per node
+// the best such sum seen on this host for the same ranks x threads (cached beside the FMA peak,
+// sgemm_<blas>_r<ranks>t<threads>-<host>): a 0.1 s measurement on a busy host reads 30-40% low,
+// which put steady-state steps at "128% of sgemm". FLOP/s; *measured_flops gets this run's
+// measurements alone. Collective over `world`.
+double job_sgemm_flops(MPI_Comm world, double measured_gflops, int threads_per_rank,
+                       double* measured_flops = nullptr);
+
 }  // namespace quintet

@@ -140,6 +140,7 @@ private:
     static constexpr int kMemoryColumns = 7;  // params grads optimizer activations buffers runtime peak_rss
     MemoryBytes memory_account() const;
     std::vector<double> memory_all_, tps_history_;
+    double sgemm_measured_ = 0;  // this run's own sgemm measurement (matmul_flops_: the best seen on the host)
     double start_rss_ = 0;  // resident set when the trainer began (libraries, MPI, the data)
     // Rank 0, at the end of a run: the planner's prediction for this deck and layout against the
     // measured memory of the largest rank and the median tokens/s.

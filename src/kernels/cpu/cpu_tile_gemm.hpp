@@ -7,8 +7,8 @@
 // it is used against many others (a query tile's Q against every key tile), into panels: A in
 // slices of 6 rows, B in slices of 16 columns, zero-padded, either read through any strides so
 // a transposed operand costs the same (with AVX2, a transposing pack moves 8 x 8 blocks
-// through registers rather than a float at a time). An A that already sits compactly in cache (the score
-// tile, row stride 64) is read in place. C is swept in blocks of 6 x 16: 12 AVX2 accumulators,
+// through registers rather than a float at a time). An A that already sits compactly in cache
+// (the score tile, row stride 64) is read in place. C is swept in blocks of 6 x 16: 12 AVX2 accumulators,
 // the two B vectors and one broadcast A element fill the 16 registers.
 //
 // The AVX2+FMA kernel is compiled with a target attribute and chosen at run time, so a portable
@@ -265,15 +265,18 @@ inline void sweep(int m, int n, int k, float alpha, const float* a, long a_block
 // A(i, p) = a[i * ars + p * acs] into panels, zero-padded to whole panels. The same bits
 // whichever kernel runs (a pack only moves floats).
 inline void tile_pack_a(float* dst, int m, int k, const float* a, long ars, long acs) {
-    if (!tile_detail::use_avx2() || acs != 1) return tile_detail::pack_a_generic(dst, m, k, a, ars, acs);
+    if (!tile_detail::use_avx2() || acs != 1)
+        return tile_detail::pack_a_generic(dst, m, k, a, ars, acs);
     const int full = m / kTileMR * kTileMR;
-    for (int i0 = 0; i0 < full; i0 += kTileMR, dst += kTileMR * k) tile_detail::pack_a_rows_avx2(dst, k, a + i0 * ars, ars);
+    for (int i0 = 0; i0 < full; i0 += kTileMR, dst += kTileMR * k)
+        tile_detail::pack_a_rows_avx2(dst, k, a + i0 * ars, ars);
     if (full < m) tile_detail::pack_a_generic(dst, m - full, k, a + full * ars, ars, acs);
 }
 
 // B(p, j) = b[p * brs + j * bcs] into panels, zero-padded to whole panels.
 inline void tile_pack_b(float* dst, int k, int n, const float* b, long brs, long bcs) {
-    if (!tile_detail::use_avx2() || (brs != 1 && bcs != 1)) return tile_detail::pack_b_generic(dst, k, n, b, brs, bcs);
+    if (!tile_detail::use_avx2() || (brs != 1 && bcs != 1))
+        return tile_detail::pack_b_generic(dst, k, n, b, brs, bcs);
     const int full = n / kTileNR * kTileNR;
     for (int j0 = 0; j0 < full; j0 += kTileNR, dst += kTileNR * k) {
         if (bcs == 1) tile_detail::pack_b_rows_avx2(dst, k, b + j0, brs);
@@ -290,7 +293,8 @@ inline void tile_gemm_packed_b(int m, int n, int k, float alpha, const float* a,
                                const float* pb, int kb, float beta, float* c, long ldc,
                                const TileLimits& lim = {}) {
     if (m > 0 && n > 0)
-        tile_detail::sweep(m, n, k, alpha, a, kTileMR * ars, ars, acs, pb, long(kTileNR) * kb, beta, c, ldc, lim);
+        tile_detail::sweep(m, n, k, alpha, a, kTileMR * ars, ars, acs, pb, long(kTileNR) * kb, beta,
+                           c, ldc, lim);
 }
 
 // The same with A packed by tile_pack_a too (with k columns: an A spread over memory at a
@@ -298,7 +302,8 @@ inline void tile_gemm_packed_b(int m, int n, int k, float alpha, const float* a,
 inline void tile_gemm_packed(int m, int n, int k, float alpha, const float* pa, const float* pb,
                              int kb, float beta, float* c, long ldc, const TileLimits& lim = {}) {
     if (m > 0 && n > 0)
-        tile_detail::sweep(m, n, k, alpha, pa, long(kTileMR) * k, 1, kTileMR, pb, long(kTileNR) * kb, beta, c, ldc, lim);
+        tile_detail::sweep(m, n, k, alpha, pa, long(kTileMR) * k, 1, kTileMR, pb, long(kTileNR) * kb,
+                           beta, c, ldc, lim);
 }
 
 }  // namespace quintet::cpu

@@ -841,31 +841,32 @@ int Trainer::run_steps() {
             MPI_Gather(mine, kMemoryColumns, MPI_DOUBLE, memory_all_.data(), kMemoryColumns, MPI_DOUBLE, 0,
                        grid_.world().handle());
         }
-        if (s - start_step_ > 2) tps_history_.push_back(tps);
+        // The steady state: past the first two steps of this run (page faults, warm-up). The
+        // tokens/s median and the profile's table read these steps only.
+        const bool steady = s - start_step_ > 2;
+        if (steady) tps_history_.push_back(tps);
         if (profile::enabled()) {
             // This rank's per-operation seconds of the step (rank 0's go to the metrics).
-            std::vector<std::pair<std::string, double>> ops;
-            std::vector<int64_t> calls;
+            std::vector<profile::Entry> entries = profile::take();
             double sum = 0;
-            for (const auto& e : profile::take()) {
-                ops.emplace_back(e.name, e.seconds);
-                calls.push_back(e.calls);
+            for (const auto& e : entries) {
                 sum += e.seconds;
                 if (std::find(profile_order_.begin(), profile_order_.end(), e.name) == profile_order_.end())
                     profile_order_.push_back(e.name);
             }
-            ops.emplace_back("other", std::max(0.0, st.step_time - sum));
-            calls.push_back(0);
+            entries.push_back({"other", std::max(0.0, st.step_time - sum), 0});
             for (ProfileTotals* pt : {&profile_all_, &profile_steady_}) {
-                if (pt == &profile_steady_ && s - start_step_ <= 2) continue;  // the steps of tps_history_
-                for (size_t i = 0; i < ops.size(); ++i) {
-                    auto& t = pt->ops[ops[i].first];
-                    t.first += ops[i].second;
-                    t.second += calls[i];
+                if (pt == &profile_steady_ && !steady) continue;
+                for (const auto& e : entries) {
+                    auto& t = pt->ops[e.name];
+                    t.first += e.seconds;
+                    t.second += e.calls;
                 }
                 pt->time += st.step_time;
                 ++pt->steps;
             }
+            std::vector<std::pair<std::string, double>> ops;
+            for (const auto& e : entries) ops.emplace_back(e.name, e.seconds);
             if (metrics) metrics->append("/timing/op", ops);
         }
         if (metrics) {

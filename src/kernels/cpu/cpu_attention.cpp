@@ -71,8 +71,10 @@ struct Masker {
     // the tile's GEMMs: the causal frontier, as a plain loop over visible keys would have it.
     int keys(int b, int qt, int s0, int nk) const {
         if (!a.causal) return nk;
-        const int32_t qmax = qb[(size_t(b) * nqt + qt) * 4 + 1];
-        const int32_t* kp = a.k_pos + size_t(b) * a.Tk + s0;
+        return keys_up_to(qb[(size_t(b) * nqt + qt) * 4 + 1], a.k_pos + size_t(b) * a.Tk + s0, nk);
+    }
+    // Of nk keys at positions kp, how many remain once the trailing ones past position qmax go.
+    static int keys_up_to(int32_t qmax, const int32_t* kp, int nk) {
         int n = nk;
         while (n > 0 && kp[n - 1] > qmax) --n;
         return n;
@@ -86,9 +88,7 @@ struct Masker {
         for (int i0 = 0, ib = 0; i0 < nq; i0 += kTileMR, ++ib) {
             int32_t qmax = INT32_MIN;
             for (int i = i0; i < std::min(nq, i0 + kTileMR); ++i) qmax = std::max(qmax, a.q_pos[qrow0 + i]);
-            int n = nk;
-            while (n > 0 && kp[n - 1] > qmax) --n;
-            n_end[ib] = n;
+            n_end[ib] = keys_up_to(qmax, kp, nk);
         }
     }
     void key_limits(int* p_begin, size_t qrow0, int nq, size_t krow0, int nk) const {

@@ -120,6 +120,13 @@ struct Masker {
     }
 };
 
+// Of a triangle tile's row i, the columns its score GEMM computed: the 16-wide panels up to its
+// 6-row block's last visible key (TileLimits::n_end). The keys past them are masked, so the
+// softmax leaves them out: its exps, max and sum see only exact zeros there (docs/math.md 5.3).
+int computed_keys(const int* n_end, int i, int nk) {
+    return std::min(nk, (n_end[i / kTileMR] + kTileNR - 1) / kTileNR * kTileNR);
+}
+
 // Scratch grows to the largest shape seen and stays (no allocation in the steady state).
 void grow(std::vector<float>& v, size_t n) {
     if (v.size() < n) v.resize(n);
@@ -254,7 +261,8 @@ void CpuBackend::attention_forward(float* out, float* lse, const float* q, const
                 // them -inf), and P V stops at that key.
                 int n_end[kBlocks];
                 TileLimits lim_s, lim_pv;
-                if (kind == TileKind::masked && a.causal) {
+                const bool triangle = kind == TileKind::masked && a.causal;
+                if (triangle) {
                     mk.query_limits(n_end, qrow0, nq, krow0, nk);
                     lim_s.n_end = lim_pv.p_end = n_end;
                 }
@@ -263,8 +271,11 @@ void CpuBackend::attention_forward(float* out, float* lse, const float* q, const
                                  lim_s);
                 for (int i = 0; i < nq; ++i) {
                     float* srow = S + size_t(i) * kBk;
-                    if (kind == TileKind::masked) mk.mask_row(srow, qrow0 + i, krow0, nk);
-                    const float mx = cpu::max_of(srow, nk, mrow[i]);
+                    // P V reads no further than the block's n_end; a multiple of 16 (or nk) keeps
+                    // the sum's lanes as over all nk.
+                    const int nc = triangle ? computed_keys(n_end, i, nk) : nk;
+                    if (kind == TileKind::masked) mk.mask_row(srow, qrow0 + i, krow0, nc);
+                    const float mx = cpu::max_of(srow, nc, mrow[i]);
                     if (mx == -INFINITY) {  // nothing visible yet in this row
                         for (int j = 0; j < nk; ++j) srow[j] = 0.0f;
                         continue;
@@ -273,7 +284,7 @@ void CpuBackend::attention_forward(float* out, float* lse, const float* q, const
                     // Masked scores are -inf here, and exp_fast(-inf) is exactly 0.
                     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-                    for (int j = 0; j < nk; ++j) {
+                    for (int j = 0; j < nc; ++j) {
                         const float p = cpu::exp_fast(srow[j] - mx);
                         srow[j] = p;
                         sum += p;
@@ -413,11 +424,14 @@ void backward_task(long task, const AttentionArgs& a, const Masker& mk, int nqt,
                 for (int j = 0; j < nk; ++j) prow[j] = 0.0f;
                 continue;
             }
-            // Masked scores are -inf, and exp_fast(-inf) is exactly 0.
-            if (kind == TileKind::masked) mk.mask_row(prow, qrow0 + i, krow0, nk);
+            // Masked scores are -inf, and exp_fast(-inf) is exactly 0; past the computed panels
+            // P is that 0 without the exp (dV's sums may read it).
+            const int nc = triangle ? computed_keys(n_end, i, nk) : nk;
+            if (kind == TileKind::masked) mk.mask_row(prow, qrow0 + i, krow0, nc);
             const float l = L[i];
 #pragma omp simd
-            for (int j = 0; j < nk; ++j) prow[j] = cpu::exp_fast(prow[j] - l);
+            for (int j = 0; j < nc; ++j) prow[j] = cpu::exp_fast(prow[j] - l);
+            for (int j = nc; j < nk; ++j) prow[j] = 0.0f;
         }
         // dV += P^T dO
         tile_gemm_packed_b(nk, Dv, nq, 1.0f, P, 1, kBk, sc.do_b.data(), nq, 1.0f, dV, long(lv), by_key);
@@ -429,8 +443,7 @@ void backward_task(long task, const AttentionArgs& a, const Masker& mk, int nqt,
             float* prow = P + size_t(i) * kBk;
             float* drow = dP + size_t(i) * kBk;
             const float di = D[i];
-            const int computed =
-                triangle ? std::min(nk, (n_end[i / kTileMR] + kTileNR - 1) / kTileNR * kTileNR) : nk;
+            const int computed = triangle ? computed_keys(n_end, i, nk) : nk;
 #pragma omp simd
             for (int j = 0; j < computed; ++j) drow[j] = prow[j] * (drow[j] - di);
             for (int j = computed; j < nk; ++j) drow[j] = 0.0f;

@@ -3,7 +3,6 @@
 // sgemm rate behind "% of sgemm", the best measurement seen on the host.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>

@@ -443,10 +443,10 @@ void backward_task(long task, const AttentionArgs& a, const Masker& mk, int nqt,
             float* prow = P + size_t(i) * kBk;
             float* drow = dP + size_t(i) * kBk;
             const float di = D[i];
-            const int computed = triangle ? computed_keys(n_end, i, nk) : nk;
+            const int nc = triangle ? computed_keys(n_end, i, nk) : nk;
 #pragma omp simd
-            for (int j = 0; j < computed; ++j) drow[j] = prow[j] * (drow[j] - di);
-            for (int j = computed; j < nk; ++j) drow[j] = 0.0f;
+            for (int j = 0; j < nc; ++j) drow[j] = prow[j] * (drow[j] - di);
+            for (int j = nc; j < nk; ++j) drow[j] = 0.0f;
         }
         // dQ += scale * dS K ; dK += scale * dS^T Q
         tile_gemm_packed_b(nq, Dqk, nk, a.scale, dP, kBk, 1, pk.k + unit * pk.k_per, nk_tile, 1.0f,

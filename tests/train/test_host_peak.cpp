@@ -34,6 +34,46 @@ TEST(HostPeak, MeasuredOnceThenCachedExactly) {
     unsetenv("QUINTET_CACHE_DIR");
 }
 
+// A peak read on a busy host (below what an sgemm on one thread reached here) is not kept: it
+// would inflate every MFU on the host. Seen on a Zen 4 host, whose first reading right after the
+// build was half its peak (58 against 105 GFLOP/s of sgemm per core).
+TEST(HostPeak, APeakBelowTheSgemmRateIsMeasuredAgain) {
+    const fs::path dir = quintet::testing::scratch_dir("host_peak_low");
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    setenv("QUINTET_CACHE_DIR", dir.c_str(), 1);
+    const quintet::HostPeak m = quintet::host_fma_peak(/*remeasure=*/true);
+    std::string line;
+    std::getline(std::ifstream(quintet::host_peak_cache_path()), line);
+    const std::string cpu = line.substr(line.find(" cpu="));
+    ASSERT_NE(line.find(" one_core="), std::string::npos) << line;
+    quintet::write_sgemm_cache(0.01);  // one thread's sgemm, far below any real FMA rate
+    auto write_entry = [&](double per_core, double one) {
+        std::ofstream o(quintet::host_peak_cache_path());
+        o << "gflops_per_core=" << per_core << " isa=" << m.isa << " one_core=" << one << cpu << "\n";
+    };
+    // Consistent with the sgemm: trusted as it is.
+    write_entry(0.002, 0.02);
+    const quintet::HostPeak kept = quintet::host_fma_peak();
+    EXPECT_NE(kept.source.find("cached in"), std::string::npos) << kept.source;
+    EXPECT_DOUBLE_EQ(kept.gflops_per_core, 0.002);
+    // Below it: measured again, and the new (higher) reading is what is cached.
+    write_entry(0.002, 0.005);
+    const quintet::HostPeak fixed = quintet::host_fma_peak();
+    EXPECT_EQ(fixed.source, "measured");
+    EXPECT_GT(fixed.gflops_per_core, 0.5);
+    const quintet::HostPeak after = quintet::host_fma_peak();
+    EXPECT_NE(after.source.find("cached in"), std::string::npos) << after.source;
+    EXPECT_NEAR(after.gflops_per_core, fixed.gflops_per_core, 1e-3 * fixed.gflops_per_core);
+    // An entry without the one-core figure (written before it existed) is measured again.
+    {
+        std::ofstream o(quintet::host_peak_cache_path());
+        o << "gflops_per_core=0.002 isa=" << m.isa << cpu << "\n";
+    }
+    EXPECT_EQ(quintet::host_fma_peak().source, "measured");
+    unsetenv("QUINTET_CACHE_DIR");
+}
+
 // The sgemm rate behind "% of sgemm": the measurement, but no less than the best one seen on
 // this host for the same arrangement (a short measurement on a busy host reads low).
 TEST(HostPeak, SgemmRateIsTheBestMeasurementSeenHere) {

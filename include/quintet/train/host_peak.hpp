@@ -16,7 +16,10 @@ struct HostPeak {
 // fma_peak-<hostname>. An entry for another CPU model (a host name reused) is measured again.
 std::string host_peak_cache_path();
 // One core's FMA peak of this host: the cache, else measured on all cores at once (their sum
-// over the cores: SMT siblings sharing FMA units count once; about 0.5 s) and cached.
+// over the cores: SMT siblings sharing FMA units count once; about 0.5 s), then on one core
+// alone, and cached. A cached entry whose one-core figure is below the cached one-thread sgemm
+// rate (read_sgemm_cache) was read on a busy host: it is measured again and the higher of the
+// readings kept; `remeasure` replaces the entry outright.
 HostPeak host_fma_peak(bool remeasure = false);
 
 // The intra-node link between two ranks as `quintet plan --measure` measured it (cached beside

@@ -182,8 +182,9 @@ rm -f "$tmp"/qsub.*
 
 # 3. Walltime: SIGUSR1, checkpoint, resubmit; the resubmission resumes ---------------------------
 t0=$SECONDS
-# Slow steps (about 0.1-0.5 s each) so that the signal, 3 s after the start, comes mid-run.
-ov="--output.run_dir=$tmp/wall --train.steps=30 --model.d_model=256 --model.ffn_dim=512 --data.seq_len=256 --output.log_every=1"
+# Slow steps (about 0.1-0.5 s each; 0.06 on a Zen 4 host, where 30 steps ended before the signal)
+# so that the signal, 3 s after the start, comes mid-run; the resubmission runs the rest.
+ov="--output.run_dir=$tmp/wall --train.steps=120 --model.d_model=256 --model.ffn_dim=512 --data.seq_len=256 --output.log_every=1"
 run_job wall DECK="$tmp/resume_none.deck" OVERRIDES="$ov" FAKE_WALLTIME=00:00:06 QUINTET_SIGNAL_MARGIN=3
 vars=$(qsub_vars 2>/dev/null)
 if ((rc == 0)) && (($(qsub_calls) == 1)) && grep -q 'SIGUSR1 to be sent 3 s before the walltime of 6 s' "$tmp/wall.log" &&
@@ -194,12 +195,12 @@ if ((rc == 0)) && (($(qsub_calls) == 1)) && grep -q 'SIGUSR1 to be sent 3 s befo
     IFS=, read -r -a assign <<<"$vars"
     run_job wall2 "${assign[@]}" FAKE_WALLTIME=01:00:00
     n=$(steps_of "$tmp/wall" "$tmp/wall2.log")
-    if ((rc == 0)) && [[ $n == 30 ]] && grep -q "resumed from .*step_$(printf %08d "$first").h5" "$tmp/wall2.log" &&
+    if ((rc == 0)) && [[ $n == 120 ]] && grep -q "resumed from .*step_$(printf %08d "$first").h5" "$tmp/wall2.log" &&
         grep -q 'resubmission 1)' "$tmp/wall2.log" && (($(qsub_calls) == 1)); then
-        pass "3. walltime: SIGUSR1 3 s before it, checkpoint at step $first, resubmitted (QUINTET_RESUBMITS=1); the resubmission resumed under checkpoint.resume = none and finished 30 steps"
+        pass "3. walltime: SIGUSR1 3 s before it, checkpoint at step $first, resubmitted (QUINTET_RESUBMITS=1); the resubmission resumed under checkpoint.resume = none and finished 120 steps"
     else
         show "$tmp/wall2.log"
-        fail "3. the resubmitted job: exit $rc, $n steps (want 0, 30, 'resumed from' step $first, no further qsub)"
+        fail "3. the resubmitted job: exit $rc, $n steps (want 0, 120, 'resumed from' step $first, no further qsub)"
     fi
 else
     show "$tmp/wall.log"

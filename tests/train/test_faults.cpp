@@ -11,6 +11,7 @@
 #include <sys/mount.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -121,7 +122,20 @@ TEST_F(Faults, SkipDropsTheUpdateCountsAndStopsAfterMaxSkips) {
 // from a complete checkpoint, and the loss, grad-norm and eval curves in metrics.h5 equal an
 // unbroken run's bit for bit.
 TEST_F(Faults, KilledAtRandomMomentsTheRunEndsOnTheUnbrokenCurve) {
-    const std::string args = "--train.steps=150 --checkpoint.every=1 --checkpoint.keep=3 --eval.every=10";
+    // The kill window below is in seconds: on a fast host (Zen 4) 150 steps ended before most
+    // kills landed (2 kills). An unbroken run of 150 steps is timed first, and the run made
+    // long enough (a multiple of 150 steps) to last at least 2.5 s.
+    const auto direct = [&](const std::string& run, const std::string& a) {
+        return std::string(QUINTET_BINARY) + " train " + deck.string() + " --data.path=" +
+               data.string() + " --output.run_dir=" + (dir / run).string() + " " + a + " > " +
+               (dir / (run + ".log")).string() + " 2>&1";
+    };
+    const std::string per_step = " --checkpoint.every=1 --checkpoint.keep=3 --eval.every=10";
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(std::system(("OMP_NUM_THREADS=1 " + direct("timing", "--train.steps=150" + per_step)).c_str()), 0) << read_file(dir / "timing.log");
+    const double d150 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const int steps = 150 * std::max(1, int(std::ceil(2.5 / d150)));
+    const std::string args = "--train.steps=" + std::to_string(steps) + per_step;
     auto ref = train(1, "ref", args);
     ASSERT_EQ(ref.status, 0) << ref.output;
     std::mt19937 g(2026);
@@ -132,9 +146,7 @@ TEST_F(Faults, KilledAtRandomMomentsTheRunEndsOnTheUnbrokenCurve) {
         char t[32];
         std::snprintf(t, sizeof t, "%.3f", after);
         // One thread, as train() runs the reference (mpirun -x OMP_NUM_THREADS=1).
-        const std::string cmd = std::string("OMP_NUM_THREADS=1 timeout -s KILL ") + t + " " + QUINTET_BINARY + " train " + deck.string() +
-                                " --data.path=" + data.string() + " --output.run_dir=" + (dir / "killed").string() +
-                                " " + args + " > " + (dir / "killed.log").string() + " 2>&1";
+        const std::string cmd = std::string("OMP_NUM_THREADS=1 timeout -s KILL ") + t + " " + direct("killed", args);
         const int st = std::system(cmd.c_str());
         if (WIFEXITED(st) && WEXITSTATUS(st) == 0) break;
         ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 137) << "status " << st << "\n" << read_file(dir / "killed.log");
@@ -144,7 +156,8 @@ TEST_F(Faults, KilledAtRandomMomentsTheRunEndsOnTheUnbrokenCurve) {
     ASSERT_LT(runs, 40) << "never finished";
     for (const char* c : {"/train/loss", "/train/grad_norm", "/eval/loss", "/train/step"})
         EXPECT_EQ(metrics_column(dir / "killed", c), metrics_column(dir / "ref", c)) << c << " after " << kills << " kills";
-    std::printf("[ faults ] %d SIGKILLs, the run ended on the unbroken curve\n", kills);
+    std::printf("[ faults ] %d SIGKILLs over %d steps (150 steps took %.2f s), the run ended on the unbroken curve\n",
+                kills, steps, d150);
 }
 
 TEST_F(Faults, TruncatedLatestFallsBackAndCorruptValuesAreRefused) {

@@ -66,6 +66,39 @@ std::string host_peak_cache_path() {
     return dir + "/fma_peak-" + host_name();
 }
 
+namespace {
+std::string cache_file(const std::string& kind) {
+    const std::string p = host_peak_cache_path();
+    return p.substr(0, p.rfind('/') + 1) + kind + "-" + host_name();
+}
+// "key1=v1 key2=v2 cpu=<model>" of this CPU model, or false.
+bool read_pair(const std::string& kind, const char* fmt, double* a, double* b) {
+    std::ifstream f(cache_file(kind));
+    std::string line;
+    if (!std::getline(f, line)) return false;
+    auto c = line.find(" cpu=");
+    if (c == std::string::npos || line.substr(c + 5) != cpu_model()) return false;
+    double x = 0, y = 0;
+    const int n = std::sscanf(line.c_str(), fmt, &x, &y);
+    if (n < 1 || x <= 0) return false;
+    *a = x;
+    if (b) *b = y;
+    return true;
+}
+void write_line(const std::string& kind, const std::string& text) {
+    const std::string path = cache_file(kind);
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+    const std::string tmp = path + ".tmp" + std::to_string(getpid());
+    {
+        std::ofstream o(tmp);
+        o << text << " cpu=" << cpu_model() << "\n";
+    }
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) std::filesystem::remove(tmp, ec);
+}
+}  // namespace
+
 HostPeak host_fma_peak(bool remeasure) {
     const std::string path = host_peak_cache_path(), cpu = cpu_model();
     HostPeak p;
@@ -107,51 +140,12 @@ HostPeak host_fma_peak(bool remeasure) {
         alone = std::max(alone, cached_one);
     }
     // Best effort: a read-only home only costs a measurement next time.
-    std::error_code ec;
-    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-    const std::string tmp = path + ".tmp" + std::to_string(getpid());
-    {
-        std::ofstream o(tmp);
-        o << "gflops_per_core=" << p.gflops_per_core << " isa=" << m.isa << " one_core=" << alone
-          << " cpu=" << cpu << "\n";
-    }
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) std::filesystem::remove(tmp, ec);
+    std::ostringstream o;
+    o << "gflops_per_core=" << p.gflops_per_core << " isa=" << m.isa << " one_core=" << alone;
+    write_line("fma_peak", o.str());
     return p;
 }
 
-namespace {
-std::string cache_file(const std::string& kind) {
-    const std::string p = host_peak_cache_path();
-    return p.substr(0, p.rfind('/') + 1) + kind + "-" + host_name();
-}
-// "key1=v1 key2=v2 cpu=<model>" of this CPU model, or false.
-bool read_pair(const std::string& kind, const char* fmt, double* a, double* b) {
-    std::ifstream f(cache_file(kind));
-    std::string line;
-    if (!std::getline(f, line)) return false;
-    auto c = line.find(" cpu=");
-    if (c == std::string::npos || line.substr(c + 5) != cpu_model()) return false;
-    double x = 0, y = 0;
-    const int n = std::sscanf(line.c_str(), fmt, &x, &y);
-    if (n < 1 || x <= 0) return false;
-    *a = x;
-    if (b) *b = y;
-    return true;
-}
-void write_line(const std::string& kind, const std::string& text) {
-    const std::string path = cache_file(kind);
-    std::error_code ec;
-    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-    const std::string tmp = path + ".tmp" + std::to_string(getpid());
-    {
-        std::ofstream o(tmp);
-        o << text << " cpu=" << cpu_model() << "\n";
-    }
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) std::filesystem::remove(tmp, ec);
-}
-}  // namespace
 
 bool read_link_cache(LinkFigures* out) {
     return read_pair("links", "gbs=%lf latency_s=%lf", &out->gbs, &out->latency_s);

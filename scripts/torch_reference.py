@@ -29,6 +29,8 @@ Three modes:
             torch_reference.py check --checkpoint run/checkpoints/step_00000000.h5 \
                 --data data/quickstart.h5 --steps 20 [--out losses.txt] [--double]
           prints (and writes to --out) one line per step:  step <s> loss <8 significant digits>
+          (with --print-grad-norm, ' grad_norm <x>' follows: the gradient norm before clipping;
+          with --exact-sums under bf16, the linear layers sum in fp64: another summation order)
           (with --print-aux and an MoE model:  step <s> loss <x> ce <x> aux <x>, where
           loss = ce + moe.aux_coef * aux and aux = the sum over MoE layers of the balance loss,
           averaged over the step's microbatches; 0 unless moe.balance = aux_loss; with
@@ -61,7 +63,9 @@ Three modes:
   With train.precision = bf16 in the checkpoint's deck, every linear layer multiplies
   bf16-rounded operands in fp32 (weights, inputs, and in backward the output gradient), as
   docs/cuda.md defines bf16 mode; everything else stays fp32 (the MoE router's gate and every
-  expert matrix are linear layers; the router's softmax and top-k are fp32).
+  expert matrix are linear layers; the router's softmax and top-k are fp32), except that the
+  attention backward's D = rowsum(dO * O) reads the bf16-rounded output, which is all that
+  bf16 mode stores of it.
 
 Needs torch (>= 1.13, CPU is fine), numpy and h5py.
 """
@@ -393,7 +397,10 @@ def rope_tables(cfg, seq_len, dtype):
     return (torch.cos(angle) * mscale).to(dtype), (torch.sin(angle) * mscale).to(dtype)
 
 
-def build_model_class(bf16=False):
+def build_model_class(bf16=False, exact_sums=False):
+    """The Decoder class. bf16: train.precision = bf16 (docs/cuda.md). exact_sums (bf16 only):
+    the linear layers' fp32 sums done in fp64 and rounded once -- the same roundings of the
+    same operands, summed in another order: how far a case moves under summation order alone."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -401,23 +408,50 @@ def build_model_class(bf16=False):
     def r(t):  # round to the nearest bf16 (ties to even), kept as fp32
         return t.to(torch.bfloat16).to(t.dtype)
 
+    def mm(a, b):  # a product of bf16-rounded operands: fp32 sums, or fp64 ones rounded once
+        return (a.double() @ b.double()).to(a.dtype) if exact_sums else a @ b
+
     class Bf16Linear(torch.autograd.Function):
         """y = r(x) r(w)^T; backward: g = r(dy), dx = g r(w), dw = g^T r(x); sums in fp32."""
         @staticmethod
         def forward(ctx, x, w):
             xr, wr = r(x), r(w)
             ctx.save_for_backward(xr, wr)
-            return xr @ wr.t()
+            return mm(xr, wr.t())
 
         @staticmethod
         def backward(ctx, dy):
             xr, wr = ctx.saved_tensors
             g = r(dy)
-            dw = g.reshape(-1, g.shape[-1]).t() @ xr.reshape(-1, xr.shape[-1])
-            return g @ wr, dw
+            dw = mm(g.reshape(-1, g.shape[-1]).t(), xr.reshape(-1, xr.shape[-1]))
+            return mm(g, wr), dw
 
     def linear(x, w):
         return Bf16Linear.apply(x, w) if bf16 else F.linear(x, w)
+
+    class Bf16StoredOutputAttention(torch.autograd.Function):
+        """o = softmax(scores) v, in fp32. Under bf16 the attention output is stored only in
+        bf16 (it feeds o_proj), and the backward's D = rowsum(dO * O) reads that stored copy
+        widened, as a bf16 FlashAttention does (docs/cuda.md): dS = P * (dO v^T - D)."""
+        @staticmethod
+        def forward(ctx, scores, v):
+            p = torch.softmax(scores, dim=-1)
+            o = torch.bmm(p, v)
+            ctx.save_for_backward(p, v, r(o))
+            return o
+
+        @staticmethod
+        def backward(ctx, do):
+            p, v, o_stored = ctx.saved_tensors
+            d = (do * o_stored).sum(-1, keepdim=True)
+            ds = p * (torch.bmm(do, v.transpose(1, 2)) - d)
+            return ds, torch.bmm(p.transpose(1, 2), do)
+
+    def attend(scores, v):
+        """softmax over the last dim of scores [b, tq, tk], times v [b, tk, dv]."""
+        if bf16:
+            return Bf16StoredOutputAttention.apply(scores, v)
+        return torch.bmm(torch.softmax(scores, dim=-1), v)
 
     def rmsnorm(x, w, eps):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
@@ -615,8 +649,7 @@ def build_model_class(bf16=False):
             # scores = mask + scale * q k^T (mask: causal, additive -inf, tiled rep times)
             scores = torch.baddbmm(mask, q, k.transpose(1, 2), beta=1.0,
                                    alpha=1.0 / math.sqrt(hd))         # [B*nkv, rep*T, T]
-            probs = torch.softmax(scores, dim=-1)
-            o = torch.bmm(probs, v)                                    # [B*nkv, rep*T, hd]
+            o = attend(scores, v)                                      # [B*nkv, rep*T, hd]
             o = o.view(B, nh, T, hd).transpose(1, 2).reshape(B, T, nh * hd)
             x = x + linear(o, self.wo)
             h = rmsnorm(x, self.ffn_norm, cfg.norm_eps)
@@ -689,8 +722,7 @@ def build_model_class(bf16=False):
             # scores = mask + scale * q k^T, scale = mscale^2 / sqrt(nope + rope)
             scores = torch.baddbmm(mask, q, k.transpose(1, 2), beta=1.0,
                                    alpha=cfg.mla_softmax_scale())        # [B*nh, T, T]
-            probs = torch.softmax(scores, dim=-1)
-            o = torch.bmm(probs, v)                                      # [B*nh, T, dv]
+            o = attend(scores, v)                                        # [B*nh, T, dv]
             o = o.view(B, nh, T, dv).transpose(1, 2).reshape(B, T, nh * dv)
             x = x + linear(o, self.wo)
             h = rmsnorm(x, self.ffn_norm, eps)
@@ -970,7 +1002,7 @@ def cmd_check(args):
             cfg.original_max_position = deck.int("data.seq_len")
 
         bf16 = kv.get("train.precision", "fp32") == "bf16"
-        Decoder = build_model_class(bf16=bf16)
+        Decoder = build_model_class(bf16=bf16, exact_sums=args.exact_sums)
         model = Decoder(cfg)
         print(f"precision {'bf16 (bf16 GEMM operands, fp32 sums)' if bf16 else 'fp32'}")
         views = model.hf_views()
@@ -1101,6 +1133,8 @@ def cmd_check(args):
         if aux_free:
             update_moe_biases(model, loads, cfg.moe_bias_rate)
         line = f"step {s} loss {loss:.8g}"
+        if args.print_grad_norm:
+            line += f" grad_norm {gnorm:.8g}"
         if args.print_aux and moe:
             line += f" ce {loss_sum / denom:.8g} aux {aux_mean:.8g}"
         if args.print_dropped and moe:
@@ -1222,6 +1256,12 @@ def main(argv=None):
     c.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     c.add_argument("--verbose", action="store_true",
                    help="lr and grad norm per step on stderr (MoE: expert loads, aux-free bias)")
+    c.add_argument("--print-grad-norm", action="store_true",
+                   help="append 'grad_norm <x>' to each step line (before clipping, as quintet's "
+                        "/train/grad_norm)")
+    c.add_argument("--exact-sums", action="store_true",
+                   help="bf16: the linear layers' sums in fp64, rounded once to fp32 (the same "
+                        "rounded operands in another summation order)")
     c.add_argument("--print-aux", action="store_true",
                    help="MoE: append 'ce <x> aux <x>' to each step line (loss = ce + aux_coef*aux)")
     c.add_argument("--print-dropped", action="store_true",

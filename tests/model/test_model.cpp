@@ -77,7 +77,10 @@ void random_tokens(int N, std::vector<int32_t>& ids, std::vector<int32_t>& tgt) 
 // The whole chunk's gradient, every trainable tensor a few elements each, against central
 // differences of its loss (ce, plus the aux loss of MoE layers). kind: a Tiny variant. MoE takes
 // steps of 1e-3, so that every token's top-k choice stays fixed (a flip would show as an O(1)
-// error), and an expert may have been routed no token.
+// error), and an expert may have been routed no token. The loss is a sum over tokens (~70 for
+// MoE), so at that step fp32 rounding alone moves the difference by ~1e-3 (measured by the
+// probes), as much as 3% of a rarely routed expert's largest gradient (0.047 under the capacity
+// cut): it is allowed for, and must stay below a fifth of each checked tensor's gradient.
 void check_model_gradient(bool tied, bool yarn, const std::string& kind = "mha") {
     const bool moe = kind.rfind("moe", 0) == 0;
     const float h = moe ? 1e-3f : 1e-2f;
@@ -107,14 +110,19 @@ void check_model_gradient(bool tied, bool yarn, const std::string& kind = "mha")
             std::copy(x.begin(), x.end(), params.begin() + s.offset);
             return f();
         };
-        auto r = quintet::testing::gradcheck(x, an, fx, h, 12, 5);
+        auto r = quintet::testing::gradcheck(x, an, fx, h, 12, 5, 3);
         std::copy(x.begin(), x.end(), params.begin() + s.offset);
-        EXPECT_LT(r.rel(), tol) << kind << " " << s.name << " max grad " << r.max_grad << " err " << r.max_abs_err;
+        EXPECT_TRUE(r.within(tol)) << kind << " " << s.name << " max grad " << r.max_grad << " err "
+                                   << r.max_abs_err << " (round-off of the difference " << r.noise << ")";
+        // A tensor is checked only where a wrong gradient (off by ~max grad) would stand far
+        // above the round-off allowed for.
+        const bool checked = r.max_grad > min_grad && r.noise < 0.2 * r.max_grad;
         if (s.name.find(".mlp.experts.") != std::string::npos) {
             ++experts;
-            with_grad += r.max_grad > min_grad;
+            with_grad += checked;
         } else {
-            EXPECT_GT(r.max_grad, min_grad) << kind << " " << s.name << " has no gradient";
+            EXPECT_TRUE(checked) << kind << " " << s.name << " max grad " << r.max_grad << ", round-off "
+                                 << r.noise << ": no gradient to check";
         }
     }
     if (moe) {

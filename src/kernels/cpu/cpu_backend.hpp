@@ -6,7 +6,6 @@
 #pragma once
 #include <cblas.h>
 #include <omp.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
@@ -29,23 +28,6 @@ inline void blas_set_threads(int n) { openblas_set_num_threads(n); }
 #endif
 
 namespace quintet::cpu {
-
-// Zeroed host memory for the backend's arrays. A buffer of 2 MiB or more is 2 MiB-aligned and
-// advised onto transparent huge pages before it is first touched: the GEMMs' packs and the
-// element-wise passes walk hundreds of MB, each 4 KiB page a TLB entry (docs/benchmarks.md has
-// what it measured: 0-4% of a step, at the edge of that host's noise). The advice is a request:
-// where THP is off (/sys/kernel/mm/transparent_hugepage/enabled = never) nothing changes.
-inline void* host_alloc_zeroed(size_t bytes) {
-    constexpr size_t kHugePage = size_t(2) << 20;
-    bytes = std::max<size_t>(bytes, 1);
-    const bool huge = bytes >= kHugePage;  // (not rounded up: a partial last 2 MiB stays on small pages)
-    void* p = nullptr;
-    if (posix_memalign(&p, huge ? kHugePage : 64, bytes) != 0)
-        rank_fail("out of host memory allocating " + std::to_string(bytes) + " bytes");
-    if (huge) madvise(p, bytes, MADV_HUGEPAGE);
-    std::memset(p, 0, bytes);
-    return p;
-}
 
 // Scratch of the attention kernels, grown on first use and kept (no allocation in the steady
 // state): per-thread tiles, per-tile position bounds, the backward's task lists and the
@@ -79,7 +61,13 @@ public:
     std::string name() const override { return std::string("cpu (") + QUINTET_BLAS_NAME + " + OpenMP)"; }
     int threads() const override { return threads_; }
 
-    float* alloc(size_t n) override { return static_cast<float*>(host_alloc_zeroed(n * sizeof(float))); }
+    float* alloc(size_t n) override {
+        void* p = nullptr;
+        if (posix_memalign(&p, 64, std::max<size_t>(n, 1) * sizeof(float)) != 0)
+            rank_fail("out of host memory allocating " + std::to_string(n * 4) + " bytes");
+        std::memset(p, 0, n * sizeof(float));
+        return static_cast<float*>(p);
+    }
     void release(float* p) override { std::free(p); }
     void zero(float* p, size_t n) override {
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
@@ -89,7 +77,7 @@ public:
     void to_host(float* host, const float* src, size_t n) override { std::memcpy(host, src, n * 4); }
     void from_host(float* dst, const float* host, size_t n) override { std::memcpy(dst, host, n * 4); }
     int32_t* alloc_i32(size_t n) override {
-        return static_cast<int32_t*>(host_alloc_zeroed(n * sizeof(int32_t)));
+        return static_cast<int32_t*>(std::calloc(std::max<size_t>(n, 1), sizeof(int32_t)));
     }
     void release_i32(int32_t* p) override { std::free(p); }
     void from_host_i32(int32_t* dst, const int32_t* host, size_t n) override {
@@ -110,7 +98,7 @@ public:
     // into scratch (grown once, reused) and runs sgemm -- exact products, fp32 sums, like a
     // tensor core; slower than fp32, not faster.
     bf16_bits* alloc_bf16(size_t n) override {
-        return static_cast<bf16_bits*>(host_alloc_zeroed(n * sizeof(bf16_bits)));
+        return static_cast<bf16_bits*>(std::calloc(std::max<size_t>(n, 1), sizeof(bf16_bits)));
     }
     void release_bf16(bf16_bits* p) override { std::free(p); }
     void to_bf16(bf16_bits* dst, const float* src, size_t n) override {

@@ -110,7 +110,7 @@ void check_model_gradient(bool tied, bool yarn, const std::string& kind = "mha")
             std::copy(x.begin(), x.end(), params.begin() + s.offset);
             return f();
         };
-        auto r = quintet::testing::gradcheck(x, an, fx, h, 12, 5, 3);
+        auto r = quintet::testing::gradcheck(x, an, fx, h, 12, 5, 12);
         std::copy(x.begin(), x.end(), params.begin() + s.offset);
         EXPECT_TRUE(r.within(tol)) << kind << " " << s.name << " max grad " << r.max_grad << " err "
                                    << r.max_abs_err << " (round-off of the difference " << r.noise << ")";

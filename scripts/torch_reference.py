@@ -412,7 +412,8 @@ def build_model_class(bf16=False, exact_sums=False):
         return (a.double() @ b.double()).to(a.dtype) if exact_sums else a @ b
 
     class Bf16Linear(torch.autograd.Function):
-        """y = r(x) r(w)^T; backward: g = r(dy), dx = g r(w), dw = g^T r(x); sums in fp32."""
+        """y = r(x) r(w)^T; backward: g = r(dy), dx = g r(w), dw = g^T r(x); sums in fp32 (fp64
+        under exact_sums)."""
         @staticmethod
         def forward(ctx, x, w):
             xr, wr = r(x), r(w)
@@ -1004,7 +1005,8 @@ def cmd_check(args):
         bf16 = kv.get("train.precision", "fp32") == "bf16"
         Decoder = build_model_class(bf16=bf16, exact_sums=args.exact_sums)
         model = Decoder(cfg)
-        print(f"precision {'bf16 (bf16 GEMM operands, fp32 sums)' if bf16 else 'fp32'}")
+        sums = "fp64 sums rounded once" if args.exact_sums else "fp32 sums"
+        print(f"precision {f'bf16 (bf16 GEMM operands, {sums})' if bf16 else 'fp32'}")
         views = model.hf_views()
         missing = [n for n in views if f"params/{n}" not in ck]
         if missing:

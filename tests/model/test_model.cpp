@@ -80,7 +80,8 @@ void random_tokens(int N, std::vector<int32_t>& ids, std::vector<int32_t>& tgt) 
 // error), and an expert may have been routed no token. The loss is a sum over tokens (~70 for
 // MoE), so at that step fp32 rounding alone moves the difference by ~1e-3 (measured by the
 // probes), as much as 3% of a rarely routed expert's largest gradient (0.047 under the capacity
-// cut): it is allowed for, and must stay below a fifth of each checked tensor's gradient.
+// cut): it is measured for every tensor and allowed for. A tensor whose round-off is not below a
+// fifth of its largest gradient fails (an expert's is only left out of the count of checked ones).
 void check_model_gradient(bool tied, bool yarn, const std::string& kind = "mha") {
     const bool moe = kind.rfind("moe", 0) == 0;
     const float h = moe ? 1e-3f : 1e-2f;

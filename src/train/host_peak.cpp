@@ -146,7 +146,6 @@ HostPeak host_fma_peak(bool remeasure) {
     return p;
 }
 
-
 bool read_link_cache(LinkFigures* out) {
     return read_pair("links", "gbs=%lf latency_s=%lf", &out->gbs, &out->latency_s);
 }

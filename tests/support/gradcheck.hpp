@@ -49,12 +49,12 @@ inline GradCheckResult gradcheck(std::vector<float>& x, const std::vector<float>
     GradCheckResult r;
     std::mt19937 g(seed);
     size_t n = x.size();
-    double wobble = 0;  // the largest |f(x + j d) - f(x) - f' j d| seen
+    double wobble = 0;                          // the largest |f(x + j d) - f(x) - f' j d| seen
+    const double f0 = noise_probes > 0 ? f() : 0.0;  // f(x): x is restored after every index
     for (size_t k = 0; k < std::min(samples, n); ++k) {
         size_t i = samples >= n ? k : g() % n;
         float keep = x[i];
         if (k < noise_probes) {
-            const double f0 = f();
             for (int j = 1; j <= 4; ++j) {
                 x[i] = keep + float(j) * (h / 1000.0f);
                 const double d = double(x[i]) - keep;  // the nudge as stored

@@ -40,7 +40,8 @@ int peak_main(int argc, char** argv) {
                          "       mpirun -n 2 quintet peak --links\n"
                          "Measures this host's fp32 FMA peak (one core, a loop of independent FMAs in the\n"
                          "widest vector ISA; cached per host and CPU model: the denominator of MFU) and the\n"
-                         "BLAS sgemm rate (N x N x N, best of 5) with N threads (default OMP_NUM_THREADS\n"
+                         "sgemm rate of the CPU backend's matmul (the AVX-512 kernel where the host has it,\n"
+                         "else the BLAS; N x N x N, best of 5) with N threads (default OMP_NUM_THREADS\n"
                          "or all cores) and with one (cached for `quintet plan`). Prints\n"
                          "fma_peak_gflops=<all cores> fma_gflops_per_core=<x> sgemm_gflops=<rate> ...\n"
                          "--links (under mpirun, 2 ranks): all-reduce bandwidth and message latency\n"
@@ -63,6 +64,7 @@ int peak_main(int argc, char** argv) {
     be = make_cpu_backend(threads);  // restore the thread count for the process
     const int cores = host_cores();
     std::printf("cpu: %s, %d cores, %s\n", hp.cpu.c_str(), cores, hp.isa.c_str());
+    std::printf("backend: %s\n", be->name().c_str());
     std::printf("fma_peak_gflops=%.1f fma_gflops_per_core=%.1f (%s) sgemm_gflops=%.1f threads=%d size=%d "
                 "sgemm_gflops_per_core=%.1f sgemm_share_of_peak=%.2f\n",
                 hp.gflops_per_core * cores, hp.gflops_per_core, hp.source.c_str(), g, be->threads(), size, g1,

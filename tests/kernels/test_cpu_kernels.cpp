@@ -380,3 +380,84 @@ TEST(CpuTileGemm, BlockLimitsSumOnlyTheirRange) {
     }
     tile_detail::use_avx2() = host_avx2;
 }
+
+// The AVX-512 GEMM (src/kernels/cpu/cpu_gemm_avx512.cpp) against a double-precision loop:
+// each of the four transpose forms, row counts around its 12-row blocks, column counts inside,
+// across and past its 32-column blocks and its 512-column N block, K around its 256 K block
+// (and 0), padded leading dimensions, alpha 1 and 0.7, beta 0 (C's old contents NaN, never
+// read), 1 and 0.5; columns past n left untouched; and the same bits on 1, 2 and 3 threads.
+#include "../../src/kernels/cpu/cpu_gemm_avx512.hpp"
+
+TEST(CpuAvx512Gemm, MatchesADoubleLoopOnEveryEdgeAndThreadCount) {
+    using namespace quintet::cpu;
+#if defined(__x86_64__)
+    if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "host without AVX-512F: the BLAS runs";
+#else
+    GTEST_SKIP() << "not x86-64: the BLAS runs";
+#endif
+    struct Shape { int m, n, k; };
+    std::vector<Shape> shapes;
+    for (int m : {1, 11, 12, 13, 37})
+        for (int n : {1, 15, 16, 17, 32, 33, 70})
+            for (int k : {0, 1, 9, 256, 300}) shapes.push_back({m, n, k});
+    shapes.push_back({25, 1100, 40});   // three N blocks, the last partial
+    shapes.push_back({300, 40, 520});   // three K blocks, many row blocks
+    int cases = 0;
+    double worst = 0;
+    for (const Shape& s : shapes)
+        for (int form = 0; form < 4; ++form)
+            for (float beta : {0.0f, 1.0f, 0.5f}) {
+                const int m = s.m, n = s.n, k = s.k;
+                const bool ta = form & 1, tb = form & 2;
+                const float alpha = (cases % 2) ? 0.7f : 1.0f;
+                const int lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;
+                auto A = randn(size_t(ta ? k : m) * lda + 1, 11 + m);
+                auto B = randn(size_t(tb ? n : k) * ldb + 1, 13 + n);
+                auto C0 = randn(size_t(m) * ldc, 17 + k);
+                if (beta == 0.0f)
+                    for (int i = 0; i < m; ++i)
+                        for (int j = 0; j < n; ++j) C0[size_t(i) * ldc + j] = std::nanf("");
+                std::vector<float> first;
+                for (int threads : {1, 2, 3}) {
+                    auto C = C0;
+                    avx512_sgemm(ta, tb, m, n, k, alpha, A.data(), lda, B.data(), ldb, beta, C.data(),
+                                 ldc, threads);
+                    if (threads == 1) {
+                        first = C;
+                        for (int i = 0; i < m; ++i)
+                            for (int j = 0; j < ldc; ++j) {
+                                const float got = C[size_t(i) * ldc + j];
+                                if (j >= n) {  // past the columns: untouched
+                                    ASSERT_EQ(got, C0[size_t(i) * ldc + j]);
+                                    continue;
+                                }
+                                double want = 0, mag = 0;
+                                for (int p = 0; p < k; ++p) {
+                                    const double ab = double(ta ? A[size_t(p) * lda + i] : A[size_t(i) * lda + p]) *
+                                                      (tb ? B[size_t(j) * ldb + p] : B[size_t(p) * ldb + j]);
+                                    want += ab;
+                                    mag += std::abs(ab);
+                                }
+                                want *= alpha;
+                                mag *= alpha;
+                                if (beta != 0.0f) {
+                                    want += double(beta) * C0[size_t(i) * ldc + j];
+                                    mag += std::abs(double(beta) * C0[size_t(i) * ldc + j]);
+                                }
+                                ASSERT_FALSE(std::isnan(got)) << m << "x" << n << "x" << k << " form " << form;
+                                // fp32's worst case for a sum of k + 2 terms in some order (the
+                                // bound gamma_n of Higham's section 3.1): err/bound < 1 must hold.
+                                const double bound = (k + 3) * 0x1p-24 * mag + 1e-30;
+                                worst = std::max(worst, std::abs(got - want) / bound);
+                            }
+                    } else {
+                        ASSERT_EQ(std::memcmp(C.data(), first.data(), C.size() * 4), 0)
+                            << m << "x" << n << "x" << k << " form " << form << ": " << threads
+                            << " threads differ from 1";
+                    }
+                }
+                ++cases;
+            }
+    EXPECT_LT(worst, 1.0);
+    EXPECT_EQ(cases, int(shapes.size()) * 4 * 3);
+}

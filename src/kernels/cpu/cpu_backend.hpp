@@ -13,6 +13,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu_gemm_avx512.hpp"
 #include "cpu_math.hpp"
 #include "quintet/core/bf16.hpp"
 #include "quintet/core/error.hpp"
@@ -56,9 +57,13 @@ public:
     explicit CpuBackend(int threads) : threads_(threads) {
         omp_set_num_threads(threads_);
         blas_set_threads(threads_);
+        avx512_gemm_enabled();  // reads QUINTET_CPU_GEMM now: a bad value stops before any work
     }
     Device device() const override { return Device::cpu; }
-    std::string name() const override { return std::string("cpu (") + QUINTET_BLAS_NAME + " + OpenMP)"; }
+    std::string name() const override {
+        return std::string("cpu (") + (avx512_gemm_enabled() ? "AVX-512 GEMM" : QUINTET_BLAS_NAME) +
+               " + OpenMP)";
+    }
     int threads() const override { return threads_; }
 
     float* alloc(size_t n) override {
@@ -89,8 +94,7 @@ public:
 
     void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
               const float* B, int ldb, float beta, float* C, int ldc) override {
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                    M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     }
 
     // bf16 on the CPU exists to run the mixed-precision model path (and check its numerics) on
@@ -114,8 +118,7 @@ public:
         // op(A) is M x K: stored rows x cols = (ta ? K x M : M x K); likewise B.
         const float* a = widen(wide_a_, A, ta ? K : M, ta ? M : K, lda);
         const float* b = widen(wide_b_, B, tb ? N : K, tb ? K : N, ldb);
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                    M, N, K, alpha, a, ta ? M : K, b, tb ? K : N, beta, C, ldc);
+        sgemm(ta, tb, M, N, K, alpha, a, ta ? M : K, b, tb ? K : N, beta, C, ldc);
     }
 
     void embedding_forward(float* out, const int32_t* ids, const float* wte, int N, int C) override {
@@ -373,6 +376,14 @@ public:
     }
 
 private:
+    // Every matmul: the AVX-512 kernel where the host has it (cpu_gemm_avx512.hpp), else the BLAS.
+    void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+               const float* B, int ldb, float beta, float* C, int ldc) {
+        if (avx512_gemm_enabled())
+            return avx512_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, threads_);
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    }
     // rows x cols of a bf16 matrix with leading dimension ld, widened into dense fp32 scratch.
     const float* widen(std::vector<float>& buf, const bf16_bits* x, int rows, int cols, int ld) {
         const size_t n = size_t(rows) * cols;

@@ -32,6 +32,10 @@ struct Scratch {
     size_t a_n = 0;
     float* b = nullptr;
     size_t b_n = 0;
+    ~Scratch() {
+        std::free(a);
+        std::free(b);
+    }
     static float* grow(float*& p, size_t& have, size_t want) {
         if (want > have) {
             std::free(p);

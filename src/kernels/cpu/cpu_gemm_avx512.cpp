@@ -60,6 +60,13 @@ inline __mmask16 first_lanes(int n) {  // the first n (0..16) lanes
     return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max(n, 0)) - 1);
 }
 
+// The plain gather both packs fall back to: dst[p][w] = src[w * stride + p] for w < valid, 0 past
+// it, p in [p_from, kc); a panel `width` wide.
+inline void pack_gather(float* dst, int width, int valid, int p_from, int kc, const float* src, long stride) {
+    for (int p = p_from; p < kc; ++p)
+        for (int w = 0; w < width; ++w) dst[p * width + w] = w < valid ? src[w * stride + p] : 0.0f;
+}
+
 // op(A)(i, p) = ta ? A[p * lda + i] : A[i * lda + p]. Rows [i0, i0 + mi), columns [p0, p0 + kc)
 // into micro-panels of kMR rows, each [kc][kMR], rows past mi zero.
 QUINTET_AVX512 void pack_a(float* dst, const float* A, long lda, bool ta, int i0, int mi, int p0,
@@ -76,8 +83,7 @@ QUINTET_AVX512 void pack_a(float* dst, const float* A, long lda, bool ta, int i0
         }
         const float* src = A + long(i0 + ib) * lda + p0;
         if (m < kMR) {
-            for (int p = 0; p < kc; ++p)
-                for (int r = 0; r < kMR; ++r) dst[p * kMR + r] = r < m ? src[r * lda + p] : 0.0f;
+            pack_gather(dst, kMR, m, 0, kc, src, lda);
             continue;
         }
         // Rows contiguous along p: transpose 8 x 8 blocks (rows 0..7, then 8..11 and 4 zeros).
@@ -92,8 +98,7 @@ QUINTET_AVX512 void pack_a(float* dst, const float* A, long lda, bool ta, int i0
             transpose8(r);
             for (int c = 0; c < 8; ++c) _mm_storeu_ps(dst + (p + c) * kMR + 8, _mm256_castps256_ps128(r[c]));
         }
-        for (; p < kc; ++p)
-            for (int r = 0; r < kMR; ++r) dst[p * kMR + r] = src[r * lda + p];
+        pack_gather(dst, kMR, kMR, p, kc, src, lda);
     }
 }
 
@@ -114,8 +119,7 @@ QUINTET_AVX512 void pack_b(float* dst, const float* B, long ldb, bool tb, int p0
         }
         const float* src = B + long(j0 + jb) * ldb + p0;
         if (n < kNR) {
-            for (int p = 0; p < kc; ++p)
-                for (int j = 0; j < kNR; ++j) dst[p * kNR + j] = j < n ? src[j * ldb + p] : 0.0f;
+            pack_gather(dst, kNR, n, 0, kc, src, ldb);
             continue;
         }
         int p = 0;  // columns of op(B) contiguous along p: transpose 8 x 8 blocks
@@ -126,8 +130,7 @@ QUINTET_AVX512 void pack_b(float* dst, const float* B, long ldb, bool tb, int p0
                 transpose8(r);
                 for (int c = 0; c < 8; ++c) _mm256_store_ps(dst + (p + c) * kNR + j8, r[c]);
             }
-        for (; p < kc; ++p)
-            for (int j = 0; j < kNR; ++j) dst[p * kNR + j] = src[j * ldb + p];
+        pack_gather(dst, kNR, kNR, p, kc, src, ldb);
     }
 }
 

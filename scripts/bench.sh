@@ -19,9 +19,12 @@
 #
 # With BASELINE=path/to/another/quintet, each round also runs that binary on the same deck right
 # after this one (side by side, interleaved) and the table adds its tok/s and the ratio: the
-# "no slower than the commit before" check of a refactor.
+# "no slower than the commit before" check of a refactor. BASELINE_GEMM=blas|avx2|avx512 runs the
+# baseline with that QUINTET_CPU_GEMM (quintet itself takes QUINTET_CPU_GEMM from the
+# environment): BASELINE=build/quintet BASELINE_GEMM=blas QUINTET_CPU_GEMM=avx2 compares the two
+# GEMMs in one binary.
 #
-# Environment: REPEATS (3), BENCH_DECKS ("small medium"; "medium_mha", "mla", "moe" for inputs/bench_{medium_mha,mla,moe}.deck), BENCH_THREADS (2), BASELINE,
+# Environment: REPEATS (3), BENCH_DECKS ("small medium"; "medium_mha", "mla", "moe" for inputs/bench_{medium_mha,mla,moe}.deck), BENCH_THREADS (2), BASELINE, BASELINE_GEMM,
 #   BENCH_CORPUS (text for `quintet prepare`; default ../shared/data/tinyshakespeare.txt if
 #   present, else data/quickstart.txt), PYTHON (an interpreter with torch, numpy and h5py).
 # Output: the table on stdout; raw numbers, logs and the table under runs/bench_results/.
@@ -161,7 +164,8 @@ for deck in $DECKS; do
         if [[ -n "${BASELINE:-}" ]]; then
             echo "== $deck round $r/$REPEATS: baseline $BASELINE" >&2
             rm -rf "runs/bench_${deck}_baseline"
-            env -u OMP_WAIT_POLICY OMP_NUM_THREADS="$THREADS" "$BASELINE" train "$deckfile" \
+            env -u OMP_WAIT_POLICY OMP_NUM_THREADS="$THREADS" \
+                ${BASELINE_GEMM:+QUINTET_CPU_GEMM="$BASELINE_GEMM"} "$BASELINE" train "$deckfile" \
                 --output.run_dir="runs/bench_${deck}_baseline" --checkpoint.resume=none \
                 --checkpoint.every=0 > "$OUT/baseline_${deck}_r$r.log" 2>&1
             b_line=$(quintet_metrics "runs/bench_${deck}_baseline/metrics.h5")

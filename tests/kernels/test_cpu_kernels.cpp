@@ -381,24 +381,26 @@ TEST(CpuTileGemm, BlockLimitsSumOnlyTheirRange) {
     tile_detail::use_avx2() = host_avx2;
 }
 
-// The AVX-512 GEMM (src/kernels/cpu/cpu_gemm_avx512.cpp) against a double-precision loop:
-// each of the four transpose forms, row counts around its 12-row blocks, column counts inside,
-// across and past its 32-column blocks and its 512-column N block, K around its 256 K block
-// (and 0), padded leading dimensions, alpha 1 and 0.7, beta 0 (C's old contents NaN, never
-// read), 1 and 0.5; columns past n left untouched; and the same bits on 1, 2 and 3 threads.
-#include "../../src/kernels/cpu/cpu_gemm_avx512.hpp"
+// quintet's GEMM (src/kernels/cpu/cpu_gemm.cpp), each kernel the host runs, against a
+// double-precision loop: each of the four transpose forms, row counts around the 6- and 12-row
+// blocks, column counts inside, across and past the 16- and 32-column blocks and the 256- and
+// 512-column N blocks, K around the 256 K block (and 0), padded leading dimensions, alpha 1 and
+// 0.7, beta 0 (C's old contents NaN, never read), 1 and 0.5; columns past n left untouched; the
+// same bits on 1, 2 and 3 threads, and from the AVX2 kernel as from the AVX-512 one.
+#include "../../src/kernels/cpu/cpu_gemm.hpp"
 
-TEST(CpuAvx512Gemm, MatchesADoubleLoopOnEveryEdgeAndThreadCount) {
+TEST(CpuOwnGemm, MatchesADoubleLoopOnEveryEdgeAndThreadCount) {
     using namespace quintet::cpu;
+    std::vector<GemmKernel> kinds;
 #if defined(__x86_64__)
-    if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "host without AVX-512F: the BLAS runs";
-#else
-    GTEST_SKIP() << "not x86-64: the BLAS runs";
+    if (__builtin_cpu_supports("avx512f")) kinds.push_back(GemmKernel::avx512);
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) kinds.push_back(GemmKernel::avx2);
 #endif
+    if (kinds.empty()) GTEST_SKIP() << "host without AVX2 and FMA: the BLAS runs";
     struct Shape { int m, n, k; };
     std::vector<Shape> shapes;
-    for (int m : {1, 11, 12, 13, 37})
-        for (int n : {1, 15, 16, 17, 32, 33, 70})
+    for (int m : {1, 5, 6, 7, 11, 12, 13, 37})
+        for (int n : {1, 8, 9, 15, 16, 17, 32, 33, 70})
             for (int k : {0, 1, 9, 256, 300}) shapes.push_back({m, n, k});
     shapes.push_back({25, 1100, 40});   // three N blocks, the last partial
     shapes.push_back({300, 40, 520});   // three K blocks, many row blocks
@@ -418,11 +420,12 @@ TEST(CpuAvx512Gemm, MatchesADoubleLoopOnEveryEdgeAndThreadCount) {
                     for (int i = 0; i < m; ++i)
                         for (int j = 0; j < n; ++j) C0[size_t(i) * ldc + j] = std::nanf("");
                 std::vector<float> first;
+                for (GemmKernel kind : kinds)
                 for (int threads : {1, 2, 3}) {
                     auto C = C0;
-                    avx512_sgemm(ta, tb, m, n, k, alpha, A.data(), lda, B.data(), ldb, beta, C.data(),
-                                 ldc, threads);
-                    if (threads == 1) {
+                    own_sgemm(kind, ta, tb, m, n, k, alpha, A.data(), lda, B.data(), ldb, beta,
+                              C.data(), ldc, threads);
+                    if (first.empty()) {
                         first = C;
                         for (int i = 0; i < m; ++i)
                             for (int j = 0; j < ldc; ++j) {
@@ -452,8 +455,8 @@ TEST(CpuAvx512Gemm, MatchesADoubleLoopOnEveryEdgeAndThreadCount) {
                             }
                     } else {
                         ASSERT_EQ(std::memcmp(C.data(), first.data(), C.size() * 4), 0)
-                            << m << "x" << n << "x" << k << " form " << form << ": " << threads
-                            << " threads differ from 1";
+                            << m << "x" << n << "x" << k << " form " << form << ": kernel "
+                            << int(kind) << " on " << threads << " threads differs from the first";
                     }
                 }
                 ++cases;

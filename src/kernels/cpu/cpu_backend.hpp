@@ -13,7 +13,7 @@
 #include <cstring>
 #include <vector>
 
-#include "cpu_gemm_avx512.hpp"
+#include "cpu_gemm.hpp"
 #include "cpu_math.hpp"
 #include "quintet/core/bf16.hpp"
 #include "quintet/core/error.hpp"
@@ -57,11 +57,14 @@ public:
     explicit CpuBackend(int threads) : threads_(threads) {
         omp_set_num_threads(threads_);
         blas_set_threads(threads_);
-        avx512_gemm_enabled();  // reads QUINTET_CPU_GEMM now: a bad value stops before any work
+        gemm_ = gemm_kernel();  // reads QUINTET_CPU_GEMM now: a bad value stops before any work
     }
     Device device() const override { return Device::cpu; }
     std::string name() const override {
-        return std::string("cpu (") + (avx512_gemm_enabled() ? "AVX-512 GEMM" : QUINTET_BLAS_NAME) +
+        const char* gemm = gemm_ == GemmKernel::avx512 ? "AVX-512 GEMM"
+                           : gemm_ == GemmKernel::avx2 ? "AVX2 GEMM"
+                                                       : QUINTET_BLAS_NAME;
+        return std::string("cpu (") + gemm +
                " + OpenMP)";
     }
     int threads() const override { return threads_; }
@@ -376,11 +379,11 @@ public:
     }
 
 private:
-    // Every matmul: the AVX-512 kernel where the host has it (cpu_gemm_avx512.hpp), else the BLAS.
+    // Every matmul: quintet's GEMM for the host's ISA (cpu_gemm.hpp), else the BLAS.
     void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                const float* B, int ldb, float beta, float* C, int ldc) {
-        if (avx512_gemm_enabled())
-            return avx512_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, threads_);
+        if (gemm_ != GemmKernel::blas)
+            return own_sgemm(gemm_, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, threads_);
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                     M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     }
@@ -400,6 +403,7 @@ private:
                     const RopeArgs& a, float sign);
 
     int threads_;
+    GemmKernel gemm_ = GemmKernel::blas;
     std::vector<double> partial_;
     AttentionScratch att_;  // cpu_attention.cpp
 };

@@ -1,0 +1,434 @@
+#include "cpu_gemm.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "cpu_tile_gemm.hpp"
+#include "quintet/core/error.hpp"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define QUINTET_GEMM_X86 1
+#endif
+
+namespace quintet::cpu {
+
+#if QUINTET_GEMM_X86
+namespace {
+
+#define QUINTET_AVX512 __attribute__((target("avx512f,avx2,fma")))
+
+// A thread's packing scratch, grown to the largest call and kept.
+struct Scratch {
+    float* a = nullptr;
+    size_t a_n = 0;
+    float* b = nullptr;
+    size_t b_n = 0;
+    ~Scratch() {
+        std::free(a);
+        std::free(b);
+    }
+    static float* grow(float*& p, size_t& have, size_t want) {
+        if (want > have) {
+            std::free(p);
+            p = static_cast<float*>(std::aligned_alloc(64, (want * sizeof(float) + 63) / 64 * 64));
+            if (!p) rank_fail("out of host memory for the GEMM's packing scratch (" +
+                              std::to_string(want * sizeof(float)) + " bytes)");
+            have = want;
+        }
+        return p;
+    }
+};
+
+Scratch& thread_scratch() {
+    static thread_local Scratch s;
+    return s;
+}
+
+using tile_detail::transpose8;  // the attention tiles' 8 x 8 register transpose (AVX2)
+
+inline __mmask16 first_lanes(int n) {  // the first n (0..16) lanes
+    return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max(n, 0)) - 1);
+}
+
+// The plain gather both packs fall back to: dst[p][w] = src[w * stride + p] for w < valid, 0 past
+// it, p in [p_from, kc); a panel `width` wide.
+inline void pack_gather(float* dst, int width, int valid, int p_from, int kc, const float* src, long stride) {
+    for (int p = p_from; p < kc; ++p)
+        for (int w = 0; w < width; ++w) dst[p * width + w] = w < valid ? src[w * stride + p] : 0.0f;
+}
+
+#define QUINTET_AVX2 __attribute__((target("avx2,fma")))
+
+// Both kernels' pack of a B panel stored transposed (column j of op(B) is row j of storage,
+// contiguous along p), `valid` of its NR columns present: 8 x 8 blocks through registers.
+template <int NR>
+QUINTET_AVX2 void pack_b_columns(float* dst, const float* src, long ldb, int kc, int valid) {
+    if (valid < NR) return pack_gather(dst, NR, valid, 0, kc, src, ldb);
+    int p = 0;
+    for (; p + 8 <= kc; p += 8)
+        for (int j8 = 0; j8 < NR; j8 += 8) {
+            __m256 r[8];
+            for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(src + (j8 + j) * ldb + p);
+            transpose8(r);
+            for (int c = 0; c < 8; ++c) _mm256_store_ps(dst + (p + c) * NR + j8, r[c]);
+        }
+    pack_gather(dst, NR, NR, p, kc, src, ldb);
+}
+
+// The AVX-512 kernel: 12 x 32 register blocks (24 zmm accumulators).
+struct Avx512 {
+    static constexpr int kMR = 12;   // rows of C per register block (broadcast A elements)
+    static constexpr int kNR = 32;   // columns of C per register block (two zmm of B)
+    static constexpr int kKC = 256;  // K block: an A micro-panel is 12 KiB, a B micro-panel 32 KiB
+    static constexpr int kNC = 512;  // N block: a packed B block is kKC x kNC floats, 512 KiB (L2)
+
+    // op(A)(i, p) = ta ? A[p * lda + i] : A[i * lda + p]. Rows [i0, i0 + mi), columns [p0, p0 + kc)
+    // into micro-panels of kMR rows, each [kc][kMR], rows past mi zero.
+    QUINTET_AVX512 static void pack_a(float* dst, const float* A, long lda, bool ta, int i0, int mi, int p0,
+                               int kc) {
+        for (int ib = 0; ib < mi; ib += kMR, dst += kMR * kc) {
+            const int m = std::min(kMR, mi - ib);
+            if (ta) {  // row p of the panel is contiguous in A
+                const float* src = A + long(p0) * lda + i0 + ib;
+                const __mmask16 mask = first_lanes(m);
+                for (int p = 0; p < kc; ++p)
+                    _mm512_mask_storeu_ps(dst + p * kMR, 0x0FFF,
+                                          _mm512_maskz_loadu_ps(mask, src + p * lda));
+                continue;
+            }
+            const float* src = A + long(i0 + ib) * lda + p0;
+            if (m < kMR) {
+                pack_gather(dst, kMR, m, 0, kc, src, lda);
+                continue;
+            }
+            // Rows contiguous along p: transpose 8 x 8 blocks (rows 0..7, then 8..11 and 4 zeros).
+            int p = 0;
+            for (; p + 8 <= kc; p += 8) {
+                __m256 r[8];
+                for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lda + p);
+                transpose8(r);
+                for (int c = 0; c < 8; ++c) _mm256_storeu_ps(dst + (p + c) * kMR, r[c]);
+                for (int i = 0; i < 4; ++i) r[i] = _mm256_loadu_ps(src + (8 + i) * lda + p);
+                for (int i = 4; i < 8; ++i) r[i] = _mm256_setzero_ps();
+                transpose8(r);
+                for (int c = 0; c < 8; ++c) _mm_storeu_ps(dst + (p + c) * kMR + 8, _mm256_castps256_ps128(r[c]));
+            }
+            pack_gather(dst, kMR, kMR, p, kc, src, lda);
+        }
+    }
+
+    // op(B)(p, j) = tb ? B[j * ldb + p] : B[p * ldb + j]. Rows [p0, p0 + kc), columns [j0, j0 + nj)
+    // into micro-panels of kNR columns, each [kc][kNR], columns past nj zero.
+    QUINTET_AVX512 static void pack_b(float* dst, const float* B, long ldb, bool tb, int p0, int kc, int j0,
+                               int nj) {
+        for (int jb = 0; jb < nj; jb += kNR, dst += kNR * kc) {
+            const int n = std::min(kNR, nj - jb);
+            if (!tb) {  // row p of the panel is contiguous in B
+                const float* src = B + long(p0) * ldb + j0 + jb;
+                const __mmask16 m0 = first_lanes(n), m1 = first_lanes(n - 16);
+                for (int p = 0; p < kc; ++p) {
+                    _mm512_store_ps(dst + p * kNR, _mm512_maskz_loadu_ps(m0, src + p * ldb));
+                    _mm512_store_ps(dst + p * kNR + 16, _mm512_maskz_loadu_ps(m1, src + p * ldb + 16));
+                }
+                continue;
+            }
+            pack_b_columns<kNR>(dst, B + long(j0 + jb) * ldb + p0, ldb, kc, n);
+        }
+    }
+
+    // One register block: C[mi x nj] (mi <= 12, nj <= 32) = alpha * sum_p a_p b_p^T + beta * C
+    // (first == true: beta 0 never reads C), or += alpha * sum (first == false, later K blocks).
+    QUINTET_AVX512 static void micro_kernel(int kc, const float* __restrict ap, const float* __restrict bp,
+                                     float* c, long ldc, float alpha, float beta, bool first, int mi,
+                                     int nj) {
+        // C's rows are 2 KiB or more apart and not in L1: ask for them now, used after the loop.
+        for (int r = 0; r < mi; ++r) {
+            _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 16), _MM_HINT_T0);
+        }
+        __m512 lo[kMR], hi[kMR];
+    #pragma GCC unroll 12
+        for (int r = 0; r < kMR; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
+    #pragma GCC unroll 2
+        for (int p = 0; p < kc; ++p, ap += kMR, bp += kNR) {
+            const __m512 b0 = _mm512_load_ps(bp), b1 = _mm512_load_ps(bp + 16);
+    #pragma GCC unroll 12
+            for (int r = 0; r < kMR; ++r) {
+                const __m512 x = _mm512_set1_ps(ap[r]);
+                lo[r] = _mm512_fmadd_ps(x, b0, lo[r]);
+                hi[r] = _mm512_fmadd_ps(x, b1, hi[r]);
+            }
+        }
+        const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(first ? beta : 1.0f);
+        const bool read_c = !first || beta != 0.0f, scale = alpha != 1.0f;
+        const __mmask16 m0 = first_lanes(nj), m1 = first_lanes(nj - 16);
+    #pragma GCC unroll 12
+        for (int r = 0; r < kMR; ++r) {
+            if (r >= mi) break;
+            float* cr = c + r * ldc;
+            __m512 x0 = scale ? _mm512_mul_ps(va, lo[r]) : lo[r];
+            __m512 x1 = scale ? _mm512_mul_ps(va, hi[r]) : hi[r];
+            if (nj == kNR) {
+                if (read_c) {
+                    x0 = _mm512_fmadd_ps(vb, _mm512_loadu_ps(cr), x0);
+                    x1 = _mm512_fmadd_ps(vb, _mm512_loadu_ps(cr + 16), x1);
+                }
+                _mm512_storeu_ps(cr, x0);
+                _mm512_storeu_ps(cr + 16, x1);
+            } else {
+                if (read_c) {
+                    x0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, cr), x0);
+                    x1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, cr + 16), x1);
+                }
+                _mm512_mask_storeu_ps(cr, m0, x0);
+                _mm512_mask_storeu_ps(cr + 16, m1, x1);
+            }
+        }
+    }
+};
+
+// The AVX2 kernel: 6 x 16 register blocks (12 ymm accumulators, two B vectors and one broadcast
+// fill the 16 registers), for hosts without AVX-512F.
+struct Avx2 {
+    static constexpr int kMR = 6;    // rows of C per register block
+    static constexpr int kNR = 16;   // columns of C per register block (two ymm of B)
+    static constexpr int kKC = 256;  // K block: an A micro-panel is 6 KiB, a B micro-panel 16 KiB
+    static constexpr int kNC = 256;  // N block: a packed B block is 256 KiB (half of a 512 KiB L2)
+
+    QUINTET_AVX2 static __m256i lane_mask(int n) {  // lanes [0, n) set
+        return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    }
+    // Stores lanes 0..5 of v (a 6-float row of a panel) without touching the two floats after it.
+    QUINTET_AVX2 static void store6(float* dst, __m256 v) {
+        _mm_storeu_ps(dst, _mm256_castps256_ps128(v));
+        _mm_storel_pi(reinterpret_cast<__m64*>(dst + 4), _mm256_extractf128_ps(v, 1));
+    }
+
+    QUINTET_AVX2 static void pack_a(float* dst, const float* A, long lda, bool ta, int i0, int mi, int p0,
+                                    int kc) {
+        for (int ib = 0; ib < mi; ib += kMR, dst += kMR * kc) {
+            const int m = std::min(kMR, mi - ib);
+            if (ta) {  // row p of the panel is contiguous in A
+                const float* src = A + long(p0) * lda + i0 + ib;
+                if (m == kMR) {
+                    for (int p = 0; p < kc; ++p) {
+                        const float* s = src + p * lda;
+                        _mm_storeu_ps(dst + p * kMR, _mm_loadu_ps(s));
+                        _mm_storel_pi(reinterpret_cast<__m64*>(dst + p * kMR + 4),
+                                      _mm_loadl_pi(_mm_setzero_ps(), reinterpret_cast<const __m64*>(s + 4)));
+                    }
+                } else {
+                    for (int p = 0; p < kc; ++p)
+                        for (int w = 0; w < kMR; ++w) dst[p * kMR + w] = w < m ? src[p * lda + w] : 0.0f;
+                }
+                continue;
+            }
+            const float* src = A + long(i0 + ib) * lda + p0;
+            if (m < kMR) {
+                pack_gather(dst, kMR, m, 0, kc, src, lda);
+                continue;
+            }
+            int p = 0;  // rows contiguous along p: transpose 8 x 8 blocks (6 rows and 2 zeros)
+            for (; p + 8 <= kc; p += 8) {
+                __m256 r[8];
+                for (int i = 0; i < 6; ++i) r[i] = _mm256_loadu_ps(src + i * lda + p);
+                r[6] = r[7] = _mm256_setzero_ps();
+                transpose8(r);
+                for (int c = 0; c < 8; ++c) store6(dst + (p + c) * kMR, r[c]);
+            }
+            pack_gather(dst, kMR, kMR, p, kc, src, lda);
+        }
+    }
+
+    QUINTET_AVX2 static void pack_b(float* dst, const float* B, long ldb, bool tb, int p0, int kc, int j0,
+                                    int nj) {
+        for (int jb = 0; jb < nj; jb += kNR, dst += kNR * kc) {
+            const int n = std::min(kNR, nj - jb);
+            if (!tb) {  // row p of the panel is contiguous in B
+                const float* src = B + long(p0) * ldb + j0 + jb;
+                if (n == kNR) {
+                    for (int p = 0; p < kc; ++p) {
+                        _mm256_store_ps(dst + p * kNR, _mm256_loadu_ps(src + p * ldb));
+                        _mm256_store_ps(dst + p * kNR + 8, _mm256_loadu_ps(src + p * ldb + 8));
+                    }
+                } else {  // masked lanes are neither read nor faulted on
+                    const __m256i m0 = lane_mask(n), m1 = lane_mask(n - 8);
+                    for (int p = 0; p < kc; ++p) {
+                        _mm256_store_ps(dst + p * kNR, _mm256_maskload_ps(src + p * ldb, m0));
+                        _mm256_store_ps(dst + p * kNR + 8, _mm256_maskload_ps(src + p * ldb + 8, m1));
+                    }
+                }
+                continue;
+            }
+            pack_b_columns<kNR>(dst, B + long(j0 + jb) * ldb + p0, ldb, kc, n);
+        }
+    }
+
+    QUINTET_AVX2 static void micro_kernel(int kc, const float* __restrict ap, const float* __restrict bp,
+                                          float* c, long ldc, float alpha, float beta, bool first, int mi,
+                                          int nj) {
+        for (int r = 0; r < mi; ++r) {  // C's rows, used after the loop (a row may span two lines)
+            _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 15), _MM_HINT_T0);
+        }
+        __m256 lo[kMR], hi[kMR];
+    #pragma GCC unroll 6
+        for (int r = 0; r < kMR; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
+    #pragma GCC unroll 4
+        for (int p = 0; p < kc; ++p, ap += kMR, bp += kNR) {
+            const __m256 b0 = _mm256_load_ps(bp), b1 = _mm256_load_ps(bp + 8);
+    #pragma GCC unroll 6
+            for (int r = 0; r < kMR; ++r) {
+                const __m256 x = _mm256_broadcast_ss(ap + r);
+                lo[r] = _mm256_fmadd_ps(x, b0, lo[r]);
+                hi[r] = _mm256_fmadd_ps(x, b1, hi[r]);
+            }
+        }
+        const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(first ? beta : 1.0f);
+        const bool read_c = !first || beta != 0.0f, scale = alpha != 1.0f;
+        const __m256i m0 = lane_mask(nj), m1 = lane_mask(nj - 8);
+    #pragma GCC unroll 6
+        for (int r = 0; r < kMR; ++r) {
+            if (r >= mi) break;
+            float* cr = c + r * ldc;
+            __m256 x0 = scale ? _mm256_mul_ps(va, lo[r]) : lo[r];
+            __m256 x1 = scale ? _mm256_mul_ps(va, hi[r]) : hi[r];
+            if (nj == kNR) {
+                if (read_c) {
+                    x0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(cr), x0);
+                    x1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(cr + 8), x1);
+                }
+                _mm256_storeu_ps(cr, x0);
+                _mm256_storeu_ps(cr + 8, x1);
+            } else {
+                if (read_c) {
+                    x0 = _mm256_fmadd_ps(vb, _mm256_maskload_ps(cr, m0), x0);
+                    x1 = _mm256_fmadd_ps(vb, _mm256_maskload_ps(cr + 8, m1), x1);
+                }
+                _mm256_maskstore_ps(cr, m0, x0);
+                _mm256_maskstore_ps(cr + 8, m1, x1);
+            }
+        }
+    }
+};
+
+// One thread's rectangle of C: rows [m0, m1), columns [n0, n1).
+template <class Isa>
+void gemm_rect(bool ta, bool tb, int K, float alpha, const float* A, long lda, const float* B,
+               long ldb, float beta, float* C, long ldc, int m0, int m1, int n0, int n1) {
+    Scratch& w = thread_scratch();
+    const int mt = m1 - m0;
+    const size_t a_panels = size_t(mt + Isa::kMR - 1) / Isa::kMR;
+    for (int pc = 0; pc < K; pc += Isa::kKC) {
+        const int kc = std::min(Isa::kKC, K - pc);
+        const bool first = pc == 0;
+        float* pa = Scratch::grow(w.a, w.a_n, a_panels * Isa::kMR * Isa::kKC);
+        Isa::pack_a(pa, A, lda, ta, m0, mt, pc, kc);
+        float* pb = Scratch::grow(w.b, w.b_n, size_t(Isa::kNC) * Isa::kKC);
+        for (int jc = n0; jc < n1; jc += Isa::kNC) {
+            const int nc = std::min(Isa::kNC, n1 - jc);
+            Isa::pack_b(pb, B, ldb, tb, pc, kc, jc, nc);
+            for (int ib = 0; ib < mt; ib += Isa::kMR) {
+                const float* ap = pa + size_t(ib / Isa::kMR) * Isa::kMR * kc;
+                for (int jb = 0; jb < nc; jb += Isa::kNR)
+                    Isa::micro_kernel(kc, ap, pb + size_t(jb / Isa::kNR) * Isa::kNR * kc,
+                                 C + long(m0 + ib) * ldc + jc + jb, ldc, alpha, beta, first,
+                                 std::min(Isa::kMR, mt - ib), std::min(Isa::kNR, nc - jb));
+            }
+        }
+    }
+}
+
+// C = beta * C where K is 0 (no product to add).
+void scale_c(int M, int N, float beta, float* C, long ldc) {
+    for (int i = 0; i < M; ++i)
+        for (int j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+}
+
+
+// The rectangles' driver, for either kernel.
+template <class Isa>
+void sgemm_blocked(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                   const float* B, int ldb, float beta, float* C, int ldc, int threads) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) return scale_c(M, N, beta, C, ldc);
+    const int m_blocks = (M + Isa::kMR - 1) / Isa::kMR, n_blocks = (N + Isa::kNR - 1) / Isa::kNR;
+    const int nt = omp_in_parallel() ? 1 : std::max(1, std::min(threads, m_blocks * n_blocks));
+    if (nt == 1) return gemm_rect<Isa>(ta, tb, K, alpha, A, lda, B, ldb, beta, C, ldc, 0, M, 0, N);
+    // A tm x tn grid of rectangles. Each thread packs its rows of A and its columns of B, so
+    // the split that packs least twice wins: cost (M / tm + N / tn) * K.
+    int tm = 1, tn = nt;
+    double best = 1e300;
+    for (int a = 1; a <= nt; ++a) {
+        if (nt % a != 0 || a > m_blocks || nt / a > n_blocks) continue;
+        const double cost = double(M) / a + double(N) / (nt / a);
+        if (cost < best) best = cost, tm = a, tn = nt / a;
+    }
+    if (best == 1e300) tm = std::min(nt, m_blocks), tn = 1;  // too few blocks for a full grid
+#pragma omp parallel num_threads(tm * tn)
+    {
+        const int t = omp_get_thread_num(), ti = t / tn, tj = t % tn;
+        const int mb0 = m_blocks * ti / tm, mb1 = m_blocks * (ti + 1) / tm;
+        const int nb0 = n_blocks * tj / tn, nb1 = n_blocks * (tj + 1) / tn;
+        const int r0 = std::min(M, mb0 * Isa::kMR), r1 = std::min(M, mb1 * Isa::kMR);
+        const int c0 = std::min(N, nb0 * Isa::kNR), c1 = std::min(N, nb1 * Isa::kNR);
+        if (r0 < r1 && c0 < c1)
+            gemm_rect<Isa>(ta, tb, K, alpha, A, lda, B, ldb, beta, C, ldc, r0, r1, c0, c1);
+    }
+}
+
+}  // namespace
+
+GemmKernel gemm_kernel() {
+    static const GemmKernel kind = [] {
+        const char* env = std::getenv("QUINTET_CPU_GEMM");
+        const std::string want = env ? env : "auto";
+        if (want != "auto" && want != "blas" && want != "avx512" && want != "avx2")
+            rank_fail("QUINTET_CPU_GEMM='" + want + "' is not a choice: valid are auto (quintet's "
+                      "AVX-512 kernel on a host with AVX-512F, else the BLAS), blas, avx512, avx2");
+        const bool have512 = __builtin_cpu_supports("avx512f");
+        const bool have2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        if (want == "blas") return GemmKernel::blas;
+        if (!QUINTET_OWN_GEMM) {
+            if (want != "auto")
+                rank_fail("QUINTET_CPU_GEMM=" + want + " but this build has quintet's GEMM off "
+                          "(-DQUINTET_OWN_GEMM=OFF): use auto or blas");
+            return GemmKernel::blas;
+        }
+        if (want == "avx512" && !have512)
+            rank_fail("QUINTET_CPU_GEMM=avx512 but this host has no AVX-512F: use auto, avx2 or blas");
+        if (want == "avx2" && !have2)
+            rank_fail("QUINTET_CPU_GEMM=avx2 but this host has no AVX2 and FMA: use auto or blas");
+        if (want == "avx512" || (want == "auto" && have512)) return GemmKernel::avx512;
+        // auto on an AVX2 host keeps the BLAS: the AVX2 kernel was measured only on an AVX-512
+        // host running AVX2 code (docs/benchmarks.md), not yet on an AVX2 host.
+        return want == "avx2" ? GemmKernel::avx2 : GemmKernel::blas;
+    }();
+    return kind;
+}
+
+void own_sgemm(GemmKernel kind, bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
+               int lda, const float* B, int ldb, float beta, float* C, int ldc, int threads) {
+    if (kind == GemmKernel::avx512)
+        return sgemm_blocked<Avx512>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, threads);
+    if (kind == GemmKernel::avx2)
+        return sgemm_blocked<Avx2>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, threads);
+    rank_fail("own_sgemm called with the BLAS as its kernel");
+}
+
+#else  // not x86-64 with GCC or Clang: the BLAS does every matmul
+
+GemmKernel gemm_kernel() { return GemmKernel::blas; }
+void own_sgemm(GemmKernel, bool, bool, int, int, int, float, const float*, int, const float*, int,
+               float, float*, int, int) {
+    rank_fail("own_sgemm called on a build without quintet's GEMM");
+}
+
+#endif
+
+}  // namespace quintet::cpu

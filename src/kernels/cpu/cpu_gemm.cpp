@@ -317,6 +317,10 @@ struct Avx2 {
     }
 };
 
+// The two kernels give the same bits only because they cut K at the same places: each
+// element's sum runs in order within a K block and is added to C block after block.
+static_assert(Avx2::kKC == Avx512::kKC, "the kernels' K blocks must agree (same bits on either ISA)");
+
 // One thread's rectangle of C: rows [m0, m1), columns [n0, n1).
 template <class Isa>
 void gemm_rect(bool ta, bool tb, int K, float alpha, const float* A, long lda, const float* B,

@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdio>
 
+#include "quintet/core/clock.hpp"
 #include "quintet/core/error.hpp"
 
 namespace quintet {
@@ -168,6 +169,70 @@ void MpiCommunicator::broadcast(void* buf, size_t bytes, int root) const {
 void MpiCommunicator::barrier() const {
     Timed t(*this, "barrier");
     QUINTET_MPI(MPI_Barrier(comm_));
+}
+
+void MpiCommunicator::all_reduce_sum(int* buf, size_t n) const { all_reduce(buf, n, MPI_INT, MPI_SUM, "all_reduce_sum"); }
+void MpiCommunicator::all_reduce_sum(uint64_t* buf, size_t n) const {
+    all_reduce(buf, n, MPI_UINT64_T, MPI_SUM, "all_reduce_sum");
+}
+void MpiCommunicator::all_reduce_min(int* buf, size_t n) const { all_reduce(buf, n, MPI_INT, MPI_MIN, "all_reduce_min"); }
+void MpiCommunicator::all_reduce_max(int* buf, size_t n) const { all_reduce(buf, n, MPI_INT, MPI_MAX, "all_reduce_max"); }
+
+void MpiCommunicator::gather(const double* send, double* recv, size_t n, int root) const {
+    QUINTET_CHECK(n <= kMaxCount, "gather count too large");
+    Timed t(*this, "gather");
+    QUINTET_MPI(MPI_Gather(send, int(n), MPI_DOUBLE, recv, int(n), MPI_DOUBLE, root, comm_));
+}
+
+void MpiCommunicator::barrier_asleep() const {
+    ++seq_;
+    MPI_Request req;
+    QUINTET_MPI(MPI_Ibarrier(comm_, &req));
+    const double start = now_s();
+    for (int done = 0;;) {
+        QUINTET_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+        if (done) return;
+        if (deadline() > 0 && now_s() - start > deadline())
+            throw DeadlineError("barrier (operation #" + std::to_string(seq_) + ") on the " + name() +
+                                " communicator did not complete within " + std::to_string(int(deadline())) +
+                                " s (train.collective_timeout_s): a rank of this group stopped answering");
+        usleep(2000);
+    }
+}
+
+std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key, std::string name) const {
+    MPI_Comm sub;
+    QUINTET_MPI(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub));
+    if (sub == MPI_COMM_NULL) return nullptr;
+    return std::make_unique<MpiCommunicator>(sub, std::move(name), deadline(), watchdog_);
+}
+
+std::unique_ptr<MpiCommunicator> MpiCommunicator::split_node(std::string name) const {
+    MPI_Comm node;
+    QUINTET_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+    return std::make_unique<MpiCommunicator>(node, std::move(name), deadline(), watchdog_);
+}
+
+std::unique_ptr<MpiCommunicator> MpiCommunicator::cartesian(const std::vector<int>& dims, std::string name) const {
+    std::vector<int> d = dims, periods(dims.size(), 0);
+    MPI_Comm cart;
+    QUINTET_MPI(MPI_Cart_create(comm_, int(d.size()), d.data(), periods.data(), /*reorder=*/0, &cart));
+    return std::make_unique<MpiCommunicator>(cart, std::move(name), deadline(), watchdog_);
+}
+
+std::unique_ptr<MpiCommunicator> MpiCommunicator::cartesian_sub(const std::vector<int>& keep, std::string name) const {
+    std::vector<int> k = keep;
+    MPI_Comm sub;
+    QUINTET_MPI(MPI_Cart_sub(comm_, k.data(), &sub));
+    return std::make_unique<MpiCommunicator>(sub, std::move(name), deadline(), watchdog_);
+}
+
+std::vector<int> MpiCommunicator::cartesian_coords() const {
+    int ndims = 0;
+    QUINTET_MPI(MPI_Cartdim_get(comm_, &ndims));
+    std::vector<int> c(size_t(ndims), 0);
+    QUINTET_MPI(MPI_Cart_coords(comm_, rank_, ndims, c.data()));
+    return c;
 }
 
 void MpiCommunicator::send(const float* buf, size_t n, int peer, int tag) const {

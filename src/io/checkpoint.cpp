@@ -217,16 +217,15 @@ void write_text_atomically(const fs::path& path, const std::string& text) {
 }  // namespace
 
 namespace {
-std::string save(MPI_Comm comm, const std::string& run_dir, const CheckpointMeta& meta, const ParamTable& table,
+std::string save(const MpiCommunicator& comm, const std::string& run_dir, const CheckpointMeta& meta, const ParamTable& table,
                  const float* params, const float* m, const float* v, const std::vector<ArenaRange>& writes, int keep,
                  const fs::path& dir, const fs::path& final_path, const fs::path& tmp_path);
 }  // namespace
 
-std::string checkpoint_save(MPI_Comm comm, const std::string& run_dir, const CheckpointMeta& meta,
+std::string checkpoint_save(const MpiCommunicator& comm, const std::string& run_dir, const CheckpointMeta& meta,
                             const ParamTable& table, const float* params, const float* m,
                             const float* v, const std::vector<ArenaRange>& writes, int keep) {
-    int rank = 0;
-    QUINTET_MPI(MPI_Comm_rank(comm, &rank));
+    const int rank = comm.rank();
     fs::path dir = fs::path(run_dir) / "checkpoints";
     fs::path final_path = dir / step_name(meta.step);
     fs::path tmp_path = final_path;
@@ -249,7 +248,7 @@ std::string checkpoint_save(MPI_Comm comm, const std::string& run_dir, const Che
                           (long long)meta.step, bytes / 1048576.0, dir.c_str(), double(sp.available) / 1048576.0,
                           checkpoint_latest(run_dir).c_str());
     }
-    QUINTET_MPI(MPI_Bcast(full, sizeof full, MPI_CHAR, 0, comm));
+    comm.broadcast(full, sizeof full, 0);
     if (full[0]) throw IoError(full);
     try {
         return save(comm, run_dir, meta, table, params, m, v, writes, keep, dir, final_path, tmp_path);
@@ -265,16 +264,15 @@ std::string checkpoint_save(MPI_Comm comm, const std::string& run_dir, const Che
 }
 
 namespace {
-std::string save(MPI_Comm comm, const std::string& run_dir, const CheckpointMeta& meta, const ParamTable& table,
+std::string save(const MpiCommunicator& comm, const std::string& run_dir, const CheckpointMeta& meta, const ParamTable& table,
                  const float* params, const float* m, const float* v, const std::vector<ArenaRange>& writes, int keep,
                  const fs::path& dir, const fs::path& final_path, const fs::path& tmp_path) {
     (void)run_dir;
-    int rank = 0;
-    QUINTET_MPI(MPI_Comm_rank(comm, &rank));
-    QUINTET_MPI(MPI_Barrier(comm));
+    const int rank = comm.rank();
+    comm.barrier();
 
     h5::Handle fapl = h5::plist(h5::check(H5Pcreate(H5P_FILE_ACCESS), "file access property list"));
-    h5::check(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL), "H5Pset_fapl_mpio");
+    h5::check(H5Pset_fapl_mpio(fapl, comm.handle(), MPI_INFO_NULL), "H5Pset_fapl_mpio");
     // Metadata (thousands of dataset headers for MoE models) written collectively, in few calls.
     h5::check(H5Pset_coll_metadata_write(fapl, true), "H5Pset_coll_metadata_write");
     h5::Handle file = h5::file(h5::check(
@@ -297,14 +295,14 @@ std::string save(MPI_Comm comm, const std::string& run_dir, const CheckpointMeta
     group_checksums(table, params, false, writes, sums);
     group_checksums(table, m, true, writes, sums);
     group_checksums(table, v, true, writes, sums);
-    QUINTET_MPI(MPI_Allreduce(MPI_IN_PLACE, sums.data(), int(sums.size()), MPI_UINT64_T, MPI_SUM, comm));
+    comm.all_reduce_sum(sums.data(), sums.size());
     const uint64_t* next = sums.data();
     write_group(file, "/params", table, params, false, writes, coll, indep, next);
     write_group(file, "/optim/exp_avg", table, m, true, writes, coll, indep, next);
     write_group(file, "/optim/exp_avg_sq", table, v, true, writes, coll, indep, next);
     h5::check(H5Fflush(file, H5F_SCOPE_GLOBAL), "flush " + tmp_path.string());
     h5::check(H5Fclose(file.release()), "close " + tmp_path.string());
-    QUINTET_MPI(MPI_Barrier(comm));
+    comm.barrier();
     if (rank == 0) {
         // The file reaches the disk before its name, the name before `latest`, and `latest`
         // before any older checkpoint is pruned: a crash at any point leaves a loadable one.
@@ -328,7 +326,7 @@ std::string save(MPI_Comm comm, const std::string& run_dir, const CheckpointMeta
                 fs::remove(checkpoint_metrics_path(all[i].string()), ec);
             }
     }
-    QUINTET_MPI(MPI_Barrier(comm));
+    comm.barrier();
     return final_path.string();
 }
 }  // namespace
@@ -423,10 +421,8 @@ herr_t list_datasets(hid_t, const char* name, const H5O_info_t* info, void* op) 
 }
 }  // namespace
 
-std::string checkpoint_verify(const std::string& path, MPI_Comm comm) {
-    int rank = 0, size = 1;
-    QUINTET_MPI(MPI_Comm_rank(comm, &rank));
-    QUINTET_MPI(MPI_Comm_size(comm, &size));
+std::string checkpoint_verify(const std::string& path, const MpiCommunicator& comm) {
+    const int rank = comm.rank(), size = comm.size();
     std::string why;
     h5::silence_errors();
     std::vector<std::string> names;
@@ -462,16 +458,16 @@ std::string checkpoint_verify(const std::string& path, MPI_Comm comm) {
         }
     }
     // The lowest rank with a finding reports it to all.
-    int bad = why.empty() ? size : rank, first = size;
-    QUINTET_MPI(MPI_Allreduce(&bad, &first, 1, MPI_INT, MPI_MIN, comm));
+    int first = why.empty() ? size : rank;
+    comm.all_reduce_min(&first, 1);
     if (first == size) return "";
     char buf[512] = {0};
     if (rank == first) std::snprintf(buf, sizeof buf, "%s", why.c_str());
-    QUINTET_MPI(MPI_Bcast(buf, sizeof buf, MPI_CHAR, first, comm));
+    comm.broadcast(buf, sizeof buf, first);
     return buf;
 }
 
-std::string checkpoint_newest_valid(const std::string& run_dir, MPI_Comm comm, std::vector<std::string>* skipped) {
+std::string checkpoint_newest_valid(const std::string& run_dir, const MpiCommunicator& comm, std::vector<std::string>* skipped) {
     const fs::path dir = fs::path(run_dir) / "checkpoints";
     std::vector<std::string> candidates;
     const std::string latest = checkpoint_latest(run_dir);
@@ -486,8 +482,7 @@ std::string checkpoint_newest_valid(const std::string& run_dir, MPI_Comm comm, s
     std::sort(all.rbegin(), all.rend());
     for (const auto& p : all)
         if (p != latest) candidates.push_back(p);
-    int rank = 0;
-    QUINTET_MPI(MPI_Comm_rank(comm, &rank));
+    const int rank = comm.rank();
     for (const auto& p : candidates) {
         const std::string why = checkpoint_verify(p, comm);
         if (why.empty()) return p;

@@ -60,9 +60,8 @@ bool alive(long pid) {
 
 }  // namespace
 
-RunLock::RunLock(const std::string& run_dir, MPI_Comm comm, double stale_after_s, std::string* warning) {
-    int rank = 0;
-    MPI_Comm_rank(comm, &rank);
+RunLock::RunLock(const std::string& run_dir, const MpiCommunicator& comm, double stale_after_s, std::string* warning) {
+    const int rank = comm.rank();
     path_ = (fs::path(run_dir) / "lock").string();
     char refusal[512] = {0}, taken[512] = {0};
     if (rank == 0) {
@@ -98,8 +97,8 @@ RunLock::RunLock(const std::string& run_dir, MPI_Comm comm, double stale_after_s
             fs::remove(path_, ec);
         }
     }
-    MPI_Bcast(refusal, sizeof refusal, MPI_CHAR, 0, comm);
-    MPI_Bcast(taken, sizeof taken, MPI_CHAR, 0, comm);
+    comm.broadcast(refusal, sizeof refusal, 0);
+    comm.broadcast(taken, sizeof taken, 0);
     if (refusal[0]) throw ConfigError(refusal);
     if (taken[0] && warning) *warning = taken;
 }

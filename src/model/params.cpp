@@ -173,6 +173,10 @@ ParamTable ParamBuilder::finish() {
 
 // ---- the model's tensors ---------------------------------------------------------------------
 
+double model_flops_per_token(const ParamTable& table, const ModelDims& d, int T) {
+    return 6.0 * double(table.matmul_params) + 6.0 * d.L * double(T) * d.NH * double(d.Dqk + d.Dv);
+}
+
 ParamTable make_param_table(const ModelConfig& m) { return make_param_table(m, whole_model_plan(m)); }
 
 ParamTable make_param_table(const ModelConfig& m, const ShardPlan& plan) {

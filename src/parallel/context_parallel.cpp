@@ -1,4 +1,5 @@
 #include "quintet/core/profile.hpp"
+#include "quintet/core/clock.hpp"
 #include "quintet/parallel/context_parallel.hpp"
 
 #include <chrono>
@@ -9,9 +10,6 @@ namespace quintet {
 
 namespace {
 constexpr int kTagKv = 10, kTagDkv = 11;
-double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 }  // namespace
 
 ContextParallel::ContextParallel(const Communicator& cp, Backend& be, int B, int T)

@@ -1,4 +1,5 @@
 #include "quintet/core/profile.hpp"
+#include "quintet/core/clock.hpp"
 #include "quintet/parallel/expert_parallel.hpp"
 
 #include <mpi.h>
@@ -53,7 +54,7 @@ void ExpertParallel::prepare(ExpertExchange& x, int max_rows, int C) {
 
 void ExpertParallel::plan(ExpertExchange& x, const int* counts) {
     QUINTET_PROFILE("comm.ep");
-    const double t0 = MPI_Wtime();
+    const double t0 = now_s();
     // The counts first: El per peer, the experts of that peer's group.
     std::copy(counts, counts + E_, x.send_expert.begin());
     comm_.all_to_allv(reinterpret_cast<const int32_t*>(x.send_expert.data()), count_sc_.data(), count_sd_.data(),
@@ -93,38 +94,38 @@ void ExpertParallel::plan(ExpertExchange& x, const int* counts) {
     }
     be_.from_host_i32(x.to_source, host_perm_.data(), size_t(x.rows));
     be_.from_host_i32(x.to_expert, host_inv_.data(), size_t(x.rows));
-    dispatch_s += MPI_Wtime() - t0;
+    dispatch_s += now_s() - t0;
 }
 
 void ExpertParallel::dispatch_start(const ExpertExchange& x, const float* sorted) {
     QUINTET_PROFILE("comm.ep");
     QUINTET_CHECK(pending_ == -1, "expert parallelism: a dispatch is already in flight");
-    const double t0 = MPI_Wtime();
+    const double t0 = now_s();
     pending_ = comm_.iall_to_allv(sorted, x.sc.data(), x.sd.data(), staging_, x.rc.data(), x.rd.data());
     if (pending_ < 0) pending_ = -2;  // completed at once
     for (int g = 0; g < ep_; ++g)
         if (g != rank_) bytes += double(x.sc[size_t(g)]) * sizeof(float);
-    dispatch_s += MPI_Wtime() - t0;
+    dispatch_s += now_s() - t0;
 }
 
 void ExpertParallel::dispatch_finish(const ExpertExchange& x, float* expert_major) {
     QUINTET_PROFILE("comm.ep");
-    const double t0 = MPI_Wtime();
+    const double t0 = now_s();
     QUINTET_CHECK(pending_ != -1, "expert parallelism: dispatch_finish without dispatch_start");
     if (pending_ >= 0) comm_.wait_all_to_allv(pending_);
     pending_ = -1;
     be_.gather_rows(expert_major, staging_, x.to_source, x.rows, x.C);
-    dispatch_s += MPI_Wtime() - t0;
+    dispatch_s += now_s() - t0;
 }
 
 void ExpertParallel::combine(const ExpertExchange& x, const float* expert_major, float* sorted) {
     QUINTET_PROFILE("comm.ep");
-    const double t0 = MPI_Wtime();
+    const double t0 = now_s();
     be_.gather_rows(staging_, expert_major, x.to_expert, x.rows, x.C);
     comm_.all_to_allv(staging_, x.rc.data(), x.rd.data(), sorted, x.sc.data(), x.sd.data());
     for (int g = 0; g < ep_; ++g)
         if (g != rank_) bytes += double(x.rc[size_t(g)]) * sizeof(float);
-    combine_s += MPI_Wtime() - t0;
+    combine_s += now_s() - t0;
 }
 
 }  // namespace quintet

@@ -1,4 +1,5 @@
 #include "quintet/core/profile.hpp"
+#include "quintet/core/clock.hpp"
 #include "quintet/parallel/pipeline_executor.hpp"
 
 #include <algorithm>
@@ -9,15 +10,12 @@ namespace quintet {
 
 namespace {
 constexpr int kTagFwd = 0, kTagBwd = 1;
-double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 }  // namespace
 
-PipelineExecutor::PipelineExecutor(std::vector<std::unique_ptr<ModelChunk>>& chunks, Backend& be,
+PipelineExecutor::PipelineExecutor(std::vector<PipelineStage*> chunks, Backend& be,
                                    const Communicator& pp_comm, int stage, int virtual_stages,
                                    std::vector<Action> actions, int microbatches, int B, int T)
-    : chunks_(chunks), be_(be), comm_(pp_comm), pp_(pp_comm.size()), stage_(stage),
+    : chunks_(std::move(chunks)), be_(be), comm_(pp_comm), pp_(pp_comm.size()), stage_(stage),
       v_(virtual_stages), m_(microbatches), B_(B), T_(T), actions_(std::move(actions)) {
     recv_stage_ = be_.alloc(chunks_[0]->boundary_floats());
     const int nc = int(chunks_.size());
@@ -78,7 +76,7 @@ PipelineExecutor::Result PipelineExecutor::run(const float* params, float* grads
     post_next(0);
     for (size_t k = 0; k < actions_.size(); ++k) {
         const Action& a = actions_[k];
-        ModelChunk& chunk = *chunks_[size_t(a.chunk)];
+        PipelineStage& chunk = *chunks_[size_t(a.chunk)];
         int& slot = slot_of_mb_[size_t(a.chunk)][size_t(a.microbatch)];
         const size_t n = chunk.boundary_floats();
         const int vs = virtual_stage(pp_, stage_, a.chunk);
@@ -135,7 +133,7 @@ double PipelineExecutor::forward_only(const float* params, const int32_t* ids, c
     double sum = 0.0;
     for (int vs = 0; vs < pp_ * v_; ++vs) {
         if (vs % pp_ != stage_) continue;
-        ModelChunk& chunk = *chunks_[size_t(vs / pp_)];
+        PipelineStage& chunk = *chunks_[size_t(vs / pp_)];
         if (chunk.slots() == 0) chunk.add_slot();
         if (vs > 0)
             comm_.recv(chunk.input(0), chunk.boundary_floats(), (stage_ - 1 + pp_) % pp_, kTagFwd,

@@ -1,4 +1,5 @@
 #include "quintet/core/profile.hpp"
+#include "quintet/core/clock.hpp"
 #include "quintet/parallel/tensor_parallel.hpp"
 
 #include <mpi.h>
@@ -11,7 +12,7 @@ float* TensorParallel::reduce(float* partial, float* shard, size_t rows, size_t 
     QUINTET_PROFILE("comm.tp");
     const int p = tp_.size();
     if (p == 1) return partial;
-    double t0 = MPI_Wtime();
+    double t0 = now_s();
     const double S = double(rows) * C * sizeof(float);
     float* out;
     if (sp_) {
@@ -23,7 +24,7 @@ float* TensorParallel::reduce(float* partial, float* shard, size_t rows, size_t 
         bytes += 2 * S * (p - 1) / p;
         out = partial;
     }
-    seconds += MPI_Wtime() - t0;
+    seconds += now_s() - t0;
     return out;
 }
 
@@ -31,10 +32,10 @@ const float* TensorParallel::gather(const float* shard, float* full, size_t rows
     QUINTET_PROFILE("comm.tp");
     if (!sp_) return shard;
     const int p = tp_.size();
-    double t0 = MPI_Wtime();
+    double t0 = now_s();
     tp_.all_gather(shard, full, rows / p * C);
     bytes += double(rows) * C * sizeof(float) * (p - 1) / p;
-    seconds += MPI_Wtime() - t0;
+    seconds += now_s() - t0;
     return full;
 }
 
@@ -45,30 +46,30 @@ const bf16_bits* TensorParallel::gather(const bf16_bits* shard, bf16_bits* full,
     const int p = tp_.size();
     const size_t n = rows / p * C;
     QUINTET_CHECK(n % 2 == 0, "bf16 gather of an odd element count");
-    double t0 = MPI_Wtime();
+    double t0 = now_s();
     // A collective that only copies: the words are never interpreted as floats.
     tp_.all_gather(reinterpret_cast<const float*>(shard), reinterpret_cast<float*>(full), n / 2);
     bytes += double(rows) * C * sizeof(bf16_bits) * (p - 1) / p;
-    seconds += MPI_Wtime() - t0;
+    seconds += now_s() - t0;
     return full;
 }
 
 void TensorParallel::all_reduce_sum(float* x, size_t n) {
     QUINTET_PROFILE("comm.tp");
     if (tp_.size() == 1) return;
-    double t0 = MPI_Wtime();
+    double t0 = now_s();
     tp_.all_reduce_sum(x, n);
     bytes += 2.0 * n * sizeof(float) * (tp_.size() - 1) / tp_.size();
-    seconds += MPI_Wtime() - t0;
+    seconds += now_s() - t0;
 }
 
 void TensorParallel::all_reduce_max(float* x, size_t n) {
     QUINTET_PROFILE("comm.tp");
     if (tp_.size() == 1) return;
-    double t0 = MPI_Wtime();
+    double t0 = now_s();
     tp_.all_reduce_max(x, n);
     bytes += 2.0 * n * sizeof(float) * (tp_.size() - 1) / tp_.size();
-    seconds += MPI_Wtime() - t0;
+    seconds += now_s() - t0;
 }
 
 }  // namespace quintet

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "quintet/comm/mpi_communicator.hpp"
+#include "quintet/core/clock.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/kernels/cuda_backend.hpp"
 #include "quintet/model/params.hpp"
@@ -40,10 +41,6 @@ const char* kUsage =
     "                          [--seq 1024] [--steps 10]\n"
     "                          [--gemm_size 4096] [--no_gemm] [--peak_tflops 989] [--device 0]\n";
 
-double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
 
 void bench_gemm(CudaBackend& be, int n, const Options&) {
     const size_t nn = size_t(n) * n;

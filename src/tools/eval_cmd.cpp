@@ -19,8 +19,8 @@
 #include "quintet/model/decoder.hpp"
 #include "quintet/parallel/process_grid.hpp"
 #include "quintet/tools/commands.hpp"
-#include "quintet/train/deck.hpp"
-#include "quintet/train/passkey.hpp"
+#include "quintet/deck/deck.hpp"
+#include "quintet/data/passkey.hpp"
 #include "quintet/train/trainer.hpp"
 
 namespace po = boost::program_options;
@@ -107,10 +107,9 @@ std::string greedy_digits(Decoder& dec, const Tokenizer& tok, const std::string&
 
 }  // namespace
 
-int eval_main(int argc, char** argv, MPI_Comm world) {
-    int rank = 0, size = 1;
-    MPI_Comm_rank(world, &rank);
-    MPI_Comm_size(world, &size);
+int eval_main(int argc, char** argv, MPI_Comm world_handle) {
+    const MpiCommunicator world(world_handle, "world");
+    const int rank = world.rank(), size = world.size();
     std::string ckpt, data, by_position, passkey_out, passkey_lengths, corpus_out;
     int passkey = 0;
     std::vector<std::string> overrides, tool_args;

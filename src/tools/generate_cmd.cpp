@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "quintet/core/error.hpp"
+#include "quintet/core/clock.hpp"
 #include "quintet/core/rng.hpp"
 #include "quintet/io/checkpoint.hpp"
 #include "quintet/io/h5.hpp"
@@ -23,7 +24,7 @@
 #include "quintet/model/params.hpp"
 #include "quintet/model/rope.hpp"
 #include "quintet/tools/commands.hpp"
-#include "quintet/train/deck.hpp"
+#include "quintet/deck/deck.hpp"
 
 namespace po = boost::program_options;
 
@@ -70,7 +71,7 @@ int generate_main(int argc, char** argv) {
     // Read the deck first, to build the parameter table the checkpoint must match; RoPE as the
     // checkpoint trained it (YaRN's original_max_position = 0: the trained context it records).
     const CheckpointMeta meta = checkpoint_read_meta(ckpt);
-    if (const std::string why = checkpoint_verify(ckpt, MPI_COMM_SELF); !why.empty())
+    if (const std::string why = checkpoint_verify(ckpt, MpiCommunicator(MPI_COMM_SELF, "self")); !why.empty())
         throw ConfigError("generate: --checkpoint '" + ckpt + "' is unusable: " + why);
     const std::string& deck_text = meta.deck;
     Deck deck = deck_parse_text(deck_text);
@@ -89,7 +90,7 @@ int generate_main(int argc, char** argv) {
     std::fprintf(stderr, "generate: %s attention, KV cache %zu bytes per token (%s, all %d layers)\n",
                  deck.model.attention.c_str(), dec.cache_bytes_per_token(), kv_cache.c_str(),
                  deck.model.n_layers);
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = now_s();
     std::mt19937_64 rng(seed);
     std::cout << prompt << std::flush;
     const std::vector<float>* logits = nullptr;
@@ -116,7 +117,7 @@ int generate_main(int argc, char** argv) {
         logits = &dec.step(next, int(ids.size()) - 1);
     }
     std::cout << "\n";
-    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double el = (now_s() - t0);
     std::fprintf(stderr, "generate: %zu tokens (%zu prompt + %d new) in %.3f s: %.1f tokens/s\n", ids.size(),
                  ids.size() - size_t(tokens), tokens, el, double(ids.size()) / std::max(el, 1e-9));
     return 0;

@@ -9,11 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "quintet/comm/mpi_communicator.hpp"
+#include "quintet/core/clock.hpp"
 #include "quintet/core/error.hpp"
-#include "quintet/train/deck.hpp"
+#include "quintet/deck/deck.hpp"
 #include "quintet/kernels/backend.hpp"
 #include "quintet/tools/commands.hpp"
-#include "quintet/train/host_peak.hpp"
+#include "quintet/perf/host_peak.hpp"
 
 namespace quintet {
 
@@ -72,40 +74,39 @@ int peak_main(int argc, char** argv) {
     return 0;
 }
 
-int links_main(MPI_Comm world) {
-    int rank = 0, size = 1;
-    MPI_Comm_rank(world, &rank);
-    MPI_Comm_size(world, &size);
+int links_main(MPI_Comm world_handle) {
+    const MpiCommunicator world(world_handle, "world");
+    const int rank = world.rank(), size = world.size();
     if (size != 2) throw ConfigError("peak --links: run it on 2 ranks (mpirun -n 2 quintet peak --links)");
     // Bandwidth: a 64 MiB all-reduce, whose ring counts 2S(p-1)/p = S bytes per rank at p = 2.
     const size_t n = size_t(16) << 20;
     std::vector<float> buf(n, 1.0f);
     double best = 1e30;
     for (int rep = 0; rep < 5; ++rep) {
-        MPI_Barrier(world);
-        const double t0 = MPI_Wtime();
-        MPI_Allreduce(MPI_IN_PLACE, buf.data(), int(n), MPI_FLOAT, MPI_SUM, world);
-        best = std::min(best, MPI_Wtime() - t0);
+        world.barrier();
+        const double t0 = now_s();
+        world.all_reduce_sum(buf.data(), n);
+        best = std::min(best, now_s() - t0);
     }
     double t = best;
-    MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, world);
+    world.all_reduce_max(&t, 1);
     // Latency: half a round trip of one float, median of 2000.
     std::vector<double> rt;
     float x = 0;
     for (int i = 0; i < 2000; ++i) {
-        const double t0 = MPI_Wtime();
+        const double t0 = now_s();
         if (rank == 0) {
-            MPI_Send(&x, 1, MPI_FLOAT, 1, 0, world);
-            MPI_Recv(&x, 1, MPI_FLOAT, 1, 0, world, MPI_STATUS_IGNORE);
+            world.send(&x, 1, 1, 0);
+            world.recv(&x, 1, 1, 0, "peak --links");
         } else {
-            MPI_Recv(&x, 1, MPI_FLOAT, 0, 0, world, MPI_STATUS_IGNORE);
-            MPI_Send(&x, 1, MPI_FLOAT, 0, 0, world);
+            world.recv(&x, 1, 0, 0, "peak --links");
+            world.send(&x, 1, 0, 0);
         }
-        rt.push_back((MPI_Wtime() - t0) / 2);
+        rt.push_back((now_s() - t0) / 2);
     }
     std::nth_element(rt.begin(), rt.begin() + rt.size() / 2, rt.end());
     double lat = rt[rt.size() / 2];
-    MPI_Bcast(&lat, 1, MPI_DOUBLE, 0, world);
+    world.broadcast(&lat, sizeof lat, 0);
     if (rank == 0) {
         LinkFigures l;
         l.gbs = double(n) * sizeof(float) / t / 1e9;

@@ -16,9 +16,9 @@
 #include "quintet/io/token_data.hpp"
 #include "quintet/kernels/backend.hpp"
 #include "quintet/tools/commands.hpp"
-#include "quintet/train/deck.hpp"
-#include "quintet/train/host_peak.hpp"
-#include "quintet/train/planner.hpp"
+#include "quintet/deck/deck.hpp"
+#include "quintet/perf/host_peak.hpp"
+#include "quintet/perf/planner.hpp"
 
 namespace quintet {
 

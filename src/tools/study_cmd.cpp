@@ -23,14 +23,15 @@
 #include <sstream>
 
 #include "quintet/core/error.hpp"
+#include "quintet/core/clock.hpp"
 #include "quintet/io/h5.hpp"
 #include "quintet/io/token_data.hpp"
 #include "quintet/kernels/backend.hpp"
 #include "quintet/tools/commands.hpp"
 #include "quintet/tools/python.hpp"
-#include "quintet/train/deck.hpp"
-#include "quintet/train/host_peak.hpp"
-#include "quintet/train/planner.hpp"
+#include "quintet/deck/deck.hpp"
+#include "quintet/perf/host_peak.hpp"
+#include "quintet/perf/planner.hpp"
 
 
 namespace quintet {
@@ -600,7 +601,7 @@ int run_local(const Study& st, const std::vector<Case>& cases, bool dry) {
     }
     if (skipped_done) std::printf("study: %d run(s) finished before: skipped\n", skipped_done);
     const std::string self = self_exe();
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = now_s();
     int i = 0, failed = 0;
     for (const Case* c : todo) {
         std::vector<std::string> args{"mpirun"};
@@ -619,11 +620,11 @@ int run_local(const Study& st, const std::vector<Case>& cases, bool dry) {
         }
         fs::create_directories(run_dir(st, *c));
         std::ofstream(run_dir(st, *c) + "/command") << line << "\n";
-        const auto r0 = std::chrono::steady_clock::now();
+        const double r0 = now_s();
         const int rc = run_process(args, run_dir(st, *c) + "/train.log", false, {"OMP_NUM_THREADS=" + std::to_string(c->threads)});
         ++i;
-        const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
+        const double el = (now_s() - t0);
+        const double took = (now_s() - r0);
         const double eta = el / i * double(todo.size() - size_t(i));
         std::ofstream(done_marker(st, *c) + ".tmp") << rc << "\n";
         if (rc == 0) fs::rename(done_marker(st, *c) + ".tmp", done_marker(st, *c));

@@ -12,7 +12,7 @@
 #include "quintet/core/error.hpp"
 #include "quintet/io/checkpoint.hpp"
 #include "quintet/io/run_lock.hpp"
-#include "quintet/train/deck.hpp"
+#include "quintet/deck/deck.hpp"
 #include "quintet/io/token_data.hpp"
 #include "quintet/kernels/backend.hpp"
 #include "quintet/parallel/process_grid.hpp"
@@ -59,18 +59,18 @@ int affinity_cores() {
 // The threads of a rank bound to fewer cores (mpirun binds each rank to one core by default
 // when there are 2 ranks or fewer) share them: a 2x slowdown that only the tokens/s would show.
 // Said once, by rank 0, naming the first rank concerned.
-void warn_if_threads_exceed_cores(int threads, MPI_Comm world) {
+void warn_if_threads_exceed_cores(int threads, const MpiCommunicator& world) {
     int cores = affinity_cores();
     if (cores == 0) cores = threads;  // unknown: nothing to say
-    int rank = 0;
-    MPI_Comm_rank(world, &rank);
-    struct {
-        int over, rank;
-    } mine{threads > cores ? cores : INT32_MAX, rank}, worst{};
-    MPI_Allreduce(&mine, &worst, 1, MPI_2INT, MPI_MINLOC, world);
-    if (rank == 0 && worst.over != INT32_MAX)
-        std::cerr << "warning: " << threads << " threads per rank, but rank " << worst.rank
-                  << " may run on only " << worst.over
+    const int rank = world.rank();
+    // The fewest cores any rank has below its thread count, and the first rank with that many.
+    int over = threads > cores ? cores : INT32_MAX;
+    world.all_reduce_min(&over, 1);
+    int first = threads > cores && cores == over ? rank : INT32_MAX;
+    world.all_reduce_min(&first, 1);
+    if (rank == 0 && over != INT32_MAX)
+        std::cerr << "warning: " << threads << " threads per rank, but rank " << first
+                  << " may run on only " << over
                   << " core(s) (its CPU affinity mask), so its threads share them and run slower. "
                      "mpirun binds each rank to one core by default for 2 ranks or fewer: launch "
                      "with `mpirun --bind-to none` or `--map-by slot:PE="
@@ -81,16 +81,12 @@ void warn_if_threads_exceed_cores(int threads, MPI_Comm world) {
 
 // Threads per rank: train.threads, else OMP_NUM_THREADS, else the cores this rank may run on
 // (its affinity mask, which mpirun narrows when it binds ranks) shared by the node's ranks.
-int threads_per_rank(const Deck& deck, MPI_Comm world) {
+int threads_per_rank(const Deck& deck, const MpiCommunicator& world) {
     int threads = 0;
     if (deck.train.threads > 0) threads = deck.train.threads;
     else if (const char* e = std::getenv("OMP_NUM_THREADS"); e && std::atoi(e) > 0) threads = std::atoi(e);
     else {
-        MPI_Comm local;
-        MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-        int n = 1;
-        MPI_Comm_size(local, &n);
-        MPI_Comm_free(&local);
+        const int n = world.split_node()->size();
         int cores = int(sysconf(_SC_NPROCESSORS_ONLN));
         if (const char* e = std::getenv("QUINTET_CORES"); e && std::atoi(e) > 0) cores = std::atoi(e);
         threads = std::max(1, cores / n);
@@ -100,10 +96,9 @@ int threads_per_rank(const Deck& deck, MPI_Comm world) {
     return threads;
 }
 
-int train_main(int argc, char** argv, MPI_Comm world) {
-    int rank = 0, size = 1;
-    MPI_Comm_rank(world, &rank);
-    MPI_Comm_size(world, &size);
+int train_main(int argc, char** argv, MPI_Comm world_handle) {
+    const MpiCommunicator world(world_handle, "world");
+    const int rank = world.rank(), size = world.size();
     std::string deck_path;
     std::vector<std::string> overrides;
     for (int i = 1; i < argc; ++i) {
@@ -130,15 +125,15 @@ int train_main(int argc, char** argv, MPI_Comm world) {
         std::string err;
         try {
 #ifdef QUINTET_WITH_CUDA
-            backend = make_cuda_backend(cuda_local_device(world));
+            backend = make_cuda_backend(cuda_local_device(world.handle()));
 #else
             backend = make_cuda_backend(0);
 #endif
         } catch (const std::exception& e) {
             err = e.what();
         }
-        int bad = err.empty() ? 0 : 1, any = 0;
-        MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, world);
+        int any = err.empty() ? 0 : 1;
+        world.all_reduce_max(&any, 1);
         if (any) throw ConfigError(err.empty() ? "train.device = cuda failed on another rank" : err);
     } else {
         backend = make_cpu_backend(threads_per_rank(deck, world));

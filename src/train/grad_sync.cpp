@@ -1,4 +1,5 @@
 #include "quintet/train/grad_sync.hpp"
+#include "quintet/core/clock.hpp"
 
 #include <mpi.h>
 
@@ -61,16 +62,16 @@ void GradientSync::Hook::ready(float* g, size_t n) {
 }
 
 std::pair<double, double> GradientSync::finish_step(float* grads, float* const* shards) {
-    const double t0 = MPI_Wtime();
+    const double t0 = now_s();
     for (size_t i = 0; i < table_.specs.size(); ++i)
         if (!synced_[i] && table_.specs[i].trainable()) sync_one(i, grads);
-    const double t1 = MPI_Wtime();
+    const double t1 = now_s();
     for (int r = 0; r < kNumRegions; ++r) {
         if (!dp_[r]) continue;
         if (overlap_) dp_[r]->finish_overlap();
         else dp_[r]->reduce_grads(grads, shards ? shards[r] : nullptr);
     }
-    return {t1 - t0, MPI_Wtime() - t1};
+    return {t1 - t0, now_s() - t1};
 }
 
 double GradientSync::buckets_overlapped() const {

@@ -1,4 +1,5 @@
 #include "quintet/core/profile.hpp"
+#include "quintet/core/clock.hpp"
 #include "quintet/train/trainer.hpp"
 
 #include <algorithm>
@@ -17,21 +18,19 @@
 #include "quintet/core/error.hpp"
 #include "quintet/io/checkpoint.hpp"
 #include "quintet/io/metrics.hpp"
-#include "quintet/train/deck.hpp"
-#include "quintet/train/host_peak.hpp"
-#include "quintet/train/planner.hpp"
-#include "quintet/train/schedule_math.hpp"
+#include "quintet/deck/deck.hpp"
+#include "quintet/perf/host_peak.hpp"
+#include "quintet/perf/planner.hpp"
+#include "quintet/train/lr_schedule.hpp"
 
 namespace quintet {
 
 namespace {
 
+const std::string kCheckpointComm = "world (checkpoint I/O)";
 volatile std::sig_atomic_t g_stop_signal = 0;
 extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 
-double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 std::string human_time(double s) {
     char buf[32];
@@ -74,7 +73,7 @@ void install_stop_signals() {
     std::signal(SIGINT, on_stop_signal);
 }
 
-WeightsSource resolve_weights_source(Deck& deck, MPI_Comm comm) {
+WeightsSource resolve_weights_source(Deck& deck, const MpiCommunicator& comm) {
     WeightsSource src;
     const auto& ck = deck.checkpoint;
     if (ck.resume == "auto") {
@@ -129,7 +128,7 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
                  WeightsSource source)
     : deck_(deck), deck_text_(deck_text), grid_(grid), be_(be), mode_(mode), source_(std::move(source)),
       dims_(model_dims(deck.model, grid.tp().size(), grid.coord(kTP))),
-      comms_(grid, be, dims_),
+      comms_(grid, be, dims_.kv_group(), dims_.tied),
       tp_(comms_.group(Group::tp), deck.parallel.sequence_parallel),
       plans_(stage_chunks(deck.model.n_layers, grid.pp().size(), deck.parallel.virtual_stages,
                           grid.coord(kPP), deck.parallel.pp_layers)),
@@ -146,6 +145,10 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
                     "eval.every > 0 but the validation split has only " +
                         std::to_string(sampler_.val_len()) + " tokens; need at least seq_len + 1");
     host_arena_ = be.device() == Device::cpu;
+    // Checkpoint I/O on a communicator of its own, without a deadline per operation: the whole
+    // write is timed as one (save_checkpoint), and its barriers must not replace that entry.
+    io_comm_ = grid.world().split(0, grid.rank(), kCheckpointComm);
+    io_comm_->set_deadline(0);
     start_rss_ = process_rss_bytes();
     // On a GPU the kernels run asynchronously: host-side scopes would time launches, not work.
     profile::enable(deck.train.profile && mode == TrainerMode::train && host_arena_);
@@ -186,8 +189,10 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
         moe_idle_.assign(size_t(deck.model.n_layers) * deck.model.moe.experts, 0);
     }
     const int pp = grid.pp().size(), stage = grid.coord(kPP);
+    std::vector<PipelineStage*> stages;
+    for (auto& c : chunks_) stages.push_back(c.get());
     exec_ = std::make_unique<PipelineExecutor>(
-        chunks_, be_, comms_.group(Group::pp), stage, deck.parallel.virtual_stages,
+        std::move(stages), be_, comms_.group(Group::pp), stage, deck.parallel.virtual_stages,
         make_schedule(deck.parallel.schedule, pp, stage, deck.parallel.microbatches,
                       deck.parallel.virtual_stages),
         deck.parallel.microbatches, dc.micro_batch_size, dc.seq_len);
@@ -205,13 +210,13 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
     } else {
         // MFU's denominator: the FMA peak of the cores the job runs on (cached per host).
         HostPeak hp;
-        peak_flops_ = job_fma_peak_flops(grid.world().handle(), be_.threads(), &hp);
+        peak_flops_ = job_fma_peak_flops(grid.world(), be_.threads(), &hp);
         peak_what_ = "FMA peak, " + hp.isa + ", " + hp.source;
         // The achieved share of the measured matmul rate, the second column: every rank's sgemm
         // at once (so shared cores are not counted twice); 1024^3, best of 5, and per node the
         // best seen on this host (job_sgemm_flops): short runs read 30% low on a busy machine.
         const double g = cpu_measure_sgemm_gflops(be_, 1024, 5);
-        matmul_flops_ = job_sgemm_flops(grid.world().handle(), g, be_.threads(), &sgemm_measured_);
+        matmul_flops_ = job_sgemm_flops(grid.world(), g, be_.threads(), &sgemm_measured_);
     }
 }
 
@@ -623,7 +628,6 @@ std::vector<ArenaRange> Trainer::checkpoint_state() const {
     return w;
 }
 
-static const std::string kCheckpointComm = "world (checkpoint I/O)";
 
 void Trainer::save_checkpoint(int64_t step) {
     // Never checkpoint non-finite weights over good ones (every rank checks its arena).
@@ -663,7 +667,7 @@ void Trainer::save_checkpoint(int64_t step) {
     if (w) w->begin("checkpoint write", &kCheckpointComm, grid_.rank(), grid_.world().size(), uint64_t(step),
                     deck_.train.collective_timeout_s, &grid_.world().world_ranks());
     maybe_stop_in_checkpoint(grid_.rank(), step);
-    std::string path = checkpoint_save(grid_.world().handle(), deck_.output.run_dir, meta, table_,
+    std::string path = checkpoint_save(*io_comm_, deck_.output.run_dir, meta, table_,
                                        p, m, v, checkpoint_writes(), deck_.checkpoint.keep);
     if (w) w->end();
     char secs[32];
@@ -838,8 +842,7 @@ int Trainer::run_steps() {
             const double mine[kMemoryColumns] = {mb.params, mb.grads, mb.optimizer, mb.activations,
                                                  mb.buffers, mb.runtime, mb.total};
             memory_all_.resize(size_t(kMemoryColumns) * grid_.world().size());
-            MPI_Gather(mine, kMemoryColumns, MPI_DOUBLE, memory_all_.data(), kMemoryColumns, MPI_DOUBLE, 0,
-                       grid_.world().handle());
+            grid_.world().gather(mine, memory_all_.data(), kMemoryColumns, 0);
         }
         // The steady state: past the first two steps of this run (page faults, warm-up). The
         // tokens/s median and the profile's table read these steps only.

@@ -19,7 +19,7 @@
 #include "quintet/io/token_data.hpp"
 #include "quintet/io/tokenizer.hpp"
 #include "quintet/model/params.hpp"
-#include "quintet/train/deck.hpp"
+#include "quintet/deck/deck.hpp"
 #include "support/run_support.hpp"
 
 namespace fs = std::filesystem;
@@ -187,7 +187,7 @@ TEST(Fuzz, CheckpointReader) {
     meta.deck = "[model]\nd_model = 16\n";
     meta.layout = "tp=1";
     const std::vector<ArenaRange> all = {{Range{0, table.total}, 0}};
-    const std::string path = checkpoint_save(MPI_COMM_SELF, (dir / "run").string(), meta, table, params.data(),
+    const std::string path = checkpoint_save(quintet::MpiCommunicator(MPI_COMM_SELF, "self"), (dir / "run").string(), meta, table, params.data(),
                                              mom.data(), mom.data(), all, 0);
     const std::string base = slurp(path);
     std::mt19937 g(4);
@@ -198,7 +198,7 @@ TEST(Fuzz, CheckpointReader) {
         spit(p, mutate(base, g, 8192));
         t.run([&] {
             // As a resume: verify, then inspect and load only what verified.
-            const std::string why = checkpoint_verify(p.string(), MPI_COMM_SELF);
+            const std::string why = checkpoint_verify(p.string(), quintet::MpiCommunicator(MPI_COMM_SELF, "self"));
             if (!why.empty()) {
                 ++refused_by_verify;
                 throw ConfigError(why);

@@ -31,7 +31,7 @@ TEST(ProcessGrid, GroupsAreLayoutsGroups) {
     const int layouts[][4] = {{2, 2, 1, 2}, {1, 2, 1, 4}, {2, 1, 2, 2}, {1, 1, 1, 8}, {1, 4, 2, 2}, {8, 1, 1, 1}};
     for (const auto& l : layouts) {
         const Layout layout = make_layout(world, l[0], l[1], l[2], 0, l[3]);
-        ProcessGrid grid(MPI_COMM_WORLD, layout, 12.5);
+        ProcessGrid grid(MpiCommunicator(MPI_COMM_WORLD), layout, 12.5);
         SCOPED_TRACE(layout.describe());
         for (int g = 0; g < kNumGroups; ++g) {
             const MpiCommunicator& c = grid.comm(Group(g));

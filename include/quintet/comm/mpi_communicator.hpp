@@ -60,6 +60,30 @@ public:
     void wait_reduce(int handle) const override;
     void progress() const override;  // tests the started reductions and exchanges
 
+    // ---- host scalars (counts, checksums, per-rank figures) ----
+    void all_reduce_sum(int* buf, size_t n) const;
+    void all_reduce_sum(uint64_t* buf, size_t n) const;
+    void all_reduce_min(int* buf, size_t n) const;
+    void all_reduce_max(int* buf, size_t n) const;
+    // recv[size()*n] on `root` = every rank's send[n] in rank order (recv is not read elsewhere).
+    void gather(const double* send, double* recv, size_t n, int root) const;
+    // A barrier that waits asleep (polling every 2 ms) instead of spinning: ranks waiting for a
+    // measurement on another rank of their node must leave it the cores.
+    void barrier_asleep() const;
+
+    // ---- sub-communicators (collective over this one) ----
+    // Each inherits this one's deadline and watchdog; set_deadline/set_watchdog change them.
+    // The ranks with the same colour, ordered by key; colour < 0: not a member (nullptr).
+    std::unique_ptr<MpiCommunicator> split(int color, int key, std::string name) const;
+    // The ranks that share this rank's node (its memory and cores).
+    std::unique_ptr<MpiCommunicator> split_node(std::string name = "node") const;
+    // A Cartesian topology over these ranks with dims[0] the slowest-varying (row-major, MPI's
+    // order; ranks are not reordered), and the sub-grid keeping the dimensions marked in `keep`.
+    std::unique_ptr<MpiCommunicator> cartesian(const std::vector<int>& dims, std::string name) const;
+    std::unique_ptr<MpiCommunicator> cartesian_sub(const std::vector<int>& keep, std::string name) const;
+    std::vector<int> cartesian_coords() const;  // this rank's coordinates (a Cartesian one)
+    void set_watchdog(std::shared_ptr<Watchdog> w) { watchdog_ = std::move(w); }
+
 private:
     MPI_Comm comm_;
     int rank_ = 0, size_ = 1;

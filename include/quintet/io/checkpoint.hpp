@@ -12,19 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "quintet/comm/mpi_communicator.hpp"
 #include "quintet/model/params.hpp"
 #include "quintet/parallel/layout.hpp"
 
 namespace quintet {
 
 constexpr int64_t kCheckpointFormatVersion = 1;
-
-// A range of the local arena and where the AdamW moments of its first element sit in the
-// moment arrays (moment of arena element i = state_index + (i - arena.lo)).
-struct ArenaRange {
-    Range arena;
-    size_t state_index = 0;
-};
 
 struct CheckpointMeta {
     int64_t step = 0;
@@ -40,7 +34,7 @@ struct CheckpointMeta {
 // the ranges of it this rank writes, with their moments (tensors it holds as a non-writer replica
 // are skipped; buffers have no moments). Small tensors go with independent I/O, large ones with
 // one collective write each. Returns the final path. Old checkpoints beyond `keep` are removed.
-std::string checkpoint_save(MPI_Comm comm, const std::string& run_dir, const CheckpointMeta& meta,
+std::string checkpoint_save(const MpiCommunicator& comm, const std::string& run_dir, const CheckpointMeta& meta,
                             const ParamTable& table, const float* params, const float* exp_avg,
                             const float* exp_avg_sq, const std::vector<ArenaRange>& writes, int keep);
 
@@ -55,10 +49,10 @@ std::string checkpoint_latest(const std::string& run_dir);
 // "" when `path` opens, every tensor reads in full and matches its stored checksum (checkpoints
 // from before the checksums: every tensor reads); else why not, e.g. "tensor /params/x does not
 // match its checksum". The ranks of `comm` share the reading. collective over comm
-std::string checkpoint_verify(const std::string& path, MPI_Comm comm);
+std::string checkpoint_verify(const std::string& path, const MpiCommunicator& comm);
 // resume = auto: `latest`, else the newest step_*.h5, that verifies ("" when none does). Each
 // one passed over is added to `skipped` with the reason. collective over comm
-std::string checkpoint_newest_valid(const std::string& run_dir, MPI_Comm comm,
+std::string checkpoint_newest_valid(const std::string& run_dir, const MpiCommunicator& comm,
                                     std::vector<std::string>* skipped);
 
 // The attributes of a checkpoint (no tensor read); ConfigError naming the file when it is

@@ -5,16 +5,16 @@
 // host when the holder has not refreshed it (touch() every step) for `stale_after_s` -- and taken
 // over with a warning.
 #pragma once
-#include <mpi.h>
-
 #include <string>
+
+#include "quintet/comm/mpi_communicator.hpp"
 
 namespace quintet {
 
 class RunLock {
 public:
     // collective over comm. warning: set when a stale lock was taken over.
-    RunLock(const std::string& run_dir, MPI_Comm comm, double stale_after_s, std::string* warning);
+    RunLock(const std::string& run_dir, const MpiCommunicator& comm, double stale_after_s, std::string* warning);
     ~RunLock();  // releases (rank 0)
     RunLock(const RunLock&) = delete;
     RunLock& operator=(const RunLock&) = delete;

@@ -20,6 +20,7 @@
 #include "quintet/model/params.hpp"
 #include "quintet/parallel/context_parallel.hpp"
 #include "quintet/parallel/expert_parallel.hpp"
+#include "quintet/parallel/grad_ready.hpp"
 #include "quintet/parallel/tensor_parallel.hpp"
 
 namespace quintet {
@@ -34,13 +35,6 @@ enum class Precision { fp32, bf16 };
 //   selective: the attention core (its output and log-sum-exp), from the kept q|k|v;
 //   full:      whole layers, from their inputs (one layer's activations are kept, shared).
 enum class Recompute { none, selective, full };
-
-// Told, during a backward, that a parameter gradient g[0, n) in the gradient arena is final for
-// this step, so its data-parallel reduction can start while the backward goes on.
-struct GradReadyHook {
-    virtual ~GradReadyHook() = default;
-    virtual void ready(float* g, size_t n) = 0;
-};
 
 // A saved input of a linear layer: fp32 (f) or, in bf16 mode, bf16 only (b).
 struct Act {

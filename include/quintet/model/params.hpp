@@ -146,6 +146,18 @@ private:
     std::unordered_set<std::string> listed_;
 };
 
+// A range of the local arena and where the AdamW moments of its first element sit in the
+// moment arrays (moment of arena element i = state_index + (i - arena.lo)): what a rank writes
+// to or reads from a checkpoint.
+struct ArenaRange {
+    Range arena;
+    size_t state_index = 0;
+};
+
+// PaLM-convention model FLOPs per token (docs/math.md §1): 6*P + 6*L*T*NH*(d_qk + d_v), P the
+// parameters a token multiplies (table.matmul_params).
+double model_flops_per_token(const ParamTable& table, const ModelDims& d, int seq_len);
+
 // This rank's shards of the model (modules from the deck's model.attention and feed-forward kinds).
 ParamTable make_param_table(const ModelConfig& m, const ShardPlan& plan);
 ParamTable make_param_table(const ModelConfig& m);  // the whole model on one rank

@@ -18,6 +18,7 @@
 #include "quintet/kernels/backend.hpp"
 #include "quintet/model/block.hpp"
 #include "quintet/model/params.hpp"
+#include "quintet/parallel/pipeline_executor.hpp"
 #include "quintet/parallel/tensor_parallel.hpp"
 #include "quintet/parallel/vocab_parallel.hpp"
 
@@ -37,7 +38,7 @@ struct ChunkOptions {
     ExpertParallel* ep = nullptr;  // MoE's token exchange (null: ep = 1)
 };
 
-class ModelChunk {
+class ModelChunk final : public PipelineStage {
 public:
     // B samples of T tokens per microbatch (under context parallelism this rank holds T/cp of
     // each sample: chunks r and 2cp-1-r, DESIGN §2).
@@ -55,9 +56,9 @@ public:
     // and return 0.
     // collective over tp
     double forward(int slot, const float* params, const int32_t* ids, const int32_t* targets,
-                   float grad_scale, bool need_grad);
+                   float grad_scale, bool need_grad) override;
     // The auxiliary losses the blocks of this chunk added in slot's last forward (MoE; 0 dense).
-    double aux_loss(int slot) const;
+    double aux_loss(int slot) const override;
     // MoE: the largest expert count of this chunk's layers (0: dense); the counts of this step
     // added into counts[layer * width + i] (and reset); the aux-free biases moved from the
     // global batch's loads (the same on every rank); d(loss)/d(aux) per microbatch.
@@ -71,7 +72,7 @@ public:
     // ends in the embedding, the others leave grad_input(slot) for the previous stage.
     // `hook` (the step's last microbatch only) is told of each tensor as its gradient completes.
     // collective over tp
-    void backward(int slot, const float* params, float* grads, GradReadyHook* hook = nullptr);
+    void backward(int slot, const float* params, float* grads, GradReadyHook* hook = nullptr) override;
 
     // Convenience for a chunk that is the whole model (tests, tp-only layouts).
     double forward_backward(const float* params, float* grads, const int32_t* ids,
@@ -91,22 +92,22 @@ public:
     void set_bf16_weights(const float* master, const bf16_bits* shadow);
     Precision precision() const { return ctx_.bf16() ? Precision::bf16 : Precision::fp32; }
 
-    int add_slot();                      // allocates one more slot; returns its index
-    int slots() const { return int(slots_.size()); }
-    float* input(int s) { return slots_[s].res[0]; }        // [Nr, C] from the previous stage
-    float* output(int s) { return slots_[s].res.back(); }   // [Nr, C] to the next stage
-    float* grad_output(int s) { return slots_[s].dout; }    // [Nr, C] from the next stage
-    float* grad_input(int s) { return slots_[s].dres; }     // [Nr, C] to the previous stage
-    size_t boundary_floats() const { return size_t(ctx_.Nr) * ctx_.d.C; }
-    size_t slot_bytes() const { return slot_floats_ * sizeof(float); }
+    int add_slot() override;  // allocates one more slot; returns its index
+    int slots() const override { return int(slots_.size()); }
+    float* input(int s) override { return slots_[s].res[0]; }        // [Nr, C] from the previous stage
+    float* output(int s) override { return slots_[s].res.back(); }   // [Nr, C] to the next stage
+    float* grad_output(int s) override { return slots_[s].dout; }    // [Nr, C] from the next stage
+    float* grad_input(int s) override { return slots_[s].dres; }     // [Nr, C] to the previous stage
+    size_t boundary_floats() const override { return size_t(ctx_.Nr) * ctx_.d.C; }
+    size_t slot_bytes() const override { return slot_floats_ * sizeof(float); }
     // Activations kept once for all slots (full recompute: one layer's worth, shared).
-    size_t workspace_bytes() const { return workspace_floats_ * sizeof(float); }
+    size_t workspace_bytes() const override { return workspace_floats_ * sizeof(float); }
     // Buffers kept once besides those: the blocks' shared scratch and operand staging.
     size_t scratch_bytes() const {
         const size_t shared = full_recompute_ && !ws_layers_.empty() ? size_t(ctx_.Nr) * ctx_.d.C : 0;
         return (ctx_.work_floats - shared) * sizeof(float);
     }
-    bool needs_tokens() const { return plan_.first || plan_.last || docs_; }
+    bool needs_tokens() const override { return plan_.first || plan_.last || docs_; }
     // The last chunk's per-row cross-entropies of its last forward (host [N], this rank's rows),
     // and the position in its sample of local row n.
     const std::vector<float>& token_losses() const { return losses_; }

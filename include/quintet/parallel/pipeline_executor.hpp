@@ -3,22 +3,51 @@
 // chunk slots, point-to-point sends and receives on the pp communicator. Receives are posted one
 // action ahead into a staging buffer, so the next message can land while this stage computes;
 // sends are non-blocking and a slot is reused only once its sends completed. Knows nothing of
-// data parallelism, optimizers or files.
+// data parallelism, optimizers or files, and nothing of the model: it drives PipelineStage, which
+// the model's chunk (model/transformer.hpp) implements and a test can implement without a model.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
 
 #include "quintet/comm/communicator.hpp"
-#include "quintet/model/transformer.hpp"
+#include "quintet/kernels/backend.hpp"
+#include "quintet/parallel/grad_ready.hpp"
 #include "quintet/parallel/pipeline_schedule.hpp"
 
 namespace quintet {
 
+// One virtual stage of the model on this rank, as the executor sees it: activations of the
+// microbatches in flight live in slots; the boundary tensors [boundary_floats()] travel
+// between stages.
+class PipelineStage {
+public:
+    virtual ~PipelineStage() = default;
+    virtual int add_slot() = 0;  // one more microbatch in flight; returns its index
+    virtual int slots() const = 0;
+    // Forward of one microbatch into `slot` (ids and targets: the whole microbatch, host [B*T],
+    // read when needs_tokens()); returns the sum of token cross-entropies (last stage) or 0.
+    virtual double forward(int slot, const float* params, const int32_t* ids, const int32_t* targets,
+                           float grad_scale, bool need_grad) = 0;
+    virtual double aux_loss(int slot) const = 0;  // the auxiliary losses of slot's last forward
+    // Backward of the microbatch in `slot`; gradients accumulate into `grads`; `hook` is told of
+    // each finished gradient (or null).
+    virtual void backward(int slot, const float* params, float* grads, GradReadyHook* hook) = 0;
+    virtual bool needs_tokens() const = 0;
+    virtual float* input(int slot) = 0;        // from the previous stage
+    virtual float* output(int slot) = 0;       // to the next stage
+    virtual float* grad_output(int slot) = 0;  // from the next stage
+    virtual float* grad_input(int slot) = 0;   // to the previous stage
+    virtual size_t boundary_floats() const = 0;
+    virtual size_t slot_bytes() const = 0;       // activation bytes of one slot
+    virtual size_t workspace_bytes() const = 0;  // activation bytes kept once for all slots
+};
+
 class PipelineExecutor {
 public:
-    // chunks: this stage's chunks (chunk c = virtual stage c*pp + stage); all share B and T.
-    PipelineExecutor(std::vector<std::unique_ptr<ModelChunk>>& chunks, Backend& be,
+    // stages: this rank's virtual stages (stage c = virtual stage c*pp + stage); all share B and T.
+    PipelineExecutor(std::vector<PipelineStage*> chunks, Backend& be,
                      const Communicator& pp_comm, int stage, int virtual_stages,
                      std::vector<Action> actions, int microbatches, int B, int T);
     ~PipelineExecutor();
@@ -46,7 +75,7 @@ public:
 
 private:
     int acquire_slot(int chunk);
-    std::vector<std::unique_ptr<ModelChunk>>& chunks_;
+    std::vector<PipelineStage*> chunks_;
     Backend& be_;
     const Communicator& comm_;
     int pp_, stage_, v_, m_, B_, T_;

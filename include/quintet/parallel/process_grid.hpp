@@ -4,8 +4,6 @@
 // groups split from dp x cp with Layout's colours (DESIGN §2). Each communicator is checked
 // against Layout's maths when it is made, and carries the collective deadline.
 #pragma once
-#include <mpi.h>
-
 #include <array>
 #include <memory>
 
@@ -18,7 +16,7 @@ class ProcessGrid {
 public:
     // collective over `world`. deadline_s: train.collective_timeout_s (0 = none) for every
     // communicator of the grid.
-    ProcessGrid(MPI_Comm world, const Layout& layout, double deadline_s = 0);
+    ProcessGrid(const MpiCommunicator& world, const Layout& layout, double deadline_s = 0);
     const Layout& layout() const { return layout_; }
     int rank() const { return rank_; }
     int coord(Axis a) const { return coords_[a]; }

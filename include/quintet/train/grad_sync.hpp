@@ -13,7 +13,7 @@
 #include "quintet/model/params.hpp"
 #include "quintet/parallel/data_parallel.hpp"
 #include "quintet/parallel/tensor_parallel.hpp"
-#include "quintet/train/device_comms.hpp"
+#include "quintet/parallel/device_comms.hpp"
 
 namespace quintet {
 

@@ -9,7 +9,7 @@
 #include "quintet/kernels/backend.hpp"
 #include "quintet/model/params.hpp"
 #include "quintet/train/grad_sync.hpp"
-#include "quintet/train/train_config.hpp"
+#include "quintet/deck/train_config.hpp"
 
 namespace quintet {
 

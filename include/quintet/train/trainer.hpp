@@ -19,12 +19,12 @@
 #include "quintet/parallel/pipeline_executor.hpp"
 #include "quintet/parallel/process_grid.hpp"
 #include "quintet/parallel/tensor_parallel.hpp"
-#include "quintet/train/device_comms.hpp"
+#include "quintet/parallel/device_comms.hpp"
 #include "quintet/train/grad_sync.hpp"
 #include "quintet/train/optimizer.hpp"
-#include "quintet/train/planner.hpp"
-#include "quintet/train/sampler.hpp"
-#include "quintet/train/train_config.hpp"
+#include "quintet/perf/planner.hpp"
+#include "quintet/data/sampler.hpp"
+#include "quintet/deck/train_config.hpp"
 
 namespace quintet {
 
@@ -54,7 +54,7 @@ struct WeightsSource {
     std::vector<std::string> warnings;
 };
 // collective over comm (the checkpoint is verified)
-WeightsSource resolve_weights_source(Deck& deck, MPI_Comm comm);
+WeightsSource resolve_weights_source(Deck& deck, const MpiCommunicator& comm);
 
 enum class TrainerMode { train, eval };  // eval: no gradients, no optimizer, writes nothing
 
@@ -95,6 +95,7 @@ private:
     WeightsSource source_;
     ModelDims dims_;
     DeviceComms comms_;
+    std::unique_ptr<MpiCommunicator> io_comm_;  // checkpoint I/O: the world, untimed per operation
     TensorParallel tp_;
     std::unique_ptr<ContextParallel> cp_;  // null when cp = 1
     std::unique_ptr<ExpertParallel> ep_;   // null when ep = 1

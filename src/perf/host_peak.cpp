@@ -1,5 +1,5 @@
 // Host FMA peak: measured with kernels' FMA loop, cached per host name and CPU model.
-#include "quintet/train/host_peak.hpp"
+#include "quintet/perf/host_peak.hpp"
 
 #include <unistd.h>
 
@@ -163,59 +163,40 @@ void write_sgemm_cache(double g) {
     write_line(kSgemmKind, o.str());
 }
 
-double job_fma_peak_flops(MPI_Comm world, int threads_per_rank, HostPeak* info) {
-    MPI_Comm node;
-    MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-    int local = 0;
-    MPI_Comm_rank(node, &local);
-    int threads = threads_per_rank, node_threads = 0;
-    MPI_Allreduce(&threads, &node_threads, 1, MPI_INT, MPI_SUM, node);
+double job_fma_peak_flops(const MpiCommunicator& world, int threads_per_rank, HostPeak* info) {
+    const std::unique_ptr<MpiCommunicator> node = world.split_node();
+    const int local = node->rank();
+    int node_threads = threads_per_rank;
+    node->all_reduce_sum(&node_threads, 1);
     // The node's first rank measures while the others wait asleep: a rank spinning in a
     // blocking MPI call would take a core from the measurement and halve the peak it reads.
     HostPeak p;
     double per_core = 0, node_peak = 0;
-    MPI_Barrier(node);  // everyone here (done with earlier work) before the measurement starts
-    if (local != 0) {
-        // Asleep until the measurement is done (rank 0 joins the barrier after it).
-        MPI_Request done;
-        MPI_Ibarrier(node, &done);
-        for (int flag = 0; !flag;) {
-            MPI_Test(&done, &flag, MPI_STATUS_IGNORE);
-            if (!flag) usleep(2000);
-        }
-    }
+    node->barrier();  // everyone here (done with earlier work) before the measurement starts
     if (local == 0) {
         p = host_fma_peak();
         per_core = p.gflops_per_core;
         node_peak = per_core * 1e9 * std::min(host_cores(), node_threads);
     }
-    if (local == 0) {
-        MPI_Request done;
-        MPI_Ibarrier(node, &done);
-        MPI_Wait(&done, MPI_STATUS_IGNORE);
-    }
-    MPI_Bcast(&per_core, 1, MPI_DOUBLE, 0, node);
-    double total = 0;
-    MPI_Allreduce(&node_peak, &total, 1, MPI_DOUBLE, MPI_SUM, world);
+    node->barrier_asleep();  // the first rank joins once its measurement is done
+    node->broadcast(&per_core, sizeof per_core, 0);
+    double total = node_peak;
+    world.all_reduce_sum(&total, 1);
     if (info) {
         if (local != 0) p.gflops_per_core = per_core, p.source = "from this node's first rank";
         *info = p;
     }
-    MPI_Comm_free(&node);
     return total;
 }
 
-double job_sgemm_flops(MPI_Comm world, double measured_gflops, int threads_per_rank,
+double job_sgemm_flops(const MpiCommunicator& world, double measured_gflops, int threads_per_rank,
                        double* measured_flops) {
-    MPI_Comm node;
-    MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-    int local = 0, ranks = 0;
-    MPI_Comm_rank(node, &local);
-    MPI_Comm_size(node, &ranks);
-    double node_measured = 0;
-    MPI_Allreduce(&measured_gflops, &node_measured, 1, MPI_DOUBLE, MPI_SUM, node);
-    int max_threads = 0;
-    MPI_Allreduce(&threads_per_rank, &max_threads, 1, MPI_INT, MPI_MAX, node);
+    const std::unique_ptr<MpiCommunicator> node = world.split_node();
+    const int local = node->rank(), ranks = node->size();
+    double node_measured = measured_gflops;
+    node->all_reduce_sum(&node_measured, 1);
+    int max_threads = threads_per_rank;
+    node->all_reduce_max(&max_threads, 1);
     double mine[2] = {0, 0};  // this node's rate and its measurement, from its first rank only
     if (local == 0) {
         // The best node-wide measurement seen on this host for this arrangement of ranks and
@@ -229,11 +210,9 @@ double job_sgemm_flops(MPI_Comm world, double measured_gflops, int threads_per_r
         }
         mine[0] = std::max(best, node_measured), mine[1] = node_measured;
     }
-    double total[2] = {0, 0};
-    MPI_Allreduce(mine, total, 2, MPI_DOUBLE, MPI_SUM, world);
-    MPI_Comm_free(&node);
-    if (measured_flops) *measured_flops = total[1] * 1e9;
-    return total[0] * 1e9;
+    world.all_reduce_sum(mine, 2);
+    if (measured_flops) *measured_flops = mine[1] * 1e9;
+    return mine[0] * 1e9;
 }
 
 }  // namespace quintet

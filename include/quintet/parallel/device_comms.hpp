@@ -10,14 +10,15 @@
 
 #include "quintet/comm/communicator.hpp"
 #include "quintet/kernels/backend.hpp"
-#include "quintet/model/params.hpp"
 #include "quintet/parallel/process_grid.hpp"
 
 namespace quintet {
 
 struct DeviceComms {
-    // collective over the grid
-    DeviceComms(const ProcessGrid& grid, Backend& be, const ModelDims& d);
+    // collective over the grid. kv_group_size: the tp ranks that share one kv head (1 when every
+    // tp rank has heads of its own); tied_embedding: the embedding and the LM head are one tensor, held
+    // by the first and the last pipeline stages.
+    DeviceComms(const ProcessGrid& grid, Backend& be, int kv_group_size, bool tied_embedding);
     const Communicator& group(Group g) const { return *groups[size_t(g)]; }
     std::array<const Communicator*, kNumGroups> groups{};
     std::unique_ptr<Communicator> kv_group, tied;  // sub-groups for replicated tensors (or null)

@@ -1,4 +1,4 @@
-#include "quintet/train/deck.hpp"
+#include "quintet/deck/deck.hpp"
 
 #include <boost/program_options.hpp>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "quintet/train/passkey.hpp"
+#include "quintet/data/passkey.hpp"
 
 #include <algorithm>
 #include <cstdio>

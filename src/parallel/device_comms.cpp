@@ -1,4 +1,4 @@
-#include "quintet/train/device_comms.hpp"
+#include "quintet/parallel/device_comms.hpp"
 
 #include "quintet/core/error.hpp"
 #ifdef QUINTET_WITH_CUDA
@@ -7,11 +7,11 @@
 
 namespace quintet {
 
-DeviceComms::DeviceComms(const ProcessGrid& grid, Backend& be, const ModelDims& d) {
+DeviceComms::DeviceComms(const ProcessGrid& grid, Backend& be, int kv_group_size, bool tied_embedding) {
     const int pp = grid.pp().size(), stage = grid.coord(kPP);
     std::unique_ptr<MpiCommunicator> kv, tie;
-    if (d.tp > d.NKV) kv = grid.split(kTP, grid.coord(kTP) / d.kv_group(), "tp_kv_group");
-    if (d.tied && pp > 1) tie = grid.split(kPP, stage == 0 || stage == pp - 1 ? 0 : -1, "pp_tied");
+    if (kv_group_size > 1) kv = grid.split(kTP, grid.coord(kTP) / kv_group_size, "tp_kv_group");
+    if (tied_embedding && pp > 1) tie = grid.split(kPP, stage == 0 || stage == pp - 1 ? 0 : -1, "pp_tied");
     if (be.device() == Device::cpu) {
         for (int g = 0; g < kNumGroups; ++g) groups[size_t(g)] = &grid.comm(Group(g));
         kv_group = std::move(kv);

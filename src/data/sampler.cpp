@@ -1,4 +1,4 @@
-#include "quintet/train/sampler.hpp"
+#include "quintet/data/sampler.hpp"
 
 #include <cmath>
 

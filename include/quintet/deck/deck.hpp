@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "quintet/train/train_config.hpp"
+#include "quintet/deck/train_config.hpp"
 
 namespace quintet {
 

@@ -6,7 +6,7 @@
 // shared scratch; the number in flight per stage comes from simulating the schedule. Time is
 // compute at a share of the measured sgemm rate, plus each axis's bytes over the link, plus
 // the pipeline bubble.
-#include "quintet/train/planner.hpp"
+#include "quintet/perf/planner.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -19,9 +19,8 @@
 #include "quintet/model/config.hpp"
 #include "quintet/model/params.hpp"
 #include "quintet/parallel/pipeline_schedule.hpp"
-#include "quintet/train/deck.hpp"
-#include "quintet/train/host_peak.hpp"
-#include "quintet/train/schedule_math.hpp"
+#include "quintet/deck/deck.hpp"
+#include "quintet/perf/host_peak.hpp"
 
 namespace quintet {
 

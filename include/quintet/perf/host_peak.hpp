@@ -1,9 +1,9 @@
 // The hardware peak behind MFU (DESIGN §2 "FLOPs"): one core's fp32 FMA rate, measured once per
 // host and CPU model and cached, so every run (and `quintet plan`) uses the same denominator.
 #pragma once
-#include <mpi.h>
-
 #include <string>
+
+#include "quintet/comm/mpi_communicator.hpp"
 
 namespace quintet {
 
@@ -45,7 +45,7 @@ int host_cores();
 // The peak FLOP/s of the cores a job's ranks run on: per node, one core's FMA peak times
 // min(cores, threads of the node's ranks), summed over nodes. Collective over `world`; each
 // node's first rank measures or reads the cache. Also returns this rank's node's peak in *info.
-double job_fma_peak_flops(MPI_Comm world, int threads_per_rank, HostPeak* info = nullptr);
+double job_fma_peak_flops(const MpiCommunicator& world, int threads_per_rank, HostPeak* info = nullptr);
 
 // The sgemm rate behind "% of sgemm" (the progress line, the planner check): the sum of every
 // rank's `measured_gflops` (taken at once, so shared cores are not counted twice), but per node
@@ -53,7 +53,7 @@ double job_fma_peak_flops(MPI_Comm world, int threads_per_rank, HostPeak* info =
 // sgemm_<blas>_r<ranks>t<threads>-<host>): a 0.1 s measurement on a busy host reads 30-40% low,
 // which put steady-state steps at "128% of sgemm". FLOP/s; *measured_flops gets this run's
 // measurements alone. Collective over `world`.
-double job_sgemm_flops(MPI_Comm world, double measured_gflops, int threads_per_rank,
+double job_sgemm_flops(const MpiCommunicator& world, double measured_gflops, int threads_per_rank,
                        double* measured_flops = nullptr);
 
 }  // namespace quintet

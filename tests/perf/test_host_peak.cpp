@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "quintet/train/host_peak.hpp"
+#include "quintet/perf/host_peak.hpp"
 #include "support/run_support.hpp"
 
 namespace fs = std::filesystem;
@@ -83,15 +83,15 @@ TEST(HostPeak, SgemmRateIsTheBestMeasurementSeenHere) {
     setenv("QUINTET_CACHE_DIR", dir.c_str(), 1);
     double measured = 0;
     // Nothing cached: the measurement as it is (and it is kept).
-    EXPECT_DOUBLE_EQ(quintet::job_sgemm_flops(MPI_COMM_WORLD, 50.0, 2, &measured), 50e9);
+    EXPECT_DOUBLE_EQ(quintet::job_sgemm_flops(quintet::MpiCommunicator(MPI_COMM_WORLD), 50.0, 2, &measured), 50e9);
     EXPECT_DOUBLE_EQ(measured, 50e9);
     // A lower one reads as the best seen; the measurement itself is reported.
-    EXPECT_DOUBLE_EQ(quintet::job_sgemm_flops(MPI_COMM_WORLD, 10.0, 2, &measured), 50e9);
+    EXPECT_DOUBLE_EQ(quintet::job_sgemm_flops(quintet::MpiCommunicator(MPI_COMM_WORLD), 10.0, 2, &measured), 50e9);
     EXPECT_DOUBLE_EQ(measured, 10e9);
     // A higher one stands and becomes the best.
-    EXPECT_DOUBLE_EQ(quintet::job_sgemm_flops(MPI_COMM_WORLD, 60.0, 2, &measured), 60e9);
-    EXPECT_DOUBLE_EQ(quintet::job_sgemm_flops(MPI_COMM_WORLD, 55.0, 2, &measured), 60e9);
+    EXPECT_DOUBLE_EQ(quintet::job_sgemm_flops(quintet::MpiCommunicator(MPI_COMM_WORLD), 60.0, 2, &measured), 60e9);
+    EXPECT_DOUBLE_EQ(quintet::job_sgemm_flops(quintet::MpiCommunicator(MPI_COMM_WORLD), 55.0, 2, &measured), 60e9);
     // Another arrangement (threads per rank) has its own figure.
-    EXPECT_DOUBLE_EQ(quintet::job_sgemm_flops(MPI_COMM_WORLD, 20.0, 1, &measured), 20e9);
+    EXPECT_DOUBLE_EQ(quintet::job_sgemm_flops(quintet::MpiCommunicator(MPI_COMM_WORLD), 20.0, 1, &measured), 20e9);
     unsetenv("QUINTET_CACHE_DIR");
 }

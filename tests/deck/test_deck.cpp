@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "quintet/core/error.hpp"
-#include "quintet/train/deck.hpp"
+#include "quintet/deck/deck.hpp"
 
 using namespace quintet;
 namespace fs = std::filesystem;

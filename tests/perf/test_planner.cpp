@@ -9,8 +9,8 @@
 #include <regex>
 
 #include "quintet/io/token_data.hpp"
-#include "quintet/train/deck.hpp"
-#include "quintet/train/planner.hpp"
+#include "quintet/deck/deck.hpp"
+#include "quintet/perf/planner.hpp"
 #include "support/run_support.hpp"
 
 namespace fs = std::filesystem;

@@ -1,7 +1,9 @@
 // quintet: one MPI program, subcommands train | eval | prepare | generate | deck | peak | schedule,
-// and plan | study | plot, which run without MPI.
-// Errors: ConfigError (the same on every rank) ends the job cleanly with status 2 after rank 0
-// prints it; any other failure prints "rank N: ..." and aborts the whole job (never a hang).
+// and plan | study | plot, which run without MPI. kSubcommands below is the one list: the
+// dispatch and the usage text are both made from it, so a new subcommand is one row.
+// Errors (exit statuses: docs/reliability.md): ConfigError (the same on every rank) ends the job
+// cleanly with status 2 after rank 0 prints it; any other failure prints "rank N: ..." and
+// aborts the whole job (never a hang).
 #include <mpi.h>
 
 #include <cstdio>
@@ -15,29 +17,93 @@
 
 namespace {
 
-const char* kUsage =
-    "usage: quintet <command> [options]      (each command takes --help)\n"
-    "\n"
-    "commands:\n"
-    "  train DECK [--section.key=value ...]   train (run under mpirun for several ranks)\n"
-    "  eval --checkpoint CKPT --data DATA     validation loss of a checkpoint, any layout/seq_len\n"
-    "  prepare --input TXT --tokenizer byte|bpe --output DATA.h5   make a token file\n"
-    "  generate --checkpoint CKPT.h5 --prompt TEXT   sample text from a checkpoint\n"
-    "  deck --reference | --markdown          print every deck key with its default\n"
-    "  peak                                   measure this host's FMA peak and sgemm rate\n"
-    "  schedule --pp P --microbatches M       print a pipeline schedule's timeline and bubble\n"
-    "  plan DECK --world N [--json]           every layout of N ranks: memory, traffic, speed\n"
-    "  study STUDY.deck [--submit local|slurm] run a scaling study (no mpirun: it launches the runs)\n"
-    "  plot RUN_DIR... [-o FILE.png]          plot metrics.h5 of one or several runs\n";
+// Which processes run a subcommand.
+enum class Runs {
+    without_mpi,  // a plain process, MPI never initialised: it launches mpirun or sbatch itself
+    collective,   // every rank of MPI_COMM_WORLD
+    on_rank0,     // rank 0; the other ranks return 0 at once
+};
 
-}  // namespace
+struct Subcommand {
+    const char* name;     // argv[1]
+    const char* variant;  // when set, the row matches only when argv[2] is exactly this
+    const char* args;     // the usage line: the arguments after the name
+    const char* summary;  // the usage line: what it does; nullptr leaves the row out of the usage
+                          // (the command's own --help describes it)
+    Runs runs;
+    // argv[0] is the subcommand's name; world is MPI_COMM_WORLD, or MPI_COMM_NULL without MPI.
+    int (*run)(int argc, char** argv, MPI_Comm world);
+};
+
+// Rows are matched in order: a variant (`peak --links`) comes before its plain command.
+constexpr Subcommand kSubcommands[] = {
+    {"train", nullptr, "DECK [--section.key=value ...]",
+     "train (run under mpirun for several ranks)", Runs::collective,
+     [](int c, char** v, MPI_Comm w) { return quintet::train_main(c, v, w); }},
+    {"eval", nullptr, "--checkpoint CKPT --data DATA",
+     "validation loss of a checkpoint, any layout/seq_len", Runs::collective,
+     [](int c, char** v, MPI_Comm w) { return quintet::eval_main(c, v, w); }},
+    {"prepare", nullptr, "--input TXT --tokenizer byte|bpe --output DATA.h5",
+     "make a token file", Runs::on_rank0,
+     [](int c, char** v, MPI_Comm) { return quintet::prepare_main(c, v); }},
+    {"generate", nullptr, "--checkpoint CKPT.h5 --prompt TEXT",
+     "sample text from a checkpoint", Runs::on_rank0,
+     [](int c, char** v, MPI_Comm) { return quintet::generate_main(c, v); }},
+    {"deck", nullptr, "--reference | --markdown",
+     "print every deck key with its default", Runs::on_rank0,
+     [](int c, char** v, MPI_Comm) { return quintet::deck_main(c, v); }},
+    // Two ranks measure the link between them (`quintet plan --measure` runs it under mpirun).
+    {"peak", "--links", "--links",
+     nullptr, Runs::collective,
+     [](int, char**, MPI_Comm w) { return quintet::links_main(w); }},
+    {"peak", nullptr, "",
+     "measure this host's FMA peak and sgemm rate", Runs::on_rank0,
+     [](int c, char** v, MPI_Comm) { return quintet::peak_main(c, v); }},
+    {"schedule", nullptr, "--pp P --microbatches M",
+     "print a pipeline schedule's timeline and bubble", Runs::on_rank0,
+     [](int c, char** v, MPI_Comm) { return quintet::schedule_main(c, v); }},
+    {"plan", nullptr, "DECK --world N [--json]",
+     "every layout of N ranks: memory, traffic, speed", Runs::without_mpi,
+     [](int c, char** v, MPI_Comm) { return quintet::plan_main(c, v); }},
+    {"study", nullptr, "STUDY.deck [--submit local|slurm]",
+     "run a scaling study (no mpirun: it launches the runs)", Runs::without_mpi,
+     [](int c, char** v, MPI_Comm) { return quintet::study_main(c, v); }},
+    {"plot", nullptr, "RUN_DIR... [-o FILE.png]",
+     "plot metrics.h5 of one or several runs", Runs::without_mpi,
+     [](int c, char** v, MPI_Comm) { return quintet::plot_main(c, v); }},
+};
+
+// The row for `quintet argv[1] argv[2] ...`, or nullptr for an unknown (or missing) command.
+const Subcommand* find_subcommand(int argc, char** argv) {
+    if (argc < 2) return nullptr;
+    for (const Subcommand& s : kSubcommands) {
+        if (std::strcmp(argv[1], s.name) != 0) continue;
+        if (!s.variant || (argc > 2 && std::strcmp(argv[2], s.variant) == 0)) return &s;
+    }
+    return nullptr;
+}
+
+// One line per listed row: "  name args", then the summary from the 42nd character on (3 spaces
+// after a longer command line).
+std::string usage_text() {
+    std::string text =
+        "usage: quintet <command> [options]      (each command takes --help)\n"
+        "\n"
+        "commands:\n";
+    for (const Subcommand& s : kSubcommands) {
+        if (!s.summary) continue;
+        std::string line = std::string("  ") + s.name;
+        if (*s.args) line += std::string(" ") + s.args;
+        line.append(line.size() < 41 ? 41 - line.size() : 3, ' ');
+        text += line + s.summary + "\n";
+    }
+    return text;
+}
 
 // Commands that never initialise MPI: they run as plain processes and launch mpirun or sbatch.
-int run_without_mpi(const std::string& cmd, int argc, char** argv) {
+int run_without_mpi(const Subcommand& sub, int argc, char** argv) {
     try {
-        if (cmd == "plan") return quintet::plan_main(argc, argv);
-        if (cmd == "study") return quintet::study_main(argc, argv);
-        return quintet::plot_main(argc, argv);
+        return sub.run(argc, argv, MPI_COMM_NULL);
     } catch (const quintet::ConfigError& e) {
         std::fprintf(stderr, "quintet: error: %s\n", e.what());
         return 2;
@@ -47,34 +113,29 @@ int run_without_mpi(const std::string& cmd, int argc, char** argv) {
     }
 }
 
+}  // namespace
+
 int main(int argc, char** argv) {
-    {
-        const std::string cmd = argc > 1 ? argv[1] : "";
-        if (cmd == "plan" || cmd == "study" || cmd == "plot") return run_without_mpi(cmd, argc - 1, argv + 1);
-    }
+    if (const Subcommand* sub = find_subcommand(argc, argv); sub && sub->runs == Runs::without_mpi)
+        return run_without_mpi(*sub, argc - 1, argv + 1);
     int provided = 0;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     int status = 0;
     try {
-        std::string cmd = argc > 1 ? argv[1] : "";
-        int sub_argc = argc - 1;
-        char** sub_argv = argv + 1;
-        if (cmd == "train") status = quintet::train_main(sub_argc, sub_argv, MPI_COMM_WORLD);
-        else if (cmd == "eval") status = quintet::eval_main(sub_argc, sub_argv, MPI_COMM_WORLD);
-        else if (cmd == "prepare") status = rank == 0 ? quintet::prepare_main(sub_argc, sub_argv) : 0;
-        else if (cmd == "generate") status = rank == 0 ? quintet::generate_main(sub_argc, sub_argv) : 0;
-        else if (cmd == "deck") status = rank == 0 ? quintet::deck_main(sub_argc, sub_argv) : 0;
-        else if (cmd == "peak" && sub_argc > 1 && std::strcmp(sub_argv[1], "--links") == 0)
-            status = quintet::links_main(MPI_COMM_WORLD);
-        else if (cmd == "peak") status = rank == 0 ? quintet::peak_main(sub_argc, sub_argv) : 0;
-        else if (cmd == "schedule") status = rank == 0 ? quintet::schedule_main(sub_argc, sub_argv) : 0;
-        else if (cmd == "-h" || cmd == "--help" || cmd == "help") {
-            if (rank == 0) std::fputs(kUsage, stdout);
+        // Looked up again: MPI_Init_thread may rewrite argc/argv (the standard allows it).
+        const std::string cmd = argc > 1 ? argv[1] : "";
+        const Subcommand* sub = find_subcommand(argc, argv);
+        if (sub) {
+            if (sub->runs == Runs::collective || rank == 0)
+                status = sub->run(argc - 1, argv + 1, MPI_COMM_WORLD);
+        } else if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+            if (rank == 0) std::fputs(usage_text().c_str(), stdout);
         } else {
             if (rank == 0)
-                std::fprintf(stderr, "quintet: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
+                std::fprintf(stderr, "quintet: unknown command '%s'\n\n%s", cmd.c_str(),
+                             usage_text().c_str());
             status = 2;
         }
     } catch (const quintet::ConfigError& e) {
@@ -88,12 +149,12 @@ int main(int argc, char** argv) {
         MPI_Finalize();
         return 3;
     } catch (const quintet::IoError& e) {
-        // An I/O failure during the run: a transient fault (DESIGN §5). Exit status 4.
+        // An I/O failure during the run: a transient fault (docs/reliability.md). Exit status 4.
         std::fprintf(stderr, "quintet: rank %d: error: %s\n", rank, e.what());
         std::fflush(stderr);
         MPI_Abort(MPI_COMM_WORLD, 4);
     } catch (const quintet::DeadlineError& e) {
-        // A transient fault (DESIGN §5): a rank stopped answering. Exit status 4.
+        // A transient fault (docs/reliability.md): a rank stopped answering. Exit status 4.
         std::fprintf(stderr, "quintet: rank %d: error: %s\n", rank, e.what());
         std::fflush(stderr);
         MPI_Abort(MPI_COMM_WORLD, 4);

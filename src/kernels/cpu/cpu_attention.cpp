@@ -1,4 +1,5 @@
-// The CPU attention kernels (Backend's one general attention operation) and RoPE.
+// The CPU attention kernels (the twin of src/kernels/cuda/attention.cu): Backend's one general
+// attention operation, forward, merge and backward. RoPE is in cpu_rope.cpp.
 //
 // Work split. Forward: one task per (batch, head, query tile), each writing its own rows of out
 // and lse, scheduled dynamically. Backward: dQ rows belong to one (batch, head, query tile) task,
@@ -17,8 +18,15 @@
 // packs its query tile's Q (and dO) once for all its key tiles; the score tile is read in place.
 // A causal tile on the diagonal is a triangle: its products are cut per 6-row block at the
 // causal frontier (TileLimits), ~40% of such a tile's work, 9-17% of the whole at T 256-512.
-#include "cpu_math.hpp"
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
 #include "cpu_backend.hpp"
+#include "cpu_math.hpp"
 #include "cpu_tile_gemm.hpp"
 
 namespace quintet::cpu {
@@ -180,27 +188,6 @@ void check_args(const AttentionArgs& a) {
 }
 
 }  // namespace
-
-void CpuBackend::rope_apply(float* x, const float* cs, const float* sn, const int32_t* pos,
-                            const RopeArgs& a, float sign) {
-    const int half = a.dim / 2;
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < a.N; ++n) {
-        const float* c = cs + size_t(pos[n]) * half;
-        const float* s = sn + size_t(pos[n]) * half;
-        for (int h = 0; h < a.n_heads; ++h) {
-            float* x1 = x + size_t(n) * a.row_stride + size_t(h) * a.head_stride + a.col0;
-            float* x2 = x1 + half;
-#pragma omp simd
-            for (int i = 0; i < half; ++i) {
-                float p = x1[i], q = x2[i];
-                float si = sign * s[i];
-                x1[i] = p * c[i] - q * si;
-                x2[i] = q * c[i] + p * si;
-            }
-        }
-    }
-}
 
 // Forward: for each (b, h, query tile) an online softmax over the visible key tiles.
 void CpuBackend::attention_forward(float* out, float* lse, const float* q, const float* k,

@@ -1,6 +1,32 @@
+// The CPU backend as a whole: its construction (OpenMP's and the BLAS's thread counts, the
+// GEMM kernel), make_cpu_backend, Backend's default for the vocab-parallel loss (a backend
+// without it stops the rank), and the sgemm rate `quintet peak` reports. The kernels are in
+// the files that cpu_backend.hpp lists, one per operation family.
 #include "cpu_backend.hpp"
 
+#include <omp.h>
+
 #include <chrono>
+#include <cstdint>
+
+#if QUINTET_BLAS_BLIS
+// Declared in blis.h (which BLIS's cblas.h does not pull in); dim_t is 64-bit in Debian's build.
+extern "C" void bli_thread_set_num_threads(int64_t);
+static void blas_set_threads(int n) { bli_thread_set_num_threads(int64_t(n)); }
+#else
+extern "C" void openblas_set_num_threads(int);
+static void blas_set_threads(int n) { openblas_set_num_threads(n); }
+#endif
+
+namespace quintet::cpu {
+
+CpuBackend::CpuBackend(int threads) : threads_(threads) {
+    omp_set_num_threads(threads_);
+    blas_set_threads(threads_);
+    gemm_ = gemm_kernel();  // reads QUINTET_CPU_GEMM now: a bad value stops before any work
+}
+
+}  // namespace quintet::cpu
 
 namespace quintet {
 

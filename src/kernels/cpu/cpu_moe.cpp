@@ -1,8 +1,12 @@
-// The CPU kernels of Mixture-of-Experts routing (Backend, DESIGN §2 "MoE"): the router's
-// softmax and top-k, its backward, and the row gathers that move tokens to and from their
-// experts. One row per OpenMP iteration, each output element written by one iteration, in a
-// fixed order: the same bits for any thread count. The expert GEMMs themselves are ordinary
-// GEMMs over contiguous row ranges (model/moe.cpp).
+// The CPU kernels of Mixture-of-Experts routing (the twin of src/kernels/cuda/moe.cu; the maths
+// in docs/math.md §9): the router's softmax and top-k, its backward, and the row gathers that
+// move tokens to and from their experts. One row per OpenMP iteration, each output element
+// written by one iteration, in a fixed order: the same bits for any thread count. The expert
+// GEMMs themselves are ordinary GEMMs over contiguous row ranges (model/moe.cpp).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
 #include "cpu_backend.hpp"
 
 namespace quintet::cpu {

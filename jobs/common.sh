@@ -132,7 +132,8 @@ quintet_run() {
     QUINTET_PID=
     echo "quintet job: $(date '+%F %T') quintet exited with status $rc${QUINTET_SIGNAL:+ after SIG$QUINTET_SIGNAL}"
     # A rank that died (killed by a signal, the node lost) makes the launcher return 128+n or
-    # another status of its own; DESIGN §5 calls that a transient fault: status 4 (requeue).
+    # another status of its own; like a missed deadline that is a transient fault: status 4,
+    # requeue (docs/reliability.md, "Exit statuses").
     if ((rc > 4)); then
         echo "quintet job: status $rc is not quintet's own (a rank died?): treated as a transient fault (4)" >&2
         rc=4

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates inputs/reference.deck and the key table of docs/deck.md from the option table
-# (src/train/deck.cpp), after a deck key was added or changed. tests/io/test_deck.cpp fails
+# (src/deck/deck.cpp), after a deck key was added or changed. tests/deck/test_deck.cpp fails
 # until they match.
 set -euo pipefail
 cd "$(dirname "$0")/.."

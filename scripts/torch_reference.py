@@ -2,8 +2,10 @@
 """Independent PyTorch reference for quintet's Llama-style decoder (MHA/GQA or MLA; dense
 SwiGLU or DeepSeek-style MoE feed-forward blocks).
 
-Written from the shared DESIGN.md, sections 2-4 (model maths, training semantics, files), not
-from quintet's C++, so that agreement between the two means something.
+Written from the model and the training semantics as docs/math.md states them (§0 the model,
+§3-4 RoPE and YaRN, §6 AdamW, schedule and clipping, §7.2 MLA, §9 MoE, §10 samples, batches,
+loss and evaluation) and from the files of docs/formats.md -- not from quintet's C++, so that
+agreement between the two means something.
 
 Three modes:
 
@@ -25,7 +27,7 @@ Three modes:
             with MoE, moe=E<E>:top<k>:shared<S>:ffn<F>:<balance>, and params counts the active
             parameters per token)
 
-  check   continue training from a quintet checkpoint with exactly DESIGN section 3
+  check   continue training from a quintet checkpoint with exactly docs/math.md §10
             torch_reference.py check --checkpoint run/checkpoints/step_00000000.h5 \
                 --data data/quickstart.h5 --steps 20 [--out losses.txt] [--double]
           prints (and writes to --out) one line per step:  step <s> loss <8 significant digits>
@@ -38,14 +40,14 @@ Three modes:
           moe.capacity_factor dropped in each layer, summed over the step's microbatches, as
           quintet's /moe/dropped_tokens [step, layer, 1]; 0 for dense layers)
 
-  eval    the validation cross-entropy of a checkpoint, as quintet eval (DESIGN section 5)
+  eval    the validation cross-entropy of a checkpoint, as quintet eval (docs/long-context.md)
             torch_reference.py eval --checkpoint ck.h5 --data data/quickstart.h5 \
                 [--set data.seq_len=512 --set rope.scaling=yarn --set rope.factor=4]
           prints  val_loss=<f> seq_len=<T> tokens=<n>
 
   check and eval build the model the checkpoint's deck describes: model.attention = mha (GQA
   with n_kv_heads) or mla (kv_lora_rank, q_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim);
-  moe.experts > 0 makes the layers moe.layers names MoE blocks (DESIGN section 2: experts,
+  moe.experts > 0 makes the layers moe.layers names MoE blocks (docs/math.md §9: experts,
   top_k, shared_experts, ffn_dim, norm_topk, balance = aux_loss | aux_free | none, aux_coef,
   bias_rate, capacity_factor), checkpoint names as HF DeepSeek-V2 (mlp.gate.weight,
   mlp.experts.{e}.*, mlp.shared_experts.*, the aux-free bias
@@ -214,7 +216,7 @@ class ModelConfig:
         self.n_layers = n_layers
         self.n_heads = n_heads
         self.ffn_dim = resolve_ffn_dim(ffn_dim, d_model)
-        # MoE (DESIGN section 2): experts = 0 is a dense model.
+        # MoE (docs/math.md §9): experts = 0 is a dense model.
         self.moe_experts = moe_experts
         self.moe_layer_set = frozenset()
         if moe_experts < 0:
@@ -252,7 +254,7 @@ class ModelConfig:
         self.attention = attention
         self.mla = attention == "mla"
         if self.mla:
-            # DESIGN section 2, MLA. n_kv_heads and head_dim do not apply; every query head has
+            # MLA (docs/math.md §7.2). n_kv_heads and head_dim do not apply; every query head has
             # its own key (k_nope per head, k_rope shared), so there is no GQA grouping.
             self.kv_lora_rank = kv_lora_rank
             self.q_lora_rank = q_lora_rank
@@ -282,7 +284,7 @@ class ModelConfig:
         self.rope_dim = self.head_dim
 
     def yarn_mscale(self):
-        """mscale = 0.1 ln(s) + 1 under YaRN, else 1 (DESIGN section 2)."""
+        """mscale = 0.1 ln(s) + 1 under YaRN, else 1 (docs/math.md §4.4)."""
         return 0.1 * math.log(self.factor) + 1.0 if self.scaling == "yarn" else 1.0
 
     def mla_softmax_scale(self):
@@ -305,7 +307,7 @@ class ModelConfig:
                 + 3 * d * self.moe_shared * fe)
 
     def matmul_params(self):
-        """P of DESIGN's FLOP count: every matrix that multiplies tokens (LM head included,
+        """P of the 6NP FLOP count (docs/math.md §1.2): every matrix that multiplies tokens (LM head included,
         embedding lookup excluded); for MoE the active ones (router, top_k experts, shared)."""
         ffn = sum(self.ffn_params(i) for i in range(self.n_layers))
         if self.mla:
@@ -468,7 +470,7 @@ def build_model_class(bf16=False, exact_sums=False):
         return linear(F.silu(gate) * up, w_down)
 
     class MoE(nn.Module):
-        """DeepSeek-style MoE feed-forward block (DESIGN section 2): router gate [E, d], E routed
+        """DeepSeek-style MoE feed-forward block (docs/math.md §9): router gate [E, d], E routed
         SwiGLU experts of width F_e, optionally one shared SwiGLU of width S*F_e (HF DeepSeek-V2
         merges the S shared experts into one). Routed experts are stacked: w_gate_up [E, 2F_e, d]
         (gate rows then up rows of each expert), w_down [E, d, F_e]."""
@@ -657,7 +659,7 @@ def build_model_class(bf16=False, exact_sums=False):
             return x + self.ffn(h)
 
     class MLALayer(nn.Module):
-        """DeepSeek-V2 multi-head latent attention (DESIGN section 2, MLA) + the SwiGLU FFN."""
+        """DeepSeek-V2 multi-head latent attention (docs/math.md §7.2) + the SwiGLU FFN."""
         def __init__(self, cfg, index=0):
             super().__init__()
             d, nh = cfg.d_model, cfg.n_heads
@@ -1160,7 +1162,7 @@ def cmd_check(args):
 # --------------------------------------------------------------------------------------------
 
 def cmd_eval(args):
-    """The validation cross-entropy of a checkpoint, as DESIGN section 5 defines quintet eval:
+    """The validation cross-entropy of a checkpoint, as docs/long-context.md defines quintet eval:
     eval.batches batches of micro_batch_size samples of the validation split, sample j of batch
     i at offset (i*mbs + j)*T, read circularly; mean over every target token."""
     import numpy as np
@@ -1243,7 +1245,7 @@ def main(argv=None):
     b.add_argument("--threads", type=int, default=1)
     b.add_argument("--seed", type=int, default=1234)
 
-    c = sub.add_parser("check", help="train N steps from a quintet checkpoint (DESIGN section 3)")
+    c = sub.add_parser("check", help="train N steps from a quintet checkpoint (docs/math.md §10)")
     c.add_argument("--checkpoint", required=True, help="quintet checkpoint .h5")
     c.add_argument("--data", default="", help="token file .h5 (default: the deck's data.path)")
     c.add_argument("--steps", type=int, required=True, help="steps to train")
@@ -1269,7 +1271,7 @@ def main(argv=None):
     c.add_argument("--print-dropped", action="store_true",
                    help="MoE: append 'dropped <d_0>,...,<d_L-1>' to each step line (choices the "
                         "capacity dropped per layer, summed over the step's microbatches)")
-    e = sub.add_parser("eval", help="validation cross-entropy of a checkpoint (DESIGN section 5)")
+    e = sub.add_parser("eval", help="validation cross-entropy of a checkpoint (docs/long-context.md)")
     e.add_argument("--checkpoint", required=True)
     e.add_argument("--data", required=True)
     e.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")

@@ -1,5 +1,5 @@
-// model.attention = mla: Multi-head Latent Attention (DeepSeek-V2; DESIGN §2 "MLA", maths and
-// cache derivation in docs/math.md §7). Per token:
+// model.attention = mla: Multi-head Latent Attention (DeepSeek-V2; the model, maths and
+// cache derivation in docs/math.md §7.2). Per token:
 //     q      = q_b(RMSNorm(q_a(x)))  (or q_proj(x))          per head [q_nope | q_rope]
 //     [c|kr] = kv_a_proj_with_mqa(x)                          c: the latent, kr: one shared k_rope
 //     [kn|v] = kv_b(RMSNorm(c))                               per head

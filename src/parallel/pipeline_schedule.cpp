@@ -1,5 +1,5 @@
 // Pipeline schedules as action lists, their simulator and chart (parallel/pipeline_schedule.hpp).
-// Deliberately MPI-free: tests/tests.cmake compiles this file without MPI's include path.
+// Deliberately MPI-free: tests/CMakeLists.txt compiles this file without MPI's include path.
 #include "quintet/parallel/pipeline_schedule.hpp"
 
 #include <algorithm>

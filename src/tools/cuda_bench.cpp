@@ -2,7 +2,7 @@
 // (1) GEMM rates: cuBLAS fp32 (TF32 off, then on) and cuBLASLt bf16 at one square size;
 // (2) the dense Transformer's training step (forward + backward + AdamW, fp32) at seq 1024 for a
 // ~125M ("small") and a ~350M ("medium") model: tokens/s, model FLOP/s and MFU against the
-// card's bf16 dense peak (DESIGN §2 FLOPs). It drives model/transformer (one ModelChunk holding
+// card's bf16 dense peak (docs/math.md §1). It drives model/transformer (one ModelChunk holding
 // the whole model, tp = 1) directly: the trainer does not use the CUDA backend yet
 // (docs/cuda.md). Not a test: it checks only that losses are finite and that the steady state
 // makes no cudaMalloc. Output: key=value lines.
@@ -166,8 +166,8 @@ void bench_model(CudaBackend& be, const std::string& preset, const std::string& 
     const double fwd = (now_s() - f0) / 3;
 
     const double P = double(table.matmul_params);
-    const double flops_per_token =
-        6.0 * P + 6.0 * d.L * double(T) * d.NH * double(d.Dqk + d.Dv);  // DESIGN §2 (PaLM)
+    // PaLM's model FLOPs per token (docs/math.md §1.3).
+    const double flops_per_token = 6.0 * P + 6.0 * d.L * double(T) * d.NH * double(d.Dqk + d.Dv);
     const double tps = double(N) / dt;
     const double tflops = tps * flops_per_token / 1e12;
     std::printf("model preset=%s precision=%s params=%zu matmul_params=%zu B=%d T=%d steps=%d step_ms=%.1f "

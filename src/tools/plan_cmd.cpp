@@ -1,5 +1,6 @@
 // `quintet plan DECK [--section.key=value ...] --world N [--json]`: every layout of N ranks with
-// its memory, traffic, bubble and predicted speed (DESIGN §5; the model in train/planner.cpp).
+// its memory, traffic, bubble and predicted speed (docs/planner.md; the model in
+// train/planner.cpp).
 // Runs without MPI (no mpirun): --measure launches `mpirun -n 2 quintet peak --links` itself.
 #include <sys/wait.h>
 #include <unistd.h>
@@ -35,7 +36,7 @@ const char* kPlanUsage =
     "\n"
     "options:\n"
     "  --world N              ranks (required)\n"
-    "  --json                 stdout is only the JSON list of DESIGN §5\n"
+    "  --json                 stdout is only a JSON list, one object per row (docs/planner.md)\n"
     "  --sweep KEY=V1,V2,...  also vary parallel.microbatches, parallel.zero or train.recompute\n"
     "                         (repeatable)\n"
     "  --device-memory GiB    mark layouts whose peak resident set exceeds it\n"

@@ -1,4 +1,4 @@
-// The CPU backend's one general attention operation and RoPE (DESIGN §1): against a naive
+// The CPU backend's one general attention operation (docs/math.md §5.3) and RoPE: against a naive
 // double-precision attention for queries and keys of different lengths and positions, mixed
 // q.k / v head dims, GQA, document masks, rows that see no key; the log-sum-exp merge of two
 // key blocks against the whole; the accumulating backward against finite differences and

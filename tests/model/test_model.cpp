@@ -1,5 +1,5 @@
 // The whole model's gradient against central differences of its loss, RoPE/YaRN tables
-// against the DESIGN formulas, and layout-invariant initialisation.
+// against the formulas of docs/math.md §3-4, and layout-invariant initialisation.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,7 +1,8 @@
 // The rank <-> coordinates <-> groups maths of Layout, exhaustively: every (tp, cp, dp, pp, ep)
 // layout of up to 64 ranks. Every group is a partition of the world with the right sizes and
 // ranks, tp neighbours are consecutive world ranks (so they share a node), and the ep/edp groups
-// follow DESIGN §2's numbering inside each dp x cp block. No MPI.
+// follow the numbering of docs/parallelism.md ("Expert parallelism") inside each dp x cp
+// block. No MPI.
 #include <gtest/gtest.h>
 
 #include <set>

@@ -1,7 +1,8 @@
-// Pipeline schedules without MPI (STYLE.md principle 7, issue 4): for every valid (kind, p, m, v)
-// with p <= 8, m <= 16, v <= 4, each stage's action list is checked structurally, the neighbours'
-// send/recv sequences are matched link by link, all stages are simulated together (no deadlock,
-// dependencies respected in time), and the idle fractions and in-flight peaks equal the theory.
+// Pipeline schedules without MPI (the schedule is data: a pure function per stage): for every
+// valid (kind, p, m, v) with p <= 8, m <= 16, v <= 4, each stage's action list is checked
+// structurally, the neighbours' send/recv sequences are matched link by link, all stages are
+// simulated together (no deadlock, dependencies respected in time), and the idle fractions and
+// in-flight peaks equal the theory.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -186,8 +187,8 @@ TEST(PipelineSchedule, SimulationRespectsDependencies) {
     }
 }
 
-// Idle fraction 1 - busy/makespan equals the formula on every stage: with equal costs (the
-// issue's check), and with tb = 2 tf as well.
+// Idle fraction 1 - busy/makespan equals the formula on every stage (docs/math.md §7.1): with
+// equal costs, and with tb = 2 tf as well.
 TEST(PipelineSchedule, IdleFractionsEqualTheory) {
     for (const Case& c : all_cases())
         for (double tb : {1.0, 2.0, 3.0}) {

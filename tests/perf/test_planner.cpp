@@ -1,7 +1,8 @@
 // The planner (train/planner.cpp) against the trainer's own accounting (/memory/* in metrics.h5,
 // written by the real `quintet train` under mpirun): params, grads and optimizer bytes exactly,
 // activations within 10%, on every axis, MoE with ep, bf16, ZeRO and recompute. Also the
-// `quintet plan` command: the JSON contract of DESIGN §5, invalid layouts with reasons, bad input.
+// `quintet plan` command: the JSON contract of docs/planner.md, invalid layouts with reasons, bad
+// input.
 // ctest: labels=mpi timeout=900 launches_mpirun
 #include <gtest/gtest.h>
 
@@ -118,7 +119,7 @@ TEST_F(PlannerTest, ExpertsAndPrecisionAndRecompute) {
 TEST_F(PlannerTest, PlanCommandJsonContract) {
     RunResult r = run_quintet(0, "plan " + deck.string() + " --data.path=" + data.string() + " --world 4 --json" + kMoe);
     ASSERT_EQ(r.status, 0) << r.output;
-    // stdout is only JSON: a list of objects with the keys of DESIGN §5.
+    // stdout is only JSON: a list of objects with the keys docs/planner.md lists.
     ASSERT_EQ(r.output.front(), '[') << r.output;
     for (const char* k : {"\"tp\"", "\"cp\"", "\"dp\"", "\"pp\"", "\"ep\"", "\"microbatches\"", "\"zero\"", "\"recompute\"",
                           "\"valid\"", "\"reason\"", "\"memory_bytes\"", "\"params\"", "\"grads\"", "\"optimizer\"",

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """quintet's loss curve against an independent PyTorch implementation (scripts/torch_reference.py,
-written from DESIGN.md alone). Both start from the same step-0 checkpoint and the same token
+written from docs/math.md and docs/formats.md alone, not from the C++). Both start from the same step-0 checkpoint and the same token
 file; the curves must agree to fp32 reduction-order tolerance. Exit 77 (skipped) without torch.
 
 usage: test_against_torch.py QUINTET_BINARY SOURCE_DIR WORK_DIR [CASE ...]
@@ -81,12 +81,12 @@ variants = {
     "tied_yarn": (["--model.tie_embeddings=true", "--rope.scaling=yarn", "--rope.factor=4",
                    "--rope.original_max_position=16", "--init.scheme=fan_in"], 1e-5),
     "gqa_bf16": (["--train.precision=bf16"], BF16_TOL),
-    # MLA (DESIGN section 2) at init std 0.1, with and without query compression and YaRN.
+    # MLA (docs/math.md §7.2) at init std 0.1, with and without query compression and YaRN.
     "mla": (MLA + ["--model.q_lora_rank=24"], 1e-5),
     "mla_noq_yarn": (MLA + ["--model.q_lora_rank=0", "--rope.scaling=yarn", "--rope.factor=4",
                             "--rope.original_max_position=16"], 1e-5),
     "mla_bf16": (MLA + ["--model.q_lora_rank=24", "--train.precision=bf16"], BF16_TOL),
-    # MoE (DESIGN section 2): aux-loss balancing with a shared expert; aux-free (the bias moves
+    # MoE (docs/math.md §9): aux-loss balancing with a shared expert; aux-free (the bias moves
     # every step and changes the routing) on a subset of layers without shared experts.
     "moe": (MOE + ["--moe.shared_experts=1", "--moe.aux_coef=0.1"], 1e-5),
     "moe_free": (MOE + ["--moe.balance=aux_free", "--moe.bias_rate=0.01", "--moe.layers=1",
@@ -188,7 +188,7 @@ if only:
     print(f"worst relative difference {worst:.2e} (cases {', '.join(only)} only)")
     print("1 passed, 0 failed" if not failed else "0 passed, 1 failed")
     sys.exit(1 if failed else 0)
-# quintet eval (DESIGN section 5) at a sequence length other than the training one, plain and
+# quintet eval (docs/long-context.md) at a sequence length other than the training one, plain and
 # with YaRN (original_max_position = 0: the checkpoint's trained context), on a cp2 layout,
 # against the same evaluation in PyTorch. A step-0 checkpoint with large weights, so that
 # attention (and with it RoPE) moves the loss: plain and YaRN must differ.

@@ -1,5 +1,5 @@
-// Context parallelism through the real binary under mpirun (DESIGN §2): cp2, cp4 and cp with
-// TP (with and without SP), PP (1F1B, GPipe, interleaved) and DP + ZeRO-1 against the
+// Context parallelism through the real binary under mpirun (docs/parallelism.md): cp2, cp4 and
+// cp with TP (with and without SP), PP (1F1B, GPipe, interleaved) and DP + ZeRO-1 against the
 // single-rank run of the same deck -- loss and eval curves to fp32 reduction order (1e-5) --
 // each with and without document masking on packed samples; step-0 checkpoints bit-identical;
 // a cp2 checkpoint resumes at cp1 and at cp4 on the same curve; the ring's metrics and bytes;

@@ -1,4 +1,5 @@
-// Expert parallelism through the real binary under mpirun (DESIGN §2 "Expert parallelism"):
+// Expert parallelism through the real binary under mpirun (docs/parallelism.md, "Expert
+// parallelism"):
 // ep2, ep4, ep2 x dp4 (edp 2), ep2 x tp2+SP, ep2 x pp2 (1F1B and interleaved), ep2 x cp2,
 // ep4 over dp2 x cp2, ep2 + ZeRO-1, ep2 with full recomputation and an 8-rank tp2 x dp4 ep2,
 // each against the single-rank run of the same deck: loss, eval and aux curves to fp32

@@ -302,7 +302,7 @@ TEST_F(Faults, DiskFullDuringACheckpointKeepsTheEarlierOnes) {
     auto r = train(1, "small/run", "--train.steps=6 --eval.every=0");
     const auto ck = fs::exists(mnt / "run/checkpoints") ? checkpoints("small/run") : std::vector<std::string>{};
     std::string latest = read_file(mnt / "run/checkpoints/latest");
-    EXPECT_EQ(r.status, 4) << r.output;  // an I/O failure: a transient fault (DESIGN §5)
+    EXPECT_EQ(r.status, 4) << r.output;  // an I/O failure: a transient fault (docs/reliability.md)
     EXPECT_NE(r.output.find("checkpoint"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("No space left on device"), std::string::npos) << r.output;
     ASSERT_FALSE(latest.empty()) << r.output;

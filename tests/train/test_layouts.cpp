@@ -126,7 +126,7 @@ TEST_F(Layouts, Bf16LayoutsMatchSingleRankBf16) {
     }, 1e-3);
 }
 
-// The criterion: 20 bf16 steps within 2% of the fp32 losses -- and not equal to them.
+// The bf16 acceptance bound: 20 bf16 steps within 2% of the fp32 losses -- and not equal to them.
 TEST_F(Layouts, Bf16FollowsFp32Within2Percent) {
     auto a = train(1, "fp32", "--train.steps=20 --parallel.microbatches=8");
     auto b = train(1, "bf16", "--train.steps=20 --parallel.microbatches=8 --train.precision=bf16");
@@ -204,8 +204,8 @@ TEST_F(Layouts, FailedOrStuckStageEndsTheJobWithAMessage) {
     EXPECT_NE(a.output.find("rank 1: error: injected fault"), std::string::npos) << a.output;
     // A rank that stops answering: the ranks waiting for it give up at the deadline
     // (train.collective_timeout_s), naming the axis and the operation, and the job ends with
-    // exit status 4 (a transient fault, DESIGN §5) -- in a pipeline receive, a tp all-reduce
-    // inside the layers (timed by the watchdog) and a dp gradient reduction.
+    // exit status 4 (a transient fault, docs/reliability.md) -- in a pipeline receive, a tp
+    // all-reduce inside the layers (timed by the watchdog) and a dp gradient reduction.
     struct Hang {
         std::string layout, expect;
     };

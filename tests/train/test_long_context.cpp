@@ -1,4 +1,5 @@
-// The long-context workflow through the real binary (DESIGN §5): `quintet eval` on any layout
+// The long-context workflow through the real binary (docs/long-context.md, "The contracts"):
+// `quintet eval` on any layout
 // and sequence length (the run's own eval loss reproduced, nothing written into the run folder,
 // loss by position), `checkpoint.init_from` (weights only, across a layout and seq_len change,
 // a fresh optimizer, resume winning, shape mismatches refused), and the trained context that

@@ -1,4 +1,4 @@
-// Multi-head Latent Attention through the real binary under mpirun (DESIGN §2 "MLA"): every
+// Multi-head Latent Attention through the real binary under mpirun (docs/math.md §7.2): every
 // layout -- tp2, tp2+SP, pp2, dp2+ZeRO-1, cp2 with both ways of moving K/V (ring, latent),
 // tp2 x cp2, with and without document masks -- against the single-rank run of the same deck
 // (loss and eval curves to fp32 reduction order, 1e-5); bf16 on the same layouts; step-0

@@ -1,4 +1,4 @@
-// Mixture-of-Experts through the real binary under mpirun (DESIGN §2 "MoE"): tp2+SP, pp2 (1F1B,
+// Mixture-of-Experts through the real binary under mpirun (docs/math.md §9): tp2+SP, pp2 (1F1B,
 // interleaved), dp2+ZeRO-1, cp2, cp2 x tp2+SP and full recomputation against the single-rank run
 // of the same deck -- loss (ce + aux) and eval curves to fp32 reduction order, and the expert
 // loads of every step -- for aux_loss, aux_free (its bias the same) and a subset of MoE layers;

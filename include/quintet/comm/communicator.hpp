@@ -17,7 +17,8 @@
 
 namespace quintet {
 
-// A wait that passed its deadline (a rank-local failure: the job is aborted, DESIGN §5).
+// A wait that passed its deadline (a rank-local failure: the job is aborted with exit status 4,
+// a transient fault; docs/reliability.md).
 struct DeadlineError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };

@@ -3,9 +3,9 @@
 // blocking, and a watchdog thread times them instead: a communicator marks the start and end of
 // each blocking operation here (two atomic stores, no MPI); the thread wakes every 100 ms and,
 // once an operation has run past its deadline, reports it and ends this process with exit status
-// 4 (DESIGN §5: a transient fault), which makes mpirun end the whole job. The thread makes no MPI
-// calls (MPI_THREAD_FUNNELED is enough). Waits that poll (point-to-point, overlapped buckets)
-// check their deadline themselves and throw DeadlineError instead.
+// 4 (a transient fault, docs/reliability.md), which makes mpirun end the whole job. The thread
+// makes no MPI calls (MPI_THREAD_FUNNELED is enough). Waits that poll (point-to-point,
+// overlapped buckets) check their deadline themselves and throw DeadlineError instead.
 #pragma once
 #include <atomic>
 #include <condition_variable>

@@ -21,14 +21,14 @@ struct RankError : std::runtime_error {
 
 // Training diverged (a non-finite loss or gradient that a rerun reproduced, or non-finite
 // weights before a checkpoint). Every rank decides it from all-reduced values, so the job ends
-// collectively with exit status 3 (DESIGN §5) after rank 0 prints it.
+// collectively with exit status 3 (docs/reliability.md, "Exit statuses") after rank 0 prints it.
 struct DivergedError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
 // An I/O failure during the run (a checkpoint or metrics write: disk full, a file system error):
-// the job ends with exit status 4, a transient fault (DESIGN §5), after the earlier checkpoints
-// were left intact.
+// the job ends with exit status 4, a transient fault (docs/reliability.md), after the earlier
+// checkpoints were left intact.
 struct IoError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };

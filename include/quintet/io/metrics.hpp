@@ -3,7 +3,7 @@
 // /train/{step, loss, ce_loss, aux_loss, lr, grad_norm, tokens_per_s, mfu, step_time_s}
 // /eval/{step, loss}    /timing/<phase> (seconds per step, aligned with /train/step)
 // /pipeline/stage<s>_{idle_fraction, activation_mib} (aligned with /train/step)
-// /memory/<category>_bytes [step, rank] (train/memory_account.hpp)
+// /memory/<category>_bytes [step, rank] (Trainer::memory_account, train/trainer.cpp)
 // /moe/expert_load [step, layer, expert], /moe/{imbalance, dead_experts, dropped_tokens, aux}
 // [step, layer, 1], /moe/ep_tokens [step, layer, ep] (aligned with /train/step)
 #pragma once

@@ -1,9 +1,10 @@
-// The token file (DESIGN §4, docs/formats.md): one HDF5 file holding the token stream and the
+// The token file (docs/formats.md, "Token data"): one HDF5 file holding the token stream and the
 // tokenizer that made it, so data and vocabulary cannot be separated. Serial HDF5 only: it is
 // read whole (a few hundred MB at most for this project's corpora), not sliced per rank.
 //   /tokens                1-D uint16 (vocab_size <= 65536) or uint32, contiguous
 //   /tokenizer/merges      uint32 [n_merges, 2], BPE only; merge i makes token 256 + i
-//   attributes on /        format_version (int64 = 1), vocab_size (int64), tokenizer ("byte"|"bpe")
+//   attributes on /        format_version (int64 = 1), vocab_size (int64),
+//   (or on /tokens)        tokenizer ("byte"|"bpe"), eos_id (optional: ends each document)
 #pragma once
 #include <cstdint>
 #include <string>

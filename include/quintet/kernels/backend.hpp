@@ -92,7 +92,7 @@ public:
     // dinp[N,C] += d(out)/d(inp)^T dout (accumulates: the residual stream); dw[C] += ...
     virtual void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
                                   const float* w, const float* rstd, int N, int C) = 0;
-    // RoPE (rotate-half, DESIGN §2) in place on rows x[N, row_stride]: in each of heads
+    // RoPE (rotate-half, docs/math.md §3) in place on rows x[N, row_stride]: in each of heads
     // [0, n_heads) (head h starts at column h*head_stride) the columns [col0, col0 + dim) are
     // split in halves and rotated by the angle of position pos[n] (backend int32 memory [N]),
     // read from tables cos/sin [positions, dim/2]. MLA rotates a sub-range of each head.
@@ -102,7 +102,7 @@ public:
     virtual void rope_backward(float* dx, const float* cos, const float* sin, const int32_t* pos,
                                const RopeArgs& a) = 0;
 
-    // ---- attention: one general operation (DESIGN §1, derivation in docs/math.md) ----
+    // ---- attention: one general operation (derivation in docs/math.md §5) ----
     // Tiled with an online softmax (never a Tq x Tk matrix). Query head h of query row
     // (b, t) is at q[(b*Tq + t)*q_stride + h*Dqk]; kv head g = h / (NH/NKV) of key row (b, s) at
     // k[(b*Tk + s)*k_stride + g*Dqk] and v[(b*Tk + s)*v_stride + g*Dv]. Key s is visible to
@@ -131,7 +131,7 @@ public:
     // strided columns (K|V blocks of the context-parallel ring) and adding them back.
     virtual void copy_2d(float* dst, size_t ld_dst, const float* src, size_t ld_src, size_t rows,
                          size_t cols, bool accumulate) = 0;
-    // ---- Mixture of Experts (DESIGN §2 "MoE"; docs/math.md §9) ----
+    // ---- Mixture of Experts (docs/math.md §9) ----
     // The router, per row of logits[N,E]: probs = softmax(logits); the k experts of largest
     // probs + bias (bias[E] or null; ties to the lower index), in descending order, into
     // expert[N,k] (backend int32 memory); their probs into weight[N,k], renormalised to sum 1

@@ -1,6 +1,6 @@
 // Model hyper-parameters. Field name = deck key: `model.d_model` is ModelConfig::d_model, and
 // `moe.experts` is ModelConfig::moe.experts (the [moe] section belongs to the model).
-// Defaults and help texts live in the option table (src/io/deck.cpp), the single source for
+// Defaults and help texts live in the option table (src/deck/deck.cpp), the single source for
 // --help, docs/deck.md and inputs/reference.deck.
 #pragma once
 #include <cstdint>
@@ -44,7 +44,7 @@ struct RopeConfig {
 };
 
 
-// Parameter initialisation (the [init] section; DESIGN §2 "Initialisation").
+// Parameter initialisation (the [init] section; docs/math.md §0 "Initialisation" and §2).
 struct InitConfig {
     std::string scheme = "scaled";  // normal | scaled | fan_in
     double std = 0.02;

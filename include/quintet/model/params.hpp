@@ -5,7 +5,7 @@
 // moments use the same layout. Each layer module adds its own tensors (model/mha.cpp,
 // model/swiglu.cpp, ...) through ParamBuilder; the sharding rules are in docs/parallelism.md.
 //
-// The arena is cut into regions, one per replica group (DESIGN §1 "Replica groups"): dense
+// The arena is cut into regions, one per replica group (docs/architecture.md, "The seams"): dense
 // tensors (gradients summed over dp x cp), then expert tensors (summed over edp), then buffers
 // (not trained: no gradient, no decay, checkpointed). Each region is padded to a multiple of its
 // group's size, so ZeRO-1 can shard it evenly.
@@ -66,7 +66,7 @@ struct ParamSpec {
     size_t offset = 0;      // into the local arena, in floats
     size_t numel() const { return size_t(lrows) * lcols; }
     bool trainable() const { return replicas != Replicas::none; }
-    bool decay() const { return ndim >= 2; }  // weight decay on rank >= 2 only (DESIGN §3)
+    bool decay() const { return ndim >= 2; }  // weight decay on rank >= 2 only (docs/math.md §6.1)
 };
 
 // Resolved model dims (defaults applied), global and this rank's tensor-parallel share.

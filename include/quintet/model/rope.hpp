@@ -1,4 +1,4 @@
-// RoPE frequencies with optional YaRN scaling (DESIGN §2, derivation in docs/math.md), and
+// RoPE frequencies with optional YaRN scaling (definitions and derivation: docs/math.md §3-4), and
 // the cos/sin tables the kernels read. Rotate-half convention: pair (i, i + HD/2) shares
 // inv_freq[i].
 #pragma once

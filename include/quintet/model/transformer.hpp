@@ -41,7 +41,7 @@ struct ChunkOptions {
 class ModelChunk final : public PipelineStage {
 public:
     // B samples of T tokens per microbatch (under context parallelism this rank holds T/cp of
-    // each sample: chunks r and 2cp-1-r, DESIGN §2).
+    // each sample: chunks r and 2cp-1-r, docs/math.md §8).
     ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope, const ParamTable& table,
                const ChunkPlan& plan, TensorParallel& tp, int B, int T, ChunkOptions opt = {});
     ~ModelChunk();

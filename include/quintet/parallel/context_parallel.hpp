@@ -1,4 +1,4 @@
-// Context parallelism (DESIGN §2 "Context parallelism", docs/parallelism.md, derivations in
+// Context parallelism (docs/parallelism.md "Context parallelism", derivations in
 // docs/math.md §8): each sample's sequence is cut into 2·cp equal chunks and cp rank r holds
 // chunks r and 2·cp−1−r, so every rank has the same causal work; positions stay global.
 // Attention is a ring: K/V blocks travel round the cp group with non-blocking sends and

@@ -1,4 +1,4 @@
-// Expert parallelism (DESIGN §2 "Expert parallelism", docs/parallelism.md "Expert parallelism",
+// Expert parallelism (docs/parallelism.md "Expert parallelism",
 // the bytes in docs/math.md §9): the E experts of a layer are split into ep contiguous groups of
 // El = E/ep, ep rank g holding experts [g·El, (g+1)·El). A microbatch's rows are routed where
 // they are and sorted by expert (the MoE block's counting sort), so the rows for ep rank g are

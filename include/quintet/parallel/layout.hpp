@@ -2,8 +2,9 @@
 // four Cartesian axes in the fixed order tp, cp, dp, pp (fastest-varying first, so TP
 // neighbours share a node), rank <-> coordinates, the groups built from them -- one per axis,
 // dp x cp (the replica group of dense gradients), and the expert-parallel (ep) and
-// expert-data-parallel (edp) groups carved out of dp x cp as in Megatron-Core (DESIGN §2
-// "Expert parallelism") -- and the flat shard ranges used by ZeRO-1 and the checkpoint writer.
+// expert-data-parallel (edp) groups carved out of dp x cp as in Megatron-Core
+// (docs/parallelism.md, "Expert parallelism") -- and the flat shard ranges used by ZeRO-1 and
+// the checkpoint writer.
 // Unit-tested exhaustively (tests/parallel/test_layout.cpp); ProcessGrid builds the MPI
 // communicators from it and checks that MPI agrees.
 #pragma once
@@ -34,7 +35,7 @@ struct Layout {
     Coords coords_of(int rank) const;
 
     // Position j of a rank among the dp x cp ranks of its (tp, pp): j = dp*CP + cp (cp fastest).
-    // ep rank = j mod ep, edp rank = j div ep (DESIGN §2).
+    // ep rank = j mod ep, edp rank = j div ep (docs/parallelism.md, "Expert parallelism").
     int dp_cp_index(int rank) const;
     int edp() const { return size[kDP] * size[kCP] / ep; }
 

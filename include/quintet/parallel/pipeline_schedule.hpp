@@ -1,4 +1,4 @@
-// The pipeline schedule as data (STYLE.md principle 7): pure functions of (pp, stage,
+// The pipeline schedule as data (docs/parallelism.md, "Pipeline parallelism"): pure functions of (pp, stage,
 // microbatches, virtual stages) that return each stage's ordered action list, plus a simulator
 // that runs all stages' lists together (deadlock, bubble, activation memory) and a text chart.
 // No MPI and no model here: parallel/pipeline_executor runs these lists; `quintet schedule`

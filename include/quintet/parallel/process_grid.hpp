@@ -1,8 +1,9 @@
 // The process grid: owns the Cartesian topology over (pp, dp, cp, tp) -- MPI's last dimension
 // varies fastest, so tp ranks are neighbours -- and hands out the communicator of every group of
 // Layout: one per axis (MPI_Cart_sub), dp x cp (MPI_Cart_sub keeping both), and the ep and edp
-// groups split from dp x cp with Layout's colours (DESIGN §2). Each communicator is checked
-// against Layout's maths when it is made, and carries the collective deadline.
+// groups split from dp x cp with Layout's colours (docs/parallelism.md, "Expert parallelism").
+// Each communicator is checked against Layout's maths when it is made, and carries the
+// collective deadline.
 #pragma once
 #include <array>
 #include <memory>

@@ -1,7 +1,10 @@
 // Tensor parallelism (Megatron-style), the communication half: the conjugate operators that
-// column- and row-parallel layers need, over the tp communicator. The maths half lives in
-// model/transformer.cpp, which calls these at the block boundaries. docs/parallelism.md derives
-// where each sits.
+// column- and row-parallel layers need, over the tp communicator. The maths half lives in the
+// blocks: BlockContext::gathered and BlockContext::row_parallel_residual (model/block.cpp) call
+// these at each block's entry and exit, the blocks' backwards (model/mha.cpp, mla.cpp,
+// swiglu.cpp) likewise, and ModelChunk (model/transformer.cpp) for the vocab-parallel
+// embedding and LM head.
+// docs/parallelism.md derives where each sits.
 //   f: identity forward, all-reduce backward     (entering a column-parallel block)
 //   g: all-reduce forward, identity backward     (leaving a row-parallel block)
 // Under sequence parallelism the all-reduce of g becomes reduce-scatter over token rows, and f

@@ -1,6 +1,6 @@
 // Every CUDA runtime, cuBLAS(Lt) and NCCL call is checked: a failure throws RankError with the
-// call's text, the library's error name and message, and file:line (STYLE principle 11; main()
-// then prints "rank N: ..." and MPI_Aborts). The *_WARN forms are for destructors: they print
+// call's text, the library's error name and message, and file:line (a rank-local failure,
+// docs/architecture.md "Errors": main() then prints "rank N: ..." and MPI_Aborts). The *_WARN forms are for destructors: they print
 // and never throw.
 #pragma once
 #include <cublasLt.h>

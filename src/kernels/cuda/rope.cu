@@ -1,5 +1,5 @@
-// RoPE (rotate-half, DESIGN §2) on the GPU, in place: one thread per rotated pair (i, i+dim/2)
-// of one head of one token, at the token's position. YaRN is in the cos/sin tables
+// RoPE (rotate-half, docs/math.md §3) on the GPU, in place: one thread per rotated pair
+// (i, i+dim/2) of one head of one token, at the token's position. YaRN is in the cos/sin tables
 // (model/rope), not here.
 #include "common.cuh"
 #include "rope_kernels.cuh"

@@ -358,7 +358,7 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
     if (p.ep > 1 && m.moe.experts % p.ep != 0)
         config_fail("parallel.ep", S(p.ep),
                     "must divide moe.experts = " + S(m.moe.experts) + " (each ep rank holds E/ep experts)");
-    if (m.moe.experts > 0) {  // DESIGN §2 "MoE"
+    if (m.moe.experts > 0) {  // docs/math.md §9
         const auto& e = m.moe;
         if (e.top_k > e.experts)
             config_fail("moe.top_k", S(e.top_k), "must be at most moe.experts = " + S(e.experts));
@@ -395,7 +395,7 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
     }
     // Model shape.
     if (m.attention == "mla") {
-        // MLA's own dims (DESIGN §2); d_model need not divide by n_heads.
+        // MLA's own dims (docs/math.md §7.2); d_model need not divide by n_heads.
         const std::pair<const char*, int> dims[] = {{"model.kv_lora_rank", m.kv_lora_rank},
                                                     {"model.qk_nope_dim", m.qk_nope_dim},
                                                     {"model.qk_rope_dim", m.qk_rope_dim},
@@ -444,7 +444,7 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
         config_fail("model.ffn_dim", S(F), "must be divisible by parallel.tp = " + S(p.tp));
     if (p.tp > m.vocab_size && m.vocab_size > 0)
         config_fail("parallel.tp", S(p.tp), "exceeds the vocabulary size " + S(m.vocab_size));
-    // Context parallelism: 2*cp equal chunks per sample (DESIGN §2).
+    // Context parallelism: 2*cp equal chunks per sample (docs/math.md §8).
     if (d.data.seq_len % (2 * p.cp) != 0)
         config_fail("data.seq_len", S(d.data.seq_len),
                     "must be divisible by 2*parallel.cp = " + S(2 * p.cp) +

@@ -1,5 +1,5 @@
 // The feed-forward block on the layers moe.layers names: Mixture-of-Experts (DeepSeek-style;
-// DESIGN §2 "MoE", maths in docs/math.md §9). Per token row x of this rank:
+// maths in docs/math.md §9). Per token row x of this rank:
 //     p = softmax(x Wg^T)            the router over E experts
 //     top-k experts by p (+ bias under aux_free, which only chooses), weights w = their p
 //     (renormalised to sum 1 under norm_topk)
@@ -283,7 +283,7 @@ public:
         for (size_t i = 0; i < counts_.size(); ++i) out[i] += counts_[i];
         std::fill(counts_.begin(), counts_.end(), 0.0);
     }
-    // aux_free (DESIGN §2): bias_e += bias_rate * sign(mean_load - load_e), the global batch's loads.
+    // aux_free (docs/math.md §9): bias_e += bias_rate * sign(mean_load - load_e), the global batch's loads.
     void update_bias(float* params, const double* load) override {
         if (!bias_) return;
         double mean = 0;
@@ -509,7 +509,7 @@ void moe_add_params(const ModelConfig& m, ParamBuilder& b, int layer) {
         bias.writer = d.tp_rank == 0;
         b.add(bias, held, false);
     }
-    // Expert e lives on ep rank e / (E/ep) only (contiguous groups, DESIGN §2).
+    // Expert e lives on ep rank e / (E/ep) only (contiguous groups, docs/parallelism.md "Expert parallelism").
     const int El = E / b.plan().ep, e0 = b.plan().ep_rank * El;
     for (int e = 0; e < E; ++e) {
         const std::string q = p + "experts." + std::to_string(e) + ".";

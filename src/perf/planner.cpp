@@ -188,7 +188,7 @@ PlanRow plan_layout(const Deck& deck_in, int world, const MachineModel& mm) {
     const Simulation sim = simulate(p.schedule, p.pp, p.microbatches, p.virtual_stages);
     row.bubble = bubble_theory(p.schedule, p.pp, p.microbatches, p.virtual_stages);
 
-    // FLOPs: the 6·N·P convention of the whole model (DESIGN §2), split over the ranks that share
+    // FLOPs: the 6·N·P convention of the whole model (docs/math.md §1), split over the ranks that share
     // each token's work; each stage does its own layers' share.
     const ParamTable whole = make_param_table(m);
     const ModelDims d1 = model_dims(m, 1, 0);

@@ -1,4 +1,4 @@
-// `quintet eval --checkpoint CKPT --data DATA [--section.key=value ...]` (DESIGN §5): the
+// `quintet eval --checkpoint CKPT --data DATA [--section.key=value ...]` (docs/long-context.md, "The contracts"): the
 // validation cross-entropy of a checkpoint on any layout, at any sequence length and RoPE
 // setting; optionally by position (--by-position) and passkey retrieval (--passkey). Collective
 // over the world; writes nothing into the checkpoint's run folder.
@@ -35,7 +35,7 @@ const char* kUsage =
     "\n"
     "The mean cross-entropy (no auxiliary loss) of the checkpoint's model over eval.batches\n"
     "batches of data.micro_batch_size samples of DATA's validation split (sample j of batch i at\n"
-    "offset (i*mbs + j)*seq_len, DESIGN §3). The model, [rope], [data] and [eval] keys are the\n"
+    "offset (i*mbs + j)*seq_len, docs/math.md §10). The model, [rope], [data] and [eval] keys are the\n"
     "checkpoint's with the overrides applied (e.g. --data.seq_len=2048 --rope.scaling=yarn\n"
     "--rope.factor=4); [parallel] comes from the command line alone, so any layout evaluates any\n"
     "checkpoint (dp defaults to what the world size leaves). rope.original_max_position = 0\n"

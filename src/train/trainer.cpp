@@ -180,7 +180,7 @@ Trainer::Trainer(const Deck& deck, const std::string& deck_text, const ProcessGr
         chunks_.push_back(std::make_unique<ModelChunk>(be_, deck.model, deck.rope, table_, plan, tp_,
                                                        dc.micro_batch_size, dc.seq_len, opt));
         if (params_bf16_) chunks_.back()->set_bf16_weights(params_, params_bf16_);
-        // DESIGN §3: the aux loss is averaged over the step's microbatches of all replicas.
+        // docs/math.md §10: the aux loss is averaged over the step's microbatches of all replicas.
         chunks_.back()->set_aux_scale(1.0 / double(grid.dp().size() * deck.parallel.microbatches));
     }
     if (deck.model.moe.experts > 0) {
@@ -443,7 +443,7 @@ StepStats Trainer::step(int64_t s, bool locate) {
     if (!moe_counts_.empty())  // what was counted since the last step (evaluation) is not this step's
         for (auto& c : chunks_) c->take_moe_counts(moe_counts_, moe_width_);
     // 1. This replica's microbatches through the pipeline schedule: forward, backward.
-    // Microbatch g of the global batch (DESIGN §3): replica r runs [r*m, (r+1)*m).
+    // Microbatch g of the global batch (docs/math.md §10): replica r runs [r*m, (r+1)*m).
     const int64_t g0 = int64_t(grid_.coord(kDP)) * p.microbatches;
     auto data = [&](int mb, int32_t* ids, int32_t* tgt) {
         for (int j = 0; j < mbs; ++j)
@@ -483,7 +483,7 @@ StepStats Trainer::step(int64_t s, bool locate) {
     opt_->update(params_, grads_, s, lr);
     if (!moe_counts_.empty()) {
         // The global batch's routing choices per (layer, expert), the same on every rank; the
-        // aux-free biases move from them (DESIGN §2), identically everywhere.
+        // aux-free biases move from them (docs/math.md §9), identically everywhere.
         std::fill(moe_counts_.begin(), moe_counts_.end(), 0.0);
         for (auto& c : chunks_) c->take_moe_counts(moe_counts_, moe_width_);
         grid_.world().all_reduce_sum(moe_counts_.data(), moe_counts_.size());
@@ -714,7 +714,7 @@ void Trainer::resume_if_asked() {
 }
 
 int Trainer::run() {
-    // A deadline that passes (DESIGN §5, exit status 4) is recorded for job scripts first: by
+    // A deadline that passes (exit status 4, docs/reliability.md) is recorded for job scripts first: by
     // the watchdog thread for blocking collectives and checkpoint writes, here for the waits that
     // poll their deadline themselves.
     if (Watchdog* w = grid_.watchdog()) {
@@ -786,7 +786,7 @@ int Trainer::run_steps() {
         StepStats st = step(s);
         bool skipped = false;
         if (st.nonfinite) {
-            // Re-run once from the same state (DESIGN §5): finite now = a transient fault. (The
+            // Re-run once from the same state (docs/reliability.md): finite now = a transient fault. (The
             // rerun is the same computation, so it continues the unbroken curve bit for bit.)
             StepStats again = step(s);
             if (again.nonfinite) again = step(s, true);  // reproduced: once more, to find where it starts

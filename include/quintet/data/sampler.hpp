@@ -1,4 +1,4 @@
-// Which tokens make sample j of step s (DESIGN §3). A pure function of (deck, step, j): the
+// Which tokens make sample j of step s (docs/math.md §10). A pure function of (deck, step, j): the
 // same samples for every layout, and no state to save for an exact resume.
 #pragma once
 #include <cstddef>

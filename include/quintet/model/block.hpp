@@ -1,4 +1,4 @@
-// The two blocks of a decoder layer as modules (DESIGN §1 "Layers are modules"): an attention
+// The two blocks of a decoder layer as modules (docs/architecture.md, "The seams"): an attention
 // block (model.attention: mha = GQA in model/mha.cpp; mla in model/mla.cpp) and a feed-forward block
 // (SwiGLU in model/swiglu.cpp; MoE in model/moe.cpp). Each block kind adds its own tensors to the parameter
 // table, allocates its own saved activations per microbatch slot, and owns an explicit forward

@@ -1,4 +1,4 @@
-// The hardware peak behind MFU (DESIGN §2 "FLOPs"): one core's fp32 FMA rate, measured once per
+// The hardware peak behind MFU (docs/math.md §1.4): one core's fp32 FMA rate, measured once per
 // host and CPU model and cached, so every run (and `quintet plan`) uses the same denominator.
 #pragma once
 #include <string>

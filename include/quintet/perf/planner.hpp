@@ -1,4 +1,4 @@
-// The layout planner behind `quintet plan` (DESIGN §5) and the trainer's "predicted" line:
+// The layout planner behind `quintet plan` (docs/planner.md) and the trainer's "predicted" line:
 // memory per rank by category, bytes per step on each axis, the pipeline bubble and a predicted
 // step time, for any (tp, cp, dp, pp, ep) of a deck -- without running it. docs/planner.md
 // derives every term; tests/train/test_planner.cpp holds it to the trainer's own accounting
@@ -11,7 +11,7 @@
 
 namespace quintet {
 
-// Bytes of one rank by category (DESIGN §4 /memory/*). total = the predicted (or measured)
+// Bytes of one rank by category (the metrics' /memory/*, docs/formats.md). total = the predicted (or measured)
 // peak resident set; runtime = what the process holds besides the model's own buffers.
 struct MemoryBytes {
     double params = 0, grads = 0, optimizer = 0, activations = 0, buffers = 0, runtime = 0, total = 0;
@@ -62,7 +62,7 @@ struct PlanSweep {
 std::vector<PlanRow> plan_all(const Deck& deck, int world, const MachineModel& machine,
                               const PlanSweep& sweep = {}, double device_memory_bytes = 0);
 
-// JSON of the rows as DESIGN §5 fixes it (a list of objects; null where not valid).
+// JSON of the rows as docs/planner.md fixes it (a list of objects; null where not valid).
 std::string plan_json(const std::vector<PlanRow>& rows);
 
 // A rank's resident set besides the model: the executable and its libraries as loaded (with a

@@ -1,4 +1,4 @@
-// Gradient synchronisation of one step, per parameter and per replica group (DESIGN §1
+// Gradient synchronisation of one step, per parameter and per replica group (docs/architecture.md, "The seams":
 // "Replica groups"): first the partial sums inside the model-parallel ranks (tp-replicated norm
 // weights under sequence parallelism, kv heads shared by several tp ranks, the tied embedding's
 // two copies), then the data-parallel sum of each arena region over its group -- dense tensors

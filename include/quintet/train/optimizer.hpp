@@ -1,4 +1,4 @@
-// AdamW exactly as PyTorch's (DESIGN §3), global-norm clipping, and the optimizer state: per
+// AdamW exactly as PyTorch's (docs/math.md §6), global-norm clipping, and the optimizer state: per
 // trainable arena region, the moments of the whole region (plain data parallelism) or of this
 // rank's ZeRO-1 shard. Buffers (not trainable) get no moments, no decay, no update.
 #pragma once

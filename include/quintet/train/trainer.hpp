@@ -42,7 +42,7 @@ struct StepStats {
     std::string what, origin;
 };
 
-// Where a run's weights come from, and the context they were trained at (DESIGN §5): the
+// Where a run's weights come from, and the context they were trained at (docs/long-context.md, "The contracts"): the
 // checkpoint a resume continues (resume wins), else checkpoint.init_from, else none. Resolves
 // rope.original_max_position = 0 under YaRN to that checkpoint's trained context (data.seq_len
 // from scratch), and returns warnings to print: a run past the trained context without a
@@ -136,7 +136,7 @@ private:
     // sgemm rate of all ranks (the second column: the achieved share of the matmul rate).
     double peak_flops_ = 0, matmul_flops_ = 0, flops_per_token_ = 0;
     std::string peak_what_;
-    // Memory accounting (DESIGN §4 /memory/*): this rank's bytes by category, measured peak RSS
+    // Memory accounting (the metrics' /memory/*, docs/formats.md): this rank's bytes by category, measured peak RSS
     // as the total; every rank's, gathered on rank 0 each step; tokens/s after the first steps.
     static constexpr int kMemoryColumns = 7;  // params grads optimizer activations buffers runtime peak_rss
     MemoryBytes memory_account() const;

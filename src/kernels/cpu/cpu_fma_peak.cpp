@@ -1,4 +1,4 @@
-// The CPU's fp32 FMA peak, measured: the denominator of MFU (DESIGN §2 "FLOPs").
+// The CPU's fp32 FMA peak, measured: the denominator of MFU (docs/math.md §1.4).
 //
 // One core's peak is (FMA units) x (lanes per vector) x 2 flops x clock. Rather than trust a
 // table of CPUs, run that loop: 12 independent accumulator chains per thread (enough to cover

@@ -42,7 +42,7 @@ batches = 2
 log_every = 10
 DECK
 # The attention and feed-forward kinds beside the default GQA + SwiGLU (tiny, as above).
-MLA="--model.attention=mla --model.kv_lora_rank=32 --model.q_lora_rank=48 --model.qk_nope_dim=16 --model.qk_rope_dim=8 --model.v_head_dim=16"
+MLA="--model.attention=mla --model.n_kv_heads=0 --model.kv_lora_rank=32 --model.q_lora_rank=48 --model.qk_nope_dim=16 --model.qk_rope_dim=8 --model.v_head_dim=16"
 MOE="--moe.experts=4 --moe.top_k=2 --moe.shared_experts=1 --moe.ffn_dim=64 --moe.aux_coef=0.01"
 # name | ranks | overrides (global batch 16 samples everywhere)
 runs=(
@@ -62,7 +62,7 @@ runs=(
   "recompute_full|2|--parallel.pp=2 --parallel.microbatches=8 --train.recompute=full"
   "recompute_sel|2|--parallel.tp=2 --parallel.microbatches=8 --train.recompute=selective"
   "cp2|2|--parallel.cp=2 --parallel.microbatches=8"
-  "cp2_docs|2|--parallel.cp=2 --parallel.microbatches=8 --data.document_mask=true"
+  "cp2_docs|2|--parallel.cp=2 --parallel.microbatches=8 --data.document_mask=true --data.eos_id=10"
   "mla|1|--parallel.microbatches=8 $MLA"
   "mla_tp2_cp2|4|--parallel.tp=2 --parallel.cp=2 --parallel.microbatches=8 $MLA"
   "mla_bf16_full|1|--parallel.microbatches=8 --train.precision=bf16 --train.recompute=full $MLA"

@@ -1,6 +1,7 @@
 #include "quintet/deck/deck.hpp"
 
 #include <boost/program_options.hpp>
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include "quintet/core/error.hpp"
+#include "quintet/core/lists.hpp"
 #include "quintet/parallel/layout.hpp"
 #include "quintet/parallel/pipeline_schedule.hpp"
 
@@ -90,6 +92,35 @@ DeckOption opt_enum(const std::string& key, std::string* field, std::vector<std:
             [=] { return *field; }};
 }
 
+// A set of layers: "all" or indices with ranges ("0,3-60"); indices checked in deck_validate.
+DeckOption opt_layers(const std::string& key, LayerSet* field, std::string help) {
+    return {key, help + " (all, or a comma list of indices with ranges: 0,3-60)",
+            [=](const std::string& v) {
+                if (!field->parse(v)) config_fail(key, v, "expected all, or a comma list of layer indices with ranges, e.g. 0,3-60");
+            },
+            [=] { return field->text(); }};
+}
+
+// Positive integers in a comma list (empty = none given).
+DeckOption opt_counts(const std::string& key, std::vector<int>* field, std::string help) {
+    return {key, help,
+            [=](const std::string& v) {
+                if (v.empty()) {
+                    field->clear();
+                    return;
+                }
+                const auto list = parse_int_list(v);
+                if (!list || std::any_of(list->begin(), list->end(), [](int c) { return c < 1; }))
+                    config_fail(key, v, "expected a comma list of positive layer counts, e.g. 3,5");
+                *field = *list;
+            },
+            [=] {
+                std::string s;
+                for (int c : *field) s += (s.empty() ? "" : ",") + std::to_string(c);
+                return s;
+            }};
+}
+
 DeckOption opt_string(const std::string& key, std::string* field, std::string help) {
     return {key, help, [=](const std::string& v) { *field = v; }, [=] { return *field; }};
 }
@@ -130,7 +161,7 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("moe.top_k", &e.top_k, 1, 1 << 20, "experts chosen per token"),
         opt_int("moe.shared_experts", &e.shared_experts, 0, 1 << 20, "always-on shared experts"),
         opt_int("moe.ffn_dim", &e.ffn_dim, 0, big, "hidden width of each expert; 0 = model.ffn_dim"),
-        opt_string("moe.layers", &e.layers, "layers with MoE: all, or a comma list of indices"),
+        opt_layers("moe.layers", &e.layers, "layers with MoE"),
         opt_bool("moe.norm_topk", &e.norm_topk, "renormalise the chosen weights to sum 1"),
         opt_enum("moe.balance", &e.balance, {"aux_loss", "aux_free", "none"}, "load balancing"),
         opt_double("moe.aux_coef", &e.aux_coef, 0, 1e3, "weight of the load-balancing loss"),
@@ -146,11 +177,11 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("parallel.ep", &p.ep, 1, 1 << 20, "expert-parallel ranks, carved from dp x cp; divides moe.experts"),
         opt_int("parallel.dp", &p.dp, 0, 1 << 20, "data-parallel replicas; 0 = world / (tp*pp*cp)"),
         opt_int("parallel.microbatches", &p.microbatches, 1, 1 << 20, "microbatches per DP replica per step"),
-        opt_int("parallel.zero", &p.zero, 0, 1, "1 = shard AdamW state over dp (ZeRO-1)"),
+        opt_int("parallel.zero", &p.zero, 0, 1, "1 = shard the AdamW state over each replica group (ZeRO-1: dp x cp for dense tensors, the expert-data-parallel group for experts)"),
         opt_bool("parallel.sequence_parallel", &p.sequence_parallel, "shard norm/residual activations over tp (reduce-scatter + all-gather)"),
         opt_enum("parallel.schedule", &p.schedule, {"1f1b", "interleaved", "gpipe"}, "pipeline schedule"),
         opt_int("parallel.virtual_stages", &p.virtual_stages, 1, 1 << 20, "layer chunks per stage (interleaved)"),
-        opt_string("parallel.pp_layers", &p.pp_layers, "layers per stage as a comma list; empty = even split"),
+        opt_counts("parallel.pp_layers", &p.pp_layers, "layers per stage as a comma list; empty = even split"),
         opt_double("parallel.bucket_mb", &p.bucket_mb, 0, 1e6, "DP gradient bucket size in MiB", true),
         opt_enum("parallel.cp_mla_kv", &p.cp_mla_kv, {"ring", "latent"},
                  "MLA under cp: ring = per-head K/V round the ring; latent = all-gather the compressed "
@@ -362,21 +393,11 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
         const auto& e = m.moe;
         if (e.top_k > e.experts)
             config_fail("moe.top_k", S(e.top_k), "must be at most moe.experts = " + S(e.experts));
-        if (e.layers != "all") {
-            std::stringstream ls(e.layers);
-            std::string item;
-            int n = 0;
-            while (std::getline(ls, item, ',')) {
-                size_t pos = 0;
-                int v = -1;
-                try { v = std::stoi(item, &pos); } catch (...) { pos = 0; }
-                if (pos == 0 || pos != item.size() || v < 0 || v >= m.n_layers)
-                    config_fail("moe.layers", e.layers,
-                                "expected all, or a comma list of layer indices in [0, " + S(m.n_layers) + ")");
-                ++n;
-            }
-            if (n == 0) config_fail("moe.layers", e.layers, "expected all, or a comma list of layer indices");
-        }
+        for (int v : e.layers.list())
+            if (v < 0 || v >= m.n_layers)
+                config_fail("moe.layers", e.layers.text(),
+                            "expected all, or layer indices in [0, " + S(m.n_layers) + ") (model.n_layers = " +
+                                S(m.n_layers) + ")");
         if (p.tp > 1 && !p.sequence_parallel)
             config_fail("parallel.sequence_parallel", "false",
                         "MoE layers with parallel.tp > 1 need sequence parallelism (each tp rank routes its "
@@ -433,7 +454,7 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
         config_fail("rope.factor", std::to_string(d.rope.factor), "YaRN needs a factor > 1");
     if (d.data.seq_len < 2) config_fail("data.seq_len", S(d.data.seq_len), "must be at least 2");
     // Tensor parallelism: heads, kv heads and the ffn split evenly over tp.
-    const int F = m.ffn_dim > 0 ? m.ffn_dim : ((8 * m.d_model / 3 + 63) / 64) * 64;
+    const int F = m.ffn_width();
     if (m.n_heads % p.tp != 0)
         config_fail("model.n_heads", S(m.n_heads), "must be divisible by parallel.tp = " + S(p.tp));
     if (kv % p.tp != 0 && p.tp % kv != 0)
@@ -462,23 +483,14 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
         config_fail("data.eos_id", S(d.data.eos_id), "must be below the vocabulary size " + S(m.vocab_size));
     // Pipeline: layers per stage, and the schedule's own conditions.
     if (!p.pp_layers.empty()) {
+        std::string text;
+        for (int c : p.pp_layers) text += (text.empty() ? "" : ",") + S(c);
         if (p.virtual_stages != 1)
-            config_fail("parallel.pp_layers", p.pp_layers, "only with parallel.virtual_stages = 1");
-        std::vector<int> counts;
-        std::stringstream ss(p.pp_layers);
-        std::string item;
-        while (std::getline(ss, item, ',')) {
-            size_t pos = 0;
-            int c = -1;
-            try { c = std::stoi(item, &pos); } catch (...) { pos = 0; }
-            if (pos == 0 || c < 1)
-                config_fail("parallel.pp_layers", p.pp_layers, "expected a comma list of positive layer counts");
-            counts.push_back(c);
-        }
+            config_fail("parallel.pp_layers", text, "only with parallel.virtual_stages = 1");
         int sum = 0;
-        for (int c : counts) sum += c;
-        if (int(counts.size()) != p.pp || sum != m.n_layers)
-            config_fail("parallel.pp_layers", p.pp_layers,
+        for (int c : p.pp_layers) sum += c;
+        if (int(p.pp_layers.size()) != p.pp || sum != m.n_layers)
+            config_fail("parallel.pp_layers", text,
                         "needs parallel.pp = " + S(p.pp) + " counts summing to model.n_layers = " + S(m.n_layers));
     } else if (p.virtual_stages == 1 && m.n_layers % p.pp != 0) {
         config_fail("model.n_layers", S(m.n_layers),
@@ -490,8 +502,7 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
     // model-parallel ranks at best) cannot fit this machine's memory stops here, not in bad_alloc.
     {
         const double C = m.d_model, V = std::max(m.vocab_size, 1), L = m.n_layers;
-        const double F = m.ffn_dim > 0 ? m.ffn_dim : std::ceil(8.0 * C / 3.0 / 64.0) * 64.0;
-        const double Fe = m.moe.ffn_dim > 0 ? m.moe.ffn_dim : F;
+        const double F = m.ffn_width(), Fe = m.expert_ffn_width();
         const double ffn = m.moe.experts > 0 ? (double(m.moe.experts) + m.moe.shared_experts) * 3 * C * Fe + m.moe.experts * C
                                              : 3 * C * F;
         const double params = V * C * (m.tie_embeddings ? 1 : 2) + L * (4 * C * C + ffn);

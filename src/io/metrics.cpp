@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "quintet/core/error.hpp"
+#include "quintet/io/metrics_schema.hpp"
 
 namespace fs = std::filesystem;
 
@@ -20,8 +21,8 @@ bool readable(const std::string& path) {
     hid_t fid = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
     if (fid < 0) return false;
     h5::Handle f = h5::file(fid);
-    if (!h5::exists(f, "/train/step")) return true;
-    hid_t d = H5Dopen2(f, "/train/step", H5P_DEFAULT);
+    if (!h5::exists(f, metrics_schema::path(metrics_schema::kTrain, metrics_schema::kStep))) return true;
+    hid_t d = H5Dopen2(f, metrics_schema::path(metrics_schema::kTrain, metrics_schema::kStep).c_str(), H5P_DEFAULT);
     if (d < 0) return false;
     h5::Handle ds = h5::dataset(d);
     std::vector<double> v(h5::dataset_shape(ds)[0]);
@@ -34,8 +35,8 @@ bool readable(const std::string& path) {
 bool consistent(const std::string& path, long first_step) {
     h5::Handle f = h5::file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
     if (!f.valid()) return false;
-    if (!h5::exists(f, "/train/step")) return true;  // nothing to align with
-    const std::vector<double> v = h5::read_f64(f, "/train/step");
+    if (!h5::exists(f, metrics_schema::path(metrics_schema::kTrain, metrics_schema::kStep))) return true;  // nothing to align with
+    const std::vector<double> v = h5::read_f64(f, metrics_schema::path(metrics_schema::kTrain, metrics_schema::kStep));
     double prev = 0;
     for (double x : v) {
         if (!(x > prev)) return false;
@@ -89,8 +90,10 @@ MetricsFile::MetricsFile(const std::string& run_dir, const std::string& deck_tex
     // Drop rows of steps >= first_step in every group that has a "step" column.
     // /eval has its own step column; /timing (and /timing/op), /pipeline, /moe and /memory rows
     // align with /train's. (A group's subgroups are skipped: they are listed themselves.)
-    for (const char* group : {"/train", "/eval", "/timing", "/timing/op", "/pipeline", "/moe", "/memory"}) {
-        std::string steps = std::string(group == std::string("/eval") ? "/eval" : "/train") + "/step";
+    for (const char* group : metrics_schema::kStepGroups) {
+        const std::string steps = metrics_schema::path(group == std::string(metrics_schema::kEval) ? metrics_schema::kEval
+                                                                                                   : metrics_schema::kTrain,
+                                                       metrics_schema::kStep);
         if (!h5::exists(file_, steps) || !h5::exists(file_, group)) continue;
         h5::Handle ds = h5::dataset(H5Dopen2(file_, steps.c_str(), H5P_DEFAULT));
         auto shape = h5::dataset_shape(ds);

@@ -1,5 +1,6 @@
 #include "quintet/model/block.hpp"
 
+#include <cstdio>
 #include <cstring>
 
 #include "quintet/core/error.hpp"
@@ -14,125 +15,29 @@ BlockContext::BlockContext(Backend& be_, TensorParallel& tp_, const ModelDims& d
     : be(be_), tp(tp_), d(d_), B(B_), T(T_), N(B_ * T_), Nr(tp_.sp() ? B_ * T_ / tp_.size() : B_ * T_),
       rope(rope_), rope_seq_len(rope_seq_len_), max_positions(max_positions_), cp(cp_),
       recompute(recompute_),
-      bf16_(p == Precision::bf16) {
-    const size_t C = size_t(d.C);
-    full_a = buf(size_t(N) * C, false);
-    full_b = buf(size_t(N) * C, false);
-    dshard = buf(size_t(Nr) * C, false);
+      bf16_(p == Precision::bf16) {}
+
+void BlockContext::declare(const ModelDims& d, const BufferShape& s, BufferDecl& out) {
+    const size_t N = size_t(s.N), C = size_t(d.C);
+    out.scratch("ctx.full_a", N * C);
+    out.scratch("ctx.full_b", N * C);
+    out.scratch("ctx.dshard", size_t(s.Nr) * C);
+    if (s.bf16) {
+        out.operands(N * C);
+        if (s.sp) out.scratch("ctx.gather_bf16", N * C, Elem::bf16);
+    }
+}
+
+void BlockContext::bind(const BufferViews& shared, size_t operand_n) {
+    shared_ = shared;
+    full_a = shared.f32("ctx.full_a");
+    full_b = shared.f32("ctx.full_b");
+    dshard = shared.f32("ctx.dshard");
     if (bf16_) {
-        reserve_lowp(size_t(N) * C);
-        if (tp.sp()) gather_bf16_ = buf_bf16(size_t(N) * C, false);
+        lowp_ = shared.bf16("ctx.lowp");
+        lowp_n_ = operand_n;
+        if (tp.sp()) gather_bf16_ = shared.bf16("ctx.gather_bf16");
     }
-}
-
-BlockContext::~BlockContext() {
-    for (float* p : owned_)
-        if (p) be.release(p);
-    for (bf16_bits* p : owned_bf16_)
-        if (p) be.release_bf16(p);
-    for (int32_t* p : owned_i32_) be.release_i32(p);
-}
-
-void BlockContext::share_begin(bool record) {
-    share_mode_ = record ? 1 : 2;
-    share_at_ = 0;
-}
-
-void BlockContext::share_end() { share_mode_ = 0; }
-
-void* BlockContext::shared_take(size_t bytes) {
-    if (share_mode_ != 2 || share_at_ >= shared_.size() || shared_[share_at_].bytes < bytes) return nullptr;
-    return shared_[share_at_++].p;
-}
-
-void BlockContext::shared_put(void* p, size_t bytes) {
-    if (share_mode_ == 1) shared_.push_back({p, bytes});
-}
-
-float* BlockContext::buf(size_t n, bool per_slot) {
-    if (per_slot)
-        if (void* p = shared_take(n * sizeof(float))) return static_cast<float*>(p);
-    float* p = be.alloc(n);
-    owned_.push_back(p);
-    if (!per_slot) work_floats += n;
-    if (per_slot) {
-        slot_floats += n;
-        shared_put(p, n * sizeof(float));
-    }
-    return p;
-}
-
-bf16_bits* BlockContext::buf_bf16(size_t n, bool per_slot) {
-    if (per_slot)
-        if (void* p = shared_take(n * sizeof(bf16_bits))) return static_cast<bf16_bits*>(p);
-    bf16_bits* p = be.alloc_bf16(n);
-    owned_bf16_.push_back(p);
-    if (!per_slot) work_floats += (n + 1) / 2;
-    if (per_slot) {
-        slot_floats += (n + 1) / 2;
-        shared_put(p, n * sizeof(bf16_bits));
-    }
-    return p;
-}
-
-Act BlockContext::act_shared(const char* name, size_t n) {
-    Act a;
-    if (!bf16_) {
-        a.f = scratch(name, n);
-        return a;
-    }
-    for (auto& s : named_bf16_)
-        if (s.name == name) {
-            if (s.n < n) {  // as scratch(): the old buffer stays valid for whoever holds it
-                s.p = buf_bf16(n, false);
-                s.n = n;
-            }
-            a.b = s.p;
-            return a;
-        }
-    named_bf16_.push_back({name, buf_bf16(n, false), n});
-    a.b = named_bf16_.back().p;
-    return a;
-}
-
-int32_t* BlockContext::buf_i32(size_t n) {
-    int32_t* p = be.alloc_i32(n);
-    owned_i32_.push_back(p);
-    return p;
-}
-
-Act BlockContext::act(size_t n) {
-    Act a;
-    if (bf16_) a.b = buf_bf16(n, true);
-    else a.f = buf(n, true);
-    return a;
-}
-
-float* BlockContext::scratch(const char* name, size_t n) {
-    for (auto& s : named_)
-        if (s.name == name) {
-            // A larger request gets a larger buffer; the old one stays (a block that asked for
-            // it earlier may hold its pointer). Requests come while the chunk is built.
-            if (s.n < n) {
-                s.p = buf(n, false);
-                s.n = n;
-            }
-            return s.p;
-        }
-    named_.push_back({name, buf(n, false), n});
-    return named_.back().p;
-}
-
-void BlockContext::reserve_lowp(size_t n) {
-    if (!bf16_ || n <= lowp_n_) return;
-    if (lowp_) {
-        be.release_bf16(lowp_);
-        work_floats -= (lowp_n_ + 1) / 2;
-        for (auto& o : owned_bf16_)
-            if (o == lowp_) o = nullptr;
-    }
-    lowp_ = buf_bf16(n, false);
-    lowp_n_ = n;
 }
 
 void BlockContext::keep(const Act& a, const float* staging, size_t n) {
@@ -195,17 +100,32 @@ KvRowsCache::~KvRowsCache() {
     be.release(v);
 }
 
+namespace {
+// One table per rotated width: a chunk's attention kind uses one amplitude for it.
+std::string rope_name(int dim, const char* part) { return "rope." + std::to_string(dim) + "." + part; }
+}  // namespace
+
+void BlockContext::declare_rope_table(BufferDecl& out, int dim, int max_positions) {
+    const size_t n = size_t(max_positions) * size_t(dim / 2);
+    out.scratch(rope_name(dim, "cos"), n);
+    out.scratch(rope_name(dim, "sin"), n);
+}
+
 BlockContext::RopeTable BlockContext::rope_table(int dim, double amplitude) {
-    for (const auto& t : tables_)
-        if (t.dim == dim && t.amplitude == amplitude) return t.t;
+    float* cs = shared_.f32(rope_name(dim, "cos"));
+    float* sn = shared_.f32(rope_name(dim, "sin"));
+    for (const auto& [d, a] : rope_filled_)
+        if (d == dim) {
+            QUINTET_CHECK(a == amplitude, "two RoPE amplitudes for one rotated width in a chunk");
+            return {cs, sn};
+        }
     std::vector<float> c, s;
     rope_tables(c, s, max_positions, rope_inv_freq(rope, dim, rope_seq_len), amplitude);
-    float* cs = buf(c.size(), false);
-    float* sn = buf(s.size(), false);
+    QUINTET_CHECK(c.size() == size_t(max_positions) * size_t(dim / 2), "RoPE table size differs from its declaration");
     be.from_host(cs, c.data(), c.size());
     be.from_host(sn, s.data(), s.size());
-    tables_.push_back({dim, amplitude, {cs, sn}});
-    return tables_.back().t;
+    rope_filled_.push_back({dim, amplitude});
+    return {cs, sn};
 }
 
 }  // namespace quintet

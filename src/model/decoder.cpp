@@ -14,7 +14,7 @@ ChunkOptions decode_options(int train_seq_len, int max_len) {
 Decoder::Decoder(Backend& be, const ModelConfig& model, const RopeConfig& rope, int train_seq_len,
                  const ParamTable& table, const std::vector<float>& params, int max_len, bool full_kv)
     : tp_(self_, false),
-      chunk_(be, model, rope, table, stage_chunks(model.n_layers, 1, 1, 0, "")[0], tp_, 1, 1,
+      chunk_(be, model, rope, table, stage_chunks(model.n_layers, 1, 1, 0, {})[0], tp_, 1, 1,
              decode_options(train_seq_len, max_len)),
       params_(params.data()) {
     caches_ = chunk_.make_caches(max_len, full_kv);

@@ -23,6 +23,20 @@ void feed_forward_add_params(const ModelConfig& m, ParamBuilder& b, int layer) {
     else swiglu_add_params(b, layer);
 }
 
+void attention_declare_buffers(const ModelConfig& m, const ModelDims& d, const BufferShape& s, int layer,
+                               BufferDecl& out) {
+    (void)layer;  // every layer has the deck's attention kind
+    require_known(m);
+    if (m.attention == "mla") mla_declare_buffers(m, d, s, out);
+    else mha_declare_buffers(d, s, out);
+}
+
+void feed_forward_declare_buffers(const ModelConfig& m, const ModelDims& d, const BufferShape& s, int layer,
+                                  BufferDecl& out) {
+    if (moe_layer(m, layer)) moe_declare_buffers(m, d, s, out);
+    else swiglu_declare_buffers(d, s, out);
+}
+
 std::unique_ptr<AttentionBlock> make_attention_block(BlockContext& ctx, const ModelConfig& m,
                                                      const ParamTable& table, int layer) {
     require_known(m);

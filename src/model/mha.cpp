@@ -35,27 +35,26 @@ public:
         wo_ = table.offset_of(p + "o_proj.weight");
         // MHA/GQA rotate every q/k dim, so YaRN's mscale^2 on the logits = mscale on cos and sin.
         rope_ = c_.rope_table(HD_, rope_mscale(c_.rope));
-        const size_t N = size_t(c_.N);
-        datt_ = c_.scratch("attention.datt", N * A_);
-        dqkv_ = c_.scratch("attention.dqkv", N * QKV_);
-        lse_scratch_ = c_.scratch("attention.lse", size_t(c_.B) * NH_ * c_.T);
-        c_.reserve_lowp(N * QKV_);
+        const BufferViews& sh = c_.shared();
+        datt_ = sh.f32("attention.datt");
+        dqkv_ = sh.f32("attention.dqkv");
+        lse_scratch_ = sh.f32("attention.lse");
         if (c_.recompute == Recompute::selective) {  // one output and lse for all layers and slots
-            att_ws_ = c_.act_shared("attention.recomputed_out", N * A_);
-            lse_ws_ = c_.scratch("attention.recomputed_lse", size_t(c_.B) * NH_ * c_.T);
+            att_ws_ = sh.act("attention.recomputed_out");
+            lse_ws_ = sh.f32("attention.recomputed_lse");
         }
     }
 
-    void add_slot() override {
-        const size_t N = size_t(c_.N);
+    // What the kind keeps (mha_declare_buffers below says how large).
+    void add_slot(const BufferViews& v) override {
         Saved s;
-        s.qkv = c_.buf(N * QKV_, true);
+        s.qkv = v.f32("attention.qkv");
         if (c_.recompute == Recompute::selective) {  // the attention core is recomputed
             s.att = att_ws_;
             s.lse = lse_ws_;
         } else {
-            s.att = c_.act(N * A_);
-            s.lse = c_.buf(size_t(c_.B) * NH_ * c_.T, true);
+            s.att = v.act("attention.out");
+            s.lse = v.f32("attention.lse");
         }
         slots_.push_back(s);
     }
@@ -212,6 +211,29 @@ void mha_add_params(ParamBuilder& b, int layer) {
     b.add(ParamBuilder::col_shard(p + "o_proj.weight", d.C, d.NH * d.HD, d.NHl * d.HD, h0 * d.HD,
                                   InitRule::out_proj),
           held, true);
+}
+
+void mha_declare_buffers(const ModelDims& d, const BufferShape& s, BufferDecl& out) {
+    const size_t N = size_t(s.N), QKV = size_t(d.qkv_local()), A = size_t(d.NHl) * d.HD;
+    const size_t lse = size_t(s.B) * d.NHl * s.T;
+    out.save("attention.qkv", N * QKV);  // q | k | v after RoPE
+    if (s.recompute != Recompute::selective) {
+        out.save("attention.out", N * A, Elem::act);  // the attention core's output, o_proj's input
+        out.save("attention.lse", lse);
+    } else {  // recomputed before the backward: one for all layers and slots
+        out.scratch("attention.recomputed_out", N * A, Elem::act);
+        out.scratch("attention.recomputed_lse", lse);
+    }
+    out.scratch("attention.datt", N * A);
+    out.scratch("attention.dqkv", N * QKV);
+    out.scratch("attention.lse", lse);
+    out.operands(N * QKV);
+    BlockContext::declare_rope_table(out, d.HD, s.max_positions);
+    if (s.cp > 1) {  // the ring's K|V blocks and partial results
+        out.ring_kv = size_t(s.B) * s.T * d.NKVl * 2 * d.HD;
+        out.ring_out = N * A;
+        out.ring_lse = lse;
+    }
 }
 
 std::unique_ptr<AttentionBlock> make_mha_attention(BlockContext& ctx, const ParamTable& table, int layer) {

@@ -46,13 +46,23 @@ MlaShape mla_shape(const ModelConfig& m, const ModelDims& d) {
 
 // The compressed cache of generation: per past token [RMSNorm(c) | RoPE(kr)], Lw floats. (The
 // uncompressed alternative, quintet generate --kv-cache full, is a KvRowsCache of per-head K|V.)
+// It also holds the absorbed query and output of the rows being added (generation only).
 struct MlaLatentCache final : PositionedCache {
-    float* lat = nullptr;  // [max_len, Lw]
+    float* lat = nullptr;   // [max_len, Lw]
+    float* qlat = nullptr;  // [rows, NHl, Lw] the query in latent space
+    float* olat = nullptr;  // [rows, NHl * rkv] the output in latent space
     int width = 0;
-    MlaLatentCache(Backend& b, int max_len_, int width_) : PositionedCache(b, max_len_), width(width_) {
+    MlaLatentCache(Backend& b, int max_len_, int width_, size_t q_floats, size_t o_floats)
+        : PositionedCache(b, max_len_), width(width_) {
         lat = be.alloc(size_t(max_len) * width);
+        qlat = be.alloc(q_floats);
+        olat = be.alloc(o_floats);
     }
-    ~MlaLatentCache() override { be.release(lat); }
+    ~MlaLatentCache() override {
+        be.release(lat);
+        be.release(qlat);
+        be.release(olat);
+    }
     size_t bytes_per_token() const override { return size_t(width) * sizeof(float); }
 };
 
@@ -92,50 +102,49 @@ public:
         rope_ = c_.rope_table(s_.dr, 1.0);
         const double ms = rope_mscale(c_.rope);
         scale_ = float(ms * ms / std::sqrt(double(s_.Dqk())));
-        const size_t N = size_t(c_.N), R = size_t(R_);
-        kr_ = c_.scratch("mla.kr", R * s_.dr);
-        kvb_ = c_.scratch("mla.kvb", R * s_.KVBw());
-        stage_ = c_.scratch("mla.stage", std::max(R * s_.rkv, N * std::max(s_.rq, s_.Aw())));
-        datt_ = c_.scratch("mla.datt", N * s_.Aw());
-        dq_ = c_.scratch("mla.dq", N * s_.Qw());
-        dk_ = c_.scratch("mla.dk", R * s_.Qw());
-        dv_ = c_.scratch("mla.dv", R * s_.Aw());
-        dkr_ = c_.scratch("mla.dkr", R * s_.dr);
-        dc_ = c_.scratch("mla.dc", R * s_.rkv);
-        dcn_ = c_.scratch("mla.dcn", R * std::max(s_.rkv, s_.rq));
-        lse_scratch_ = c_.scratch("mla.lse", size_t(c_.B) * s_.NHl * c_.T);
+        const BufferViews& sh = c_.shared();
+        kr_ = sh.f32("mla.kr");
+        kvb_ = sh.f32("mla.kvb");
+        stage_ = sh.f32("mla.stage");
+        datt_ = sh.f32("mla.datt");
+        dq_ = sh.f32("mla.dq");
+        dk_ = sh.f32("mla.dk");
+        dv_ = sh.f32("mla.dv");
+        dkr_ = sh.f32("mla.dkr");
+        dc_ = sh.f32("mla.dc");
+        dcn_ = sh.f32("mla.dcn");
+        lse_scratch_ = sh.f32("mla.lse");
         if (latent_) {
-            lat_ = c_.scratch("mla.latent", N * s_.Lw());
-            lat_all_ = c_.scratch("mla.latent_all", R * s_.Lw());
+            lat_ = sh.f32("mla.latent");
+            lat_all_ = sh.f32("mla.latent_all");
         }
-        if (c_.bf16()) att32_ = c_.scratch("mla.att_fp32", N * s_.Aw());
-        c_.reserve_lowp(std::max({N * s_.C, N * s_.Qw(), R * s_.KVBw(), R * s_.rkv, N * s_.rq, N * s_.Aw()}));
+        if (c_.bf16()) att32_ = sh.f32("mla.att_fp32");
         if (c_.recompute == Recompute::selective) {
-            att_ws_ = c_.act_shared("mla.recomputed_out", N * s_.Aw());
-            lse_ws_ = c_.scratch("mla.recomputed_lse", size_t(c_.B) * s_.NHl * c_.T);
+            att_ws_ = sh.act("mla.recomputed_out");
+            lse_ws_ = sh.f32("mla.recomputed_lse");
         }
     }
 
-    void add_slot() override {
-        const size_t N = size_t(c_.N), R = size_t(R_);
+    // What the kind keeps (mla_declare_buffers below says how large).
+    void add_slot(const BufferViews& v) override {
         Saved s;
         if (s_.rq > 0) {
-            s.qa = c_.buf(N * s_.rq, true);
-            s.qa_rstd = c_.buf(N, true);
-            s.qan = c_.act(N * s_.rq);
+            s.qa = v.f32("mla.qa");
+            s.qa_rstd = v.f32("mla.qa_rstd");
+            s.qan = v.act("mla.qa_normed");
         }
-        s.q = c_.buf(N * s_.Qw(), true);
-        s.c = c_.buf(R * s_.rkv, true);
-        s.c_rstd = c_.buf(R, true);
-        s.cn = c_.act(R * s_.rkv);
-        s.k = c_.buf(R * s_.Qw(), true);
-        s.v = c_.buf(R * s_.Aw(), true);
+        s.q = v.f32("mla.q");
+        s.c = v.f32("mla.c");
+        s.c_rstd = v.f32("mla.c_rstd");
+        s.cn = v.act("mla.c_normed");
+        s.k = v.f32("mla.k");
+        s.v = v.f32("mla.v");
         if (c_.recompute == Recompute::selective) {
             s.att = att_ws_;
             s.lse = lse_ws_;
         } else {
-            s.att = c_.act(N * s_.Aw());
-            s.lse = c_.buf(size_t(c_.B) * s_.NHl * c_.T, true);
+            s.att = v.act("mla.out");
+            s.lse = v.f32("mla.lse");
         }
         slots_.push_back(s);
     }
@@ -275,10 +284,8 @@ public:
     std::unique_ptr<KvCache> make_cache(int max_len, bool full_kv) const override {
         QUINTET_CHECK(c_.d.tp == 1, "generation runs on one rank (tp = 1)");
         if (full_kv) return std::make_unique<KvRowsCache>(c_.be, max_len, s_.Qw(), s_.Aw());
-        // The absorbed query and output of the latent cache (generation only; not in training).
-        qlat_ = c_.scratch("mla.qlat", size_t(c_.N) * s_.NHl * s_.Lw());
-        olat_ = c_.scratch("mla.olat", size_t(c_.N) * s_.NHl * s_.rkv);
-        return std::make_unique<MlaLatentCache>(c_.be, max_len, s_.Lw());
+        return std::make_unique<MlaLatentCache>(c_.be, max_len, s_.Lw(), size_t(c_.N) * s_.NHl * s_.Lw(),
+                                                size_t(c_.N) * s_.NHl * s_.rkv);
     }
 
 private:
@@ -363,7 +370,7 @@ private:
         // Absorb kv_b's key half into the query: q_lat[h] = [q_nope[h] W_kb[h] | RoPE(q_rope[h])],
         // so that q_lat[h] . [cn | kr] = q_nope[h] . (W_kb[h] cn) + q_rope[h] . kr.
         const float* wkvb = params + wkvb_;
-        float* qlat = qlat_;  // [N, NHl, Lw]
+        float* qlat = lc.qlat;  // [N, NHl, Lw]
         for (int hh = 0; hh < NHl; ++hh) {
             const float* wkb = wkvb + size_t(hh) * (dn + dv) * rkv;  // rows [h(dn+dv), h(dn+dv)+dn)
             c_.be.gemm(false, false, N, rkv, dn, 1.0f, s.q + size_t(hh) * s_.Dqk(), s_.Qw(), wkb, rkv, 0.0f,
@@ -380,7 +387,7 @@ private:
         a.scale = scale_;  // the scale of the uncompressed head dims, 1/sqrt(nope + rope)
         a.causal = true;
         a.q_pos = tok.pos, a.k_pos = lc.pos;
-        float* olat = olat_;  // [N, NHl * rkv]
+        float* olat = lc.olat;  // [N, NHl * rkv]
         c_.be.attention_forward(olat, lse_scratch_, qlat, lc.lat, lc.lat, a);
         // Absorb kv_b's value half into the output: out[h] = o_lat[h] W_vb[h]^T.
         for (int hh = 0; hh < NHl; ++hh) {
@@ -401,7 +408,6 @@ private:
     BlockContext::RopeTable rope_{};
     float *kr_, *kvb_, *stage_, *datt_, *dq_, *dk_, *dv_, *dkr_, *dc_, *dcn_, *lse_scratch_;
     float *lat_ = nullptr, *lat_all_ = nullptr, *att32_ = nullptr;
-    mutable float *qlat_ = nullptr, *olat_ = nullptr;
     Act att_ws_;
     float* lse_ws_ = nullptr;
     std::vector<Saved> slots_;
@@ -439,6 +445,54 @@ void mla_add_params(const ModelConfig& m, ParamBuilder& b, int layer) {
     b.add(ParamBuilder::col_shard(p + "o_proj.weight", s.C, s.NH * s.dv, s.Aw(), s.h0 * s.dv,
                                   InitRule::out_proj),
           held, true);
+}
+
+void mla_declare_buffers(const ModelConfig& m, const ModelDims& d, const BufferShape& s, BufferDecl& out) {
+    const MlaShape sh = mla_shape(m, d);
+    const bool latent = s.mla_latent && s.cp > 1;
+    const size_t N = size_t(s.N), R = latent ? size_t(s.cp) * N : N;  // key rows expanded on this rank
+    const size_t lse = size_t(s.B) * sh.NHl * s.T;
+    if (sh.rq > 0) {
+        out.save("mla.qa", N * sh.rq);  // q_a(x), the q norm's input
+        out.save("mla.qa_rstd", N);
+        out.save("mla.qa_normed", N * sh.rq, Elem::act);  // q_b's input
+    }
+    out.save("mla.q", N * sh.Qw());       // per head [q_nope | RoPE(q_rope)]
+    out.save("mla.c", R * sh.rkv);        // the latent before its norm
+    out.save("mla.c_rstd", R);
+    out.save("mla.c_normed", R * sh.rkv, Elem::act);  // kv_b's input
+    out.save("mla.k", R * sh.Qw());       // per head [k_nope | RoPE(kr)]
+    out.save("mla.v", R * sh.Aw());
+    if (s.recompute != Recompute::selective) {
+        out.save("mla.out", N * sh.Aw(), Elem::act);  // o_proj's input
+        out.save("mla.lse", lse);
+    } else {
+        out.scratch("mla.recomputed_out", N * sh.Aw(), Elem::act);
+        out.scratch("mla.recomputed_lse", lse);
+    }
+    out.scratch("mla.kr", R * sh.dr);
+    out.scratch("mla.kvb", R * sh.KVBw());
+    out.scratch("mla.stage", std::max(R * sh.rkv, N * size_t(std::max(sh.rq, sh.Aw()))));
+    out.scratch("mla.datt", N * sh.Aw());
+    out.scratch("mla.dq", N * sh.Qw());
+    out.scratch("mla.dk", R * sh.Qw());
+    out.scratch("mla.dv", R * sh.Aw());
+    out.scratch("mla.dkr", R * sh.dr);
+    out.scratch("mla.dc", R * sh.rkv);
+    out.scratch("mla.dcn", R * size_t(std::max(sh.rkv, sh.rq)));
+    out.scratch("mla.lse", lse);
+    if (latent) {
+        out.scratch("mla.latent", N * sh.Lw());
+        out.scratch("mla.latent_all", R * sh.Lw());
+    }
+    if (s.bf16) out.scratch("mla.att_fp32", N * sh.Aw());
+    out.operands(std::max({N * sh.C, N * sh.Qw(), R * sh.KVBw(), R * sh.rkv, N * sh.rq, N * sh.Aw()}));
+    BlockContext::declare_rope_table(out, sh.dr, s.max_positions);
+    if (s.cp > 1) {  // ring: per-head K|V blocks (ring mode); partial results (both modes)
+        if (!latent) out.ring_kv = size_t(s.B) * s.T * sh.NHl * size_t(sh.Dqk() + sh.dv);
+        out.ring_out = N * sh.Aw();
+        out.ring_lse = lse;
+    }
 }
 
 std::unique_ptr<AttentionBlock> make_mla_attention(BlockContext& ctx, const ModelConfig& m,

@@ -30,7 +30,7 @@ ModelDims model_dims(const ModelConfig& m, int tp, int tp_rank) {
     const bool mla = m.attention == "mla";
     d.Dqk = mla ? m.qk_nope_dim + m.qk_rope_dim : d.HD;
     d.Dv = mla ? m.v_head_dim : d.HD;
-    d.F = m.ffn_dim > 0 ? m.ffn_dim : ((8 * m.d_model / 3 + 63) / 64) * 64;
+    d.F = m.ffn_width();
     d.tied = m.tie_embeddings;
     d.tp = tp;
     d.tp_rank = tp_rank;
@@ -43,12 +43,10 @@ ModelDims model_dims(const ModelConfig& m, int tp, int tp_rank) {
     return d;
 }
 
-std::vector<ChunkPlan> stage_chunks(int L, int pp, int v, int stage, const std::string& pp_layers) {
+std::vector<ChunkPlan> stage_chunks(int L, int pp, int v, int stage, const std::vector<int>& pp_layers) {
     std::vector<int> counts;
     if (!pp_layers.empty() && v == 1) {
-        std::stringstream s(pp_layers);
-        std::string item;
-        while (std::getline(s, item, ',')) counts.push_back(std::stoi(item));
+        counts = pp_layers;
     } else {
         counts.assign(size_t(pp) * v, L / (pp * v));
     }
@@ -69,7 +67,7 @@ std::vector<ChunkPlan> stage_chunks(int L, int pp, int v, int stage, const std::
 
 ShardPlan whole_model_plan(const ModelConfig& m) {
     ShardPlan p;
-    p.chunks = stage_chunks(m.n_layers, 1, 1, 0, "");
+    p.chunks = stage_chunks(m.n_layers, 1, 1, 0, {});
     return p;
 }
 

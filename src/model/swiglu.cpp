@@ -19,17 +19,14 @@ public:
         QUINTET_CHECK(table.offset_of(p + "up_proj.weight") == wgu_ + size_t(F_) * c_.d.C,
                       "gate_proj and up_proj are not adjacent in the arena");
         wdown_ = table.offset_of(p + "down_proj.weight");
-        const size_t N = size_t(c_.N);
-        dgu_ = c_.scratch("ffn.dgu", N * 2 * F_);
-        dact_ = c_.scratch("ffn.dact", N * F_);
-        c_.reserve_lowp(N * 2 * F_);
+        dgu_ = c_.shared().f32("ffn.dgu");
+        dact_ = c_.shared().f32("ffn.dact");
     }
 
-    void add_slot() override {
-        const size_t N = size_t(c_.N);
+    void add_slot(const BufferViews& v) override {
         Saved s;
-        s.gu = c_.buf(N * 2 * F_, true);
-        s.act = c_.act(N * F_);
+        s.gu = v.f32("ffn.gate_up");
+        s.act = v.act("ffn.act");
         slots_.push_back(s);
     }
 
@@ -101,6 +98,15 @@ void swiglu_add_params(ParamBuilder& b, int layer) {
     b.add(ParamBuilder::col_shard(p + "down_proj.weight", d.C, d.F, d.Fl, d.tp_rank * d.Fl,
                                   InitRule::out_proj),
           held, true);
+}
+
+void swiglu_declare_buffers(const ModelDims& d, const BufferShape& s, BufferDecl& out) {
+    const size_t N = size_t(s.N), F = size_t(d.Fl);
+    out.save("ffn.gate_up", N * 2 * F);        // gate | up, the SwiGLU's input
+    out.save("ffn.act", N * F, Elem::act);     // silu(gate) * up, down_proj's input
+    out.scratch("ffn.dgu", N * 2 * F);
+    out.scratch("ffn.dact", N * F);
+    out.operands(N * 2 * F);
 }
 
 std::unique_ptr<FeedForwardBlock> make_swiglu_feed_forward(BlockContext& ctx, const ParamTable& table,

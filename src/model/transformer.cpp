@@ -8,6 +8,77 @@
 
 namespace quintet {
 
+size_t ChunkBuffers::largest_layer_bytes() const {
+    size_t b = 0;
+    for (size_t i = 0; i < layer.size(); ++i) b = std::max(b, layer_bytes(i));
+    return b;
+}
+
+size_t ChunkBuffers::slot_bytes() const {
+    size_t b = layout_bytes(own, bf16);
+    if (!full_recompute)
+        for (size_t i = 0; i < layer.size(); ++i) b += layer_bytes(i);
+    return b;
+}
+
+size_t ChunkBuffers::workspace_bytes() const {
+    if (!full_recompute || layer.empty()) return 0;
+    return layout_bytes(workspace_own, bf16) + largest_layer_bytes();
+}
+
+ChunkBuffers chunk_buffers(const ModelConfig& m, const ModelDims& d, const ChunkPlan& plan, const BufferShape& s,
+                           bool documents) {
+    ChunkBuffers cb;
+    cb.bf16 = s.bf16;
+    cb.full_recompute = s.recompute == Recompute::full;
+    const size_t N = size_t(s.N), Nr = size_t(s.Nr), C = size_t(d.C);
+    BufferDecl own;
+    const int nl = plan.layer_end - plan.layer_begin;
+    for (int i = 0; i <= nl; ++i) own.save("res." + std::to_string(i), Nr * C);  // each layer's input, the output
+    if (plan.last) {
+        own.save("final.rstd", Nr);
+        own.save("final.x", Nr * C, Elem::act);  // the final norm's output, the head's input
+        own.save("logits", N * size_t(d.Vl()));  // then grad_scale * dloss/dlogits
+    } else {
+        own.save("dout", Nr * C);  // the next stage's gradient
+    }
+    own.save("dres", Nr * C);
+    if (plan.first) own.save("ids", N, Elem::i32);
+    own.save("pos_all", size_t(s.cp) * N, Elem::i32);
+    own.save("rope_pos", N, Elem::i32);
+    if (documents) own.save("doc_all", size_t(s.cp) * N, Elem::i32);
+    cb.own = own.saved;
+    BufferDecl shared;
+    BlockContext::declare(d, s, shared);
+    shared.scratch("targets", N, Elem::i32);
+    if (plan.last && s.bf16) shared.operands(N * size_t(d.Vl()));
+    for (int l = plan.layer_begin; l < plan.layer_end; ++l) {
+        BufferDecl layer;
+        layer.save("norm.rstd1", Nr);
+        layer.save("norm.xn1", Nr * C, Elem::act);
+        layer.save("norm.h", Nr * C);
+        layer.save("norm.rstd2", Nr);
+        layer.save("norm.xn2", Nr * C, Elem::act);
+        BufferDecl attn, ffn;
+        attention_declare_buffers(m, d, s, l, attn);
+        feed_forward_declare_buffers(m, d, s, l, ffn);
+        for (const BufferDecl* b : {&attn, &ffn}) {
+            layer.saved.insert(layer.saved.end(), b->saved.begin(), b->saved.end());
+            merge_shared(shared.shared, b->shared, s.bf16);
+            shared.operands(b->operand);
+            cb.ring_kv = std::max(cb.ring_kv, b->ring_kv);
+            cb.ring_out = std::max(cb.ring_out, b->ring_out);
+            cb.ring_lse = std::max(cb.ring_lse, b->ring_lse);
+            cb.exchange = std::max(cb.exchange, b->exchange);
+        }
+        cb.layer.push_back(layer.saved);
+    }
+    if (cb.full_recompute && nl > 0) cb.workspace_own.push_back({"recompute_out", Nr * C, Elem::f32});
+    if (s.bf16) shared.scratch("ctx.lowp", shared.operand, Elem::bf16);
+    cb.shared = shared.shared;
+    return cb;
+}
+
 ModelChunk::ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope,
                        const ParamTable& table, const ChunkPlan& plan, TensorParallel& tp, int B,
                        int T, ChunkOptions opt)
@@ -23,6 +94,21 @@ ModelChunk::ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope
     QUINTET_CHECK(!(docs_ || doc_positions_) || eos_id_ >= 0, "document masks need an eos id");
     eps_ = float(m.norm_eps);
     const ModelDims& d = ctx_.d;
+    // The activation memory the blocks declare, laid out: the shared arena now, slots on demand.
+    BufferShape shape;
+    shape.B = B, shape.T = ctx_.T, shape.N = ctx_.N, shape.Nr = ctx_.Nr;
+    shape.bf16 = ctx_.bf16(), shape.sp = tp.sp(), shape.recompute = opt.recompute;
+    shape.cp = cp_size_, shape.mla_latent = opt.cp && opt.cp->mla_kv == MlaKv::latent;
+    shape.ep = opt.ep ? opt.ep->size() : 1;
+    shape.max_positions = ctx_.max_positions;
+    buffers_ = chunk_buffers(m, d, plan_, shape, docs_);
+    const BufferViews shared(buffers_.shared, arena(buffers_.shared_bytes()), ctx_.bf16());
+    size_t operand = 0;
+    for (const auto& b : buffers_.shared)
+        if (b.name == "ctx.lowp") operand = b.n;
+    ctx_.bind(shared, operand);
+    if (cp_) cp_->reserve(buffers_.ring_kv, buffers_.ring_out, buffers_.ring_lse);
+    if (opt.ep && buffers_.exchange > 0) opt.ep->reserve(buffers_.exchange);
     if (plan_.first) wte_ = table.offset_of("model.embed_tokens.weight");
     for (int l = plan_.layer_begin; l < plan_.layer_end; ++l) {
         const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -37,80 +123,83 @@ ModelChunk::ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope
         norm_ = table.offset_of("model.norm.weight");
         head_ = table.find("lm_head.weight") ? table.offset_of("lm_head.weight")
                                              : table.offset_of("model.embed_tokens.weight");
-        ctx_.reserve_lowp(size_t(ctx_.N) * d.Vl());
     }
-    tgt_ = be_.alloc_i32(size_t(ctx_.N));
+    tgt_ = shared.i32("targets");
     host_ids_.resize(size_t(ctx_.N));
     host_tgt_.resize(size_t(ctx_.N));
     losses_.resize(size_t(ctx_.N));
 }
 
 ModelChunk::~ModelChunk() {
-    be_.release_i32(tgt_);
-    for (auto& s : slots_) {
-        if (s.ids) be_.release_i32(s.ids);
-        be_.release_i32(s.pos_all);
-        be_.release_i32(s.rope_pos);
-        if (s.doc_all) be_.release_i32(s.doc_all);
-    }
+    for (float* a : arenas_) be_.release(a);
+}
+
+void* ModelChunk::arena(size_t bytes) {
+    float* p = be_.alloc((bytes + sizeof(float) - 1) / sizeof(float));  // zeroed, 64-byte aligned
+    arenas_.push_back(p);
+    return p;
 }
 
 void ModelChunk::set_bf16_weights(const float* master, const bf16_bits* shadow) {
     ctx_.set_bf16_weights(master, shadow);
 }
 
-ModelChunk::LayerSaved ModelChunk::make_layer_saved() {
-    const size_t Nr = size_t(ctx_.Nr), C = size_t(ctx_.d.C);
+ModelChunk::LayerSaved ModelChunk::layer_saved(const BufferViews& v) {
     LayerSaved l;
-    l.rstd1 = ctx_.buf(Nr, true);
-    l.xn1 = ctx_.act(Nr * C);
-    l.h = ctx_.buf(Nr * C, true);
-    l.rstd2 = ctx_.buf(Nr, true);
-    l.xn2 = ctx_.act(Nr * C);
+    l.rstd1 = v.f32("norm.rstd1");
+    l.xn1 = v.act("norm.xn1");
+    l.h = v.f32("norm.h");
+    l.rstd2 = v.f32("norm.rstd2");
+    l.xn2 = v.act("norm.xn2");
     return l;
 }
 
 int ModelChunk::add_slot() {
-    const size_t N = size_t(ctx_.N), Nr = size_t(ctx_.Nr), C = size_t(ctx_.d.C);
+    const size_t N = size_t(ctx_.N);
     const int nl = int(layers_.size());
+    const bool bf16 = ctx_.bf16();
     if (full_recompute_ && ws_layers_.empty() && nl > 0) {
         // One layer's activations, shared by every layer (each is recomputed before its
-        // backward): the first layer records its buffers, the others get the same ones.
-        const size_t before = ctx_.slot_floats;
+        // backward): every layer's views start at the same place of the workspace.
+        char* ws = static_cast<char*>(arena(buffers_.workspace_bytes()));
+        const BufferViews own(buffers_.workspace_own, ws, bf16);
+        recompute_out_ = own.f32("recompute_out");
+        char* base = ws + layout_bytes(buffers_.workspace_own, bf16);
         for (int i = 0; i < nl; ++i) {
-            ctx_.share_begin(i == 0);
-            ws_layers_.push_back(make_layer_saved());
-            layers_[size_t(i)].attn->add_slot();
-            layers_[size_t(i)].ffn->add_slot();
-            ctx_.share_end();
+            const BufferViews v(buffers_.layer[size_t(i)], base, bf16);
+            ws_layers_.push_back(layer_saved(v));
+            layers_[size_t(i)].attn->add_slot(v);
+            layers_[size_t(i)].ffn->add_slot(v);
         }
-        recompute_out_ = ctx_.buf(Nr * C, false);
-        workspace_floats_ = ctx_.slot_floats - before + Nr * C;
     }
-    const size_t before = ctx_.slot_floats;
+    char* at = static_cast<char*>(arena(buffers_.slot_bytes()));
+    const BufferViews own(buffers_.own, at, bf16);
+    at += layout_bytes(buffers_.own, bf16);
     Slot s;
-    for (int i = 0; i <= nl; ++i) s.res.push_back(ctx_.buf(Nr * C, true));
+    for (int i = 0; i <= nl; ++i) s.res.push_back(own.f32("res." + std::to_string(i)));
     if (!full_recompute_)
         for (int i = 0; i < nl; ++i) {
-            s.layers.push_back(make_layer_saved());
-            layers_[size_t(i)].attn->add_slot();
-            layers_[size_t(i)].ffn->add_slot();
+            const BufferViews v(buffers_.layer[size_t(i)], at, bf16);
+            at += buffers_.layer_bytes(size_t(i));
+            s.layers.push_back(layer_saved(v));
+            layers_[size_t(i)].attn->add_slot(v);
+            layers_[size_t(i)].ffn->add_slot(v);
         }
     if (plan_.last) {
-        s.rstd_f = ctx_.buf(Nr, true);
-        s.xf = ctx_.act(Nr * C);
-        s.logits = ctx_.buf(N * ctx_.d.Vl(), true);
+        s.rstd_f = own.f32("final.rstd");
+        s.xf = own.act("final.x");
+        s.logits = own.f32("logits");
     } else {
-        s.dout = ctx_.buf(Nr * C, true);
+        s.dout = own.f32("dout");
     }
-    s.dres = ctx_.buf(Nr * C, true);
-    if (plan_.first) s.ids = be_.alloc_i32(N);
+    s.dres = own.f32("dres");
+    if (plan_.first) s.ids = own.i32("ids");
     // Positions: each row's index in its sample (for every cp rank's rows), the same for RoPE;
     // documents (when masked) are set per microbatch.
     const size_t cp = size_t(cp_size_);
-    s.pos_all = be_.alloc_i32(cp * N);
-    s.rope_pos = be_.alloc_i32(N);
-    if (docs_) s.doc_all = be_.alloc_i32(cp * N);
+    s.pos_all = own.i32("pos_all");
+    s.rope_pos = own.i32("rope_pos");
+    if (docs_) s.doc_all = own.i32("doc_all");
     std::vector<int32_t> pos(cp * N);
     for (size_t j = 0; j < cp; ++j)
         for (size_t n = 0; n < N; ++n)
@@ -122,7 +211,6 @@ int ModelChunk::add_slot() {
     s.tok.pos_all = s.pos_all;
     s.tok.doc_all = s.doc_all;
     s.tok.doc = s.doc_all ? s.doc_all + size_t(cp_rank_) * N : nullptr;
-    slot_floats_ = ctx_.slot_floats - before;
     slots_.push_back(std::move(s));
     return int(slots_.size()) - 1;
 }
@@ -272,16 +360,14 @@ int ModelChunk::moe_experts() const {
     return e;
 }
 
-void ModelChunk::take_moe_counts(std::vector<double>& counts, int width) {
+void ModelChunk::take_moe_counts(MoeCounts& counts) {
     for (size_t i = 0; i < layers_.size(); ++i)
-        if (layers_[i].ffn->experts() > 0)
-            layers_[i].ffn->take_counts(counts.data() + size_t(plan_.layer_begin + int(i)) * width);
+        if (layers_[i].ffn->experts() > 0) layers_[i].ffn->take_counts(counts, plan_.layer_begin + int(i));
 }
 
-void ModelChunk::update_balance_bias(float* params, const std::vector<double>& counts, int width) {
+void ModelChunk::update_balance_bias(float* params, const MoeCounts& step) {
     for (size_t i = 0; i < layers_.size(); ++i)
-        if (layers_[i].ffn->experts() > 0)
-            layers_[i].ffn->update_bias(params, counts.data() + size_t(plan_.layer_begin + int(i)) * width);
+        if (layers_[i].ffn->experts() > 0) layers_[i].ffn->update_bias(params, step, plan_.layer_begin + int(i));
 }
 
 void ModelChunk::backward(int si, const float* params, float* grads, GradReadyHook* hook) {

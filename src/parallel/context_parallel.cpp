@@ -32,6 +32,20 @@ void ContextParallel::ensure(size_t floats) {
     cap_ = floats;
 }
 
+void ContextParallel::reserve(size_t kv, size_t out, size_t lse) {
+    if (kv > 0) ensure(kv);
+    if (out > part_cap_) {
+        if (part_out_) be_.release(part_out_);
+        part_out_ = be_.alloc(out);
+        part_cap_ = out;
+    }
+    if (lse > lse_cap_) {
+        if (part_lse_) be_.release(part_lse_);
+        part_lse_ = be_.alloc(lse);
+        lse_cap_ = lse;
+    }
+}
+
 void ContextParallel::pack(float* dst, const float* k, const float* v, const AttentionArgs& a,
                            int kw, int vw) {
     const size_t rows = size_t(a.B) * a.Tk, w = size_t(kw + vw);
@@ -40,7 +54,7 @@ void ContextParallel::pack(float* dst, const float* k, const float* v, const Att
 }
 
 ContextParallel::Transfer ContextParallel::post_send(const float* buf, size_t n, int tag) {
-    bytes += double(n) * sizeof(float);
+    counters.bytes += double(n) * sizeof(float);
     return {comm_.isend(buf, n, (rank_ + 1) % cp_, tag), false, now_s()};
 }
 
@@ -55,8 +69,8 @@ void ContextParallel::wait(Transfer& t, const char* what) {
     if (t.recv) comm_.wait_recv(t.handle, what);
     else comm_.wait(t.handle);
     const double t1 = now_s();
-    exposed_s += t1 - t0;
-    comm_s += t1 - t.posted;
+    counters.exposed_s += t1 - t0;
+    counters.seconds += t1 - t.posted;
     t.handle = -1;
 }
 
@@ -87,20 +101,15 @@ void ContextParallel::gather_rows(const float* local, float* all, size_t n) {
     QUINTET_PROFILE("comm.cp");
     const double t0 = now_s();
     comm_.all_gather(local, all, n);
-    const double t = now_s() - t0;
-    exposed_s += t;  // blocking: none of it hides
-    comm_s += t;
-    bytes += double(cp_ - 1) * double(n) * sizeof(float);  // each rank's rows reach cp-1 others
+    // Blocking: none of it hides. Each rank's rows reach cp-1 others.
+    counters.blocking(now_s() - t0, double(cp_ - 1) * double(n) * sizeof(float));
 }
 
 void ContextParallel::reduce_scatter_rows(const float* all, float* local, size_t n) {
     QUINTET_PROFILE("comm.cp");
     const double t0 = now_s();
     comm_.reduce_scatter_sum(all, local, n);
-    const double t = now_s() - t0;
-    exposed_s += t;
-    comm_s += t;
-    bytes += double(cp_ - 1) * double(n) * sizeof(float);
+    counters.blocking(now_s() - t0, double(cp_ - 1) * double(n) * sizeof(float));
 }
 
 void ContextParallel::attention_forward_gathered(float* out, float* lse, const float* q,

@@ -24,10 +24,16 @@ ExpertParallel::ExpertParallel(const Communicator& ep, Backend& be, int experts)
 
 ExpertParallel::~ExpertParallel() {
     if (staging_) be_.release(staging_);
-    for (int32_t* p : owned_) be_.release_i32(p);
 }
 
-void ExpertParallel::prepare(ExpertExchange& x, int max_rows, int C) {
+void ExpertParallel::reserve(size_t floats) {
+    if (floats <= staging_n_) return;
+    if (staging_) be_.release(staging_);
+    staging_ = be_.alloc(floats);
+    staging_n_ = floats;
+}
+
+void ExpertParallel::prepare(ExpertExchange& x, int max_rows, int C, int32_t* to_source, int32_t* to_expert) {
     QUINTET_CHECK(size_t(max_rows) * size_t(C) <= size_t(INT_MAX),
                   "expert parallelism: a layer's rows exceed MPI's int counts");
     const size_t ep = size_t(ep_);
@@ -36,16 +42,9 @@ void ExpertParallel::prepare(ExpertExchange& x, int max_rows, int C) {
     x.send_expert.assign(ep * size_t(El_), 0), x.recv_expert.assign(ep * size_t(El_), 0);
     x.expert_rows.assign(size_t(El_), 0), x.expert_off.assign(size_t(El_), 0);
     x.C = C;
-    x.to_source = be_.alloc_i32(size_t(std::max(max_rows, 1)));
-    x.to_expert = be_.alloc_i32(size_t(std::max(max_rows, 1)));
-    owned_.push_back(x.to_source);
-    owned_.push_back(x.to_expert);
-    const size_t need = size_t(std::max(max_rows, 1)) * size_t(C);
-    if (need > staging_n_) {
-        if (staging_) be_.release(staging_);
-        staging_ = be_.alloc(need);
-        staging_n_ = need;
-    }
+    x.to_source = to_source;
+    x.to_expert = to_expert;
+    reserve(size_t(std::max(max_rows, 1)) * size_t(C));
     if (host_perm_.size() < size_t(max_rows)) {
         host_perm_.resize(size_t(max_rows));
         host_inv_.resize(size_t(max_rows));
@@ -94,7 +93,7 @@ void ExpertParallel::plan(ExpertExchange& x, const int* counts) {
     }
     be_.from_host_i32(x.to_source, host_perm_.data(), size_t(x.rows));
     be_.from_host_i32(x.to_expert, host_inv_.data(), size_t(x.rows));
-    dispatch_s += now_s() - t0;
+    dispatch_counters.blocking(now_s() - t0, 0);
 }
 
 void ExpertParallel::dispatch_start(const ExpertExchange& x, const float* sorted) {
@@ -103,9 +102,10 @@ void ExpertParallel::dispatch_start(const ExpertExchange& x, const float* sorted
     const double t0 = now_s();
     pending_ = comm_.iall_to_allv(sorted, x.sc.data(), x.sd.data(), staging_, x.rc.data(), x.rd.data());
     if (pending_ < 0) pending_ = -2;  // completed at once
+    double sent = 0;
     for (int g = 0; g < ep_; ++g)
-        if (g != rank_) bytes += double(x.sc[size_t(g)]) * sizeof(float);
-    dispatch_s += now_s() - t0;
+        if (g != rank_) sent += double(x.sc[size_t(g)]) * sizeof(float);
+    dispatch_counters.blocking(now_s() - t0, sent);
 }
 
 void ExpertParallel::dispatch_finish(const ExpertExchange& x, float* expert_major) {
@@ -115,7 +115,7 @@ void ExpertParallel::dispatch_finish(const ExpertExchange& x, float* expert_majo
     if (pending_ >= 0) comm_.wait_all_to_allv(pending_);
     pending_ = -1;
     be_.gather_rows(expert_major, staging_, x.to_source, x.rows, x.C);
-    dispatch_s += now_s() - t0;
+    dispatch_counters.blocking(now_s() - t0, 0);
 }
 
 void ExpertParallel::combine(const ExpertExchange& x, const float* expert_major, float* sorted) {
@@ -123,9 +123,10 @@ void ExpertParallel::combine(const ExpertExchange& x, const float* expert_major,
     const double t0 = now_s();
     be_.gather_rows(staging_, expert_major, x.to_expert, x.rows, x.C);
     comm_.all_to_allv(staging_, x.rc.data(), x.rd.data(), sorted, x.sc.data(), x.sd.data());
+    double sent = 0;
     for (int g = 0; g < ep_; ++g)
-        if (g != rank_) bytes += double(x.rc[size_t(g)]) * sizeof(float);
-    combine_s += now_s() - t0;
+        if (g != rank_) sent += double(x.rc[size_t(g)]) * sizeof(float);
+    combine_counters.blocking(now_s() - t0, sent);
 }
 
 }  // namespace quintet

@@ -15,16 +15,17 @@ float* TensorParallel::reduce(float* partial, float* shard, size_t rows, size_t 
     double t0 = now_s();
     const double S = double(rows) * C * sizeof(float);
     float* out;
+    double sent;
     if (sp_) {
         tp_.reduce_scatter_sum(partial, shard, rows / p * C);
-        bytes += S * (p - 1) / p;
+        sent = S * (p - 1) / p;
         out = shard;
     } else {
         tp_.all_reduce_sum(partial, rows * C);
-        bytes += 2 * S * (p - 1) / p;
+        sent = 2 * S * (p - 1) / p;
         out = partial;
     }
-    seconds += now_s() - t0;
+    counters.blocking(now_s() - t0, sent);
     return out;
 }
 
@@ -34,8 +35,7 @@ const float* TensorParallel::gather(const float* shard, float* full, size_t rows
     const int p = tp_.size();
     double t0 = now_s();
     tp_.all_gather(shard, full, rows / p * C);
-    bytes += double(rows) * C * sizeof(float) * (p - 1) / p;
-    seconds += now_s() - t0;
+    counters.blocking(now_s() - t0, double(rows) * C * sizeof(float) * (p - 1) / p);
     return full;
 }
 
@@ -49,8 +49,7 @@ const bf16_bits* TensorParallel::gather(const bf16_bits* shard, bf16_bits* full,
     double t0 = now_s();
     // A collective that only copies: the words are never interpreted as floats.
     tp_.all_gather(reinterpret_cast<const float*>(shard), reinterpret_cast<float*>(full), n / 2);
-    bytes += double(rows) * C * sizeof(bf16_bits) * (p - 1) / p;
-    seconds += now_s() - t0;
+    counters.blocking(now_s() - t0, double(rows) * C * sizeof(bf16_bits) * (p - 1) / p);
     return full;
 }
 
@@ -59,8 +58,7 @@ void TensorParallel::all_reduce_sum(float* x, size_t n) {
     if (tp_.size() == 1) return;
     double t0 = now_s();
     tp_.all_reduce_sum(x, n);
-    bytes += 2.0 * n * sizeof(float) * (tp_.size() - 1) / tp_.size();
-    seconds += now_s() - t0;
+    counters.blocking(now_s() - t0, 2.0 * n * sizeof(float) * (tp_.size() - 1) / tp_.size());
 }
 
 void TensorParallel::all_reduce_max(float* x, size_t n) {
@@ -68,8 +66,7 @@ void TensorParallel::all_reduce_max(float* x, size_t n) {
     if (tp_.size() == 1) return;
     double t0 = now_s();
     tp_.all_reduce_max(x, n);
-    bytes += 2.0 * n * sizeof(float) * (tp_.size() - 1) / tp_.size();
-    seconds += now_s() - t0;
+    counters.blocking(now_s() - t0, 2.0 * n * sizeof(float) * (tp_.size() - 1) / tp_.size());
 }
 
 }  // namespace quintet

@@ -1,9 +1,10 @@
 // The planner: the trainer's memory and traffic, derived from the deck (docs/planner.md).
 //
 // Parameters, gradients and optimizer moments come from the same parameter table the trainer
-// builds (model/params.cpp), so they are exact. Activations follow, buffer by buffer, what each
-// layer module keeps per microbatch in flight (BlockContext::buf(.., per_slot) in model/) and its
-// shared scratch; the number in flight per stage comes from simulating the schedule. Time is
+// builds (model/params.cpp); activations and communication buffers from the same declarations
+// of the layer modules, laid out the same way (model/buffers.hpp, chunk_buffers); the number of
+// microbatches in flight per stage from simulating the schedule. So memory is the trainer's
+// accounting exactly. Time is
 // compute at a share of the measured sgemm rate, plus each axis's bytes over the link, plus
 // the pipeline bubble.
 #include "quintet/perf/planner.hpp"
@@ -15,9 +16,11 @@
 #include <sstream>
 
 #include "quintet/core/error.hpp"
-#include "quintet/model/block.hpp"
 #include "quintet/model/config.hpp"
 #include "quintet/model/params.hpp"
+#include "quintet/model/transformer.hpp"
+#include "quintet/parallel/context_parallel.hpp"
+#include "quintet/parallel/expert_parallel.hpp"
 #include "quintet/parallel/pipeline_schedule.hpp"
 #include "quintet/deck/deck.hpp"
 #include "quintet/perf/host_peak.hpp"
@@ -31,107 +34,12 @@ namespace {
 // this project's CPU hosts (docs/planner.md "Compute").
 constexpr double kComputeEfficiency = 0.80;
 
-// What one pipeline chunk of one rank allocates, in floats (bf16 buffers count half).
-struct ChunkFloats {
-    double slot = 0;       // per microbatch in flight
-    double workspace = 0;  // once (full recompute's shared layer)
-    double scratch = 0;    // once: named scratch shared by the chunk's layers, operand buffers
-};
-
 struct Shape {
     double B, Tl, N, Nr, C;  // samples, local tokens per sample, rows, rows per tp rank (SP), width
     bool bf16, sp;
     Recompute recompute;
     int ep;
 };
-
-double act(const Shape& s, double n) { return s.bf16 ? std::ceil(n / 2) : n; }
-
-// Named scratch: one buffer per name per chunk, the largest any layer asked for.
-struct Scratch {
-    std::map<std::string, double> named;
-    double lowp = 0;  // bf16 operand staging (reserve_lowp), elements
-    void need(const std::string& name, double n) { named[name] = std::max(named[name], n); }
-    void need_lowp(double n) { lowp = std::max(lowp, n); }
-};
-
-// One layer's per-slot floats, and its scratch.
-double layer_slot_floats(const ModelConfig& m, const ModelDims& d, int layer, const Shape& s, Scratch& sc) {
-    const double N = s.N, Nr = s.Nr, C = s.C, B = s.B, T = s.Tl;
-    const bool sel = s.recompute == Recompute::selective;
-    double f = Nr + act(s, Nr * C) + Nr * C + Nr + act(s, Nr * C);  // norms' inputs, the residual h
-    if (m.attention == "mla") {
-        const double NHl = d.NHl, dn = m.qk_nope_dim, dr = m.qk_rope_dim, dv = m.v_head_dim;
-        const double rq = m.q_lora_rank, rkv = m.kv_lora_rank, R = N;
-        const double Qw = NHl * (dn + dr), Aw = NHl * dv, KVBw = NHl * (dn + dv), Lw = rkv + dr;
-        if (rq > 0) f += N * rq + N + act(s, N * rq);
-        f += N * Qw + R * rkv + R + act(s, R * rkv) + R * Qw + R * Aw;
-        if (!sel) f += act(s, N * Aw) + B * NHl * T;
-        sc.need("mla.kr", R * dr), sc.need("mla.kvb", R * KVBw);
-        sc.need("mla.stage", std::max(R * rkv, N * std::max(rq, Aw)));
-        sc.need("mla.datt", N * Aw), sc.need("mla.dq", N * Qw), sc.need("mla.dk", R * Qw);
-        sc.need("mla.dv", R * Aw), sc.need("mla.dkr", R * dr), sc.need("mla.dc", R * rkv);
-        sc.need("mla.dcn", R * std::max(rkv, rq)), sc.need("mla.lse", B * NHl * T);
-        if (s.bf16) sc.need("mla.att_fp32", N * Aw);
-        sc.need_lowp(std::max({N * C, N * Qw, R * KVBw, R * rkv, N * rq, N * Aw}));
-        if (sel) sc.need("mla.recomputed_out", act(s, N * Aw)), sc.need("mla.recomputed_lse", B * NHl * T);
-        (void)Lw;
-    } else {
-        const double QKV = d.qkv_local(), A = double(d.NHl) * d.HD;
-        f += N * QKV;
-        if (!sel) f += act(s, N * A) + B * d.NHl * T;
-        sc.need("attention.datt", N * A), sc.need("attention.dqkv", N * QKV);
-        sc.need("attention.lse", B * d.NHl * T);
-        sc.need_lowp(N * QKV);
-        if (sel) sc.need("attention.recomputed_out", act(s, N * A)), sc.need("attention.recomputed_lse", B * d.NHl * T);
-    }
-    if (moe_layer(m, layer)) {
-        const double E = m.moe.experts, k = m.moe.top_k, F = m.moe.ffn_dim > 0 ? m.moe.ffn_dim : d.F;
-        const double Fs = m.moe.shared_experts * F, R = Nr * k, El = E / s.ep;
-        const double Rx = s.ep > 1 ? s.ep * Nr * std::min(k, El) : R;  // the dropless worst case
-        f += Nr * E + R + (R + 1) * C + act(s, Rx * C) + Rx * 2 * F + act(s, Rx * F);
-        if (Fs > 0) f += Nr * 2 * Fs + act(s, Nr * Fs);
-        sc.need("moe.hn_fp32", Nr * C), sc.need("moe.xs_fp32", (R + 1) * C), sc.need("moe.logits", Nr * E);
-        sc.need("moe.dy", (R + 1) * C), sc.need("moe.dgu", Rx * 2 * F), sc.need("moe.dact", Rx * F);
-        sc.need("moe.dweight", Nr * k), sc.need("moe.stage", std::max(Rx * F, Nr * Fs));
-        if (Fs > 0) sc.need("moe.dgu_shared", Nr * 2 * Fs), sc.need("moe.dact_shared", Nr * Fs);
-        if (s.ep > 1) sc.need("moe.xe_fp32", Rx * C), sc.need("moe.dye", Rx * C);
-        sc.need_lowp(std::max({Rx * C, Rx * 2 * F, Nr * 2 * Fs, Nr * C, Nr * E}));
-    } else {
-        const double Fl = d.Fl;
-        f += N * 2 * Fl + act(s, N * Fl);
-        sc.need("ffn.dgu", N * 2 * Fl), sc.need("ffn.dact", N * Fl);
-        sc.need_lowp(N * 2 * Fl);
-    }
-    return f;
-}
-
-ChunkFloats chunk_floats(const ModelConfig& m, const ModelDims& d, const ChunkPlan& cp, const Shape& s) {
-    ChunkFloats r;
-    Scratch sc;
-    const double N = s.N, Nr = s.Nr, C = s.C;
-    const int nl = cp.layer_end - cp.layer_begin;
-    double layers = 0, largest = 0;
-    for (int l = cp.layer_begin; l < cp.layer_end; ++l) {
-        const double f = layer_slot_floats(m, d, l, s, sc);
-        layers += f;
-        largest = std::max(largest, f);
-    }
-    r.slot = (nl + 1) * Nr * C + Nr * C;  // residual stream at each layer boundary; dres
-    r.slot += cp.last ? Nr + act(s, Nr * C) + N * d.Vl() : Nr * C;  // final norm + logits | dout
-    if (s.recompute == Recompute::full) r.workspace = (nl > 0 ? largest : 0) + Nr * C;
-    else r.slot += layers;
-    // Scratch: the block context's full-width buffers and, with bf16, its operand staging.
-    r.scratch = 2 * N * C + Nr * C;
-    if (s.bf16) {
-        sc.need_lowp(N * C);
-        if (cp.last) sc.need_lowp(N * d.Vl());
-        r.scratch += std::ceil(sc.lowp / 2) + (s.sp ? std::ceil(N * C / 2) : 0);
-    }
-    for (const auto& [name, n] : sc.named) r.scratch += n;
-    r.scratch += 2 * s.Tl * d.HD;  // RoPE tables
-    return r;
-}
 
 ShardPlan plan_for(const Deck& deck, int stage, int edp) {
     const auto& p = deck.parallel;
@@ -230,27 +138,36 @@ PlanRow plan_layout(const Deck& deck_in, int world, const MachineModel& mm) {
             if (op == Op::forward) peak[c] = std::max(peak[c], ++now[c]);
             else if (op == Op::backward) --now[c];
         }
-        double act_floats = 0, stage_layers = 0, stage_moe = 0;
+        // Activations: what the blocks declare, laid out as each chunk lays it out
+        // (model/transformer.hpp chunk_buffers) -- the trainer's own accounting.
+        BufferShape bs;
+        bs.B = deck.data.micro_batch_size;
+        bs.T = deck.data.seq_len / p.cp;
+        bs.N = bs.B * bs.T;
+        bs.Nr = s.sp ? bs.N / p.tp : bs.N;
+        bs.bf16 = s.bf16, bs.sp = s.sp, bs.recompute = s.recompute;
+        bs.cp = p.cp, bs.mla_latent = p.cp > 1 && p.cp_mla_kv == "latent", bs.ep = p.ep;
+        bs.max_positions = deck.data.seq_len;
+        double act_bytes = 0, stage_layers = 0, stage_moe = 0;
+        size_t ring_kv = 0, ring_out = 0, ring_lse = 0, exchange = 0;
         bool last = false;
         for (size_t ci = 0; ci < sp.chunks.size(); ++ci) {
             const auto& c = sp.chunks[ci];
-            const ChunkFloats f = chunk_floats(m, d, c, s);
-            act_floats += double(peak[ci]) * f.slot + f.workspace + f.scratch;
+            const ChunkBuffers cb = chunk_buffers(m, d, c, bs, deck.data.document_mask);
+            act_bytes += double(peak[ci]) * double(cb.slot_bytes()) + double(cb.workspace_bytes()) +
+                         double(cb.shared_bytes());
+            ring_kv = std::max(ring_kv, cb.ring_kv), ring_out = std::max(ring_out, cb.ring_out);
+            ring_lse = std::max(ring_lse, cb.ring_lse), exchange = std::max(exchange, cb.exchange);
             stage_layers += c.layer_end - c.layer_begin;
             for (int l = c.layer_begin; l < c.layer_end; ++l) stage_moe += moe_layer(m, l) ? 1 : 0;
             last = last || c.last;
         }
-        mem.activations = act_floats * 4;
+        mem.activations = act_bytes;
         // Buffers: the pipeline's receive staging; the cp ring's K/V, dK/dV and partial outputs;
-        // the ep exchange's staging (worst case).
-        double buf = s.Nr * s.C;
-        if (p.cp > 1) {
-            const double kvw = double(d.NKVl) * (d.Dqk + d.Dv);
-            buf += 4 * s.B * s.Tl * kvw + s.B * s.Tl * d.NHl * d.Dv + s.B * d.NHl * s.Tl;
-        }
-        if (moe && p.ep > 1 && stage_moe > 0)
-            buf += p.ep * s.Nr * std::min<double>(m.moe.top_k, double(m.moe.experts) / p.ep) * s.C;
-        mem.buffers = buf * 4;
+        // the ep exchange's staging (all reserved while the model is built, as declared).
+        mem.buffers = double(bs.Nr) * s.C * sizeof(float);
+        if (p.cp > 1) mem.buffers += double(ContextParallel::buffer_bytes(ring_kv, ring_out, ring_lse));
+        if (p.ep > 1 && exchange > 0) mem.buffers += double(ExpertParallel::buffer_bytes(exchange));
         mem.runtime = mm.runtime_base_bytes + mm.data_bytes;
         mem.total = mem.params + mem.grads + mem.optimizer + mem.activations + mem.buffers + mem.runtime;
         // Compute of this stage, per microbatch: its layers' share and (last stage) the head,

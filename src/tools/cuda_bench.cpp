@@ -127,7 +127,7 @@ void bench_model(CudaBackend& be, const std::string& preset, const std::string& 
 
     MpiCommunicator self(MPI_COMM_SELF);
     TensorParallel tp(self, false);
-    ModelChunk model(be, m, rope, table, stage_chunks(m.n_layers, 1, 1, 0, "")[0], tp, B, T, ChunkOptions{prec});
+    ModelChunk model(be, m, rope, table, stage_chunks(m.n_layers, 1, 1, 0, {})[0], tp, B, T, ChunkOptions{prec});
     bf16_bits* shadow = nullptr;  // the trainer's bf16 copy of the weights, refreshed every step
     if (prec == Precision::bf16) {
         shadow = be.alloc_bf16(table.total);

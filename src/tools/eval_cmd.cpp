@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "quintet/core/error.hpp"
+#include "quintet/core/lists.hpp"
 #include "quintet/io/checkpoint.hpp"
 #include "quintet/io/h5.hpp"
 #include "quintet/io/token_data.hpp"
@@ -21,7 +22,9 @@
 #include "quintet/tools/commands.hpp"
 #include "quintet/deck/deck.hpp"
 #include "quintet/data/passkey.hpp"
-#include "quintet/train/trainer.hpp"
+#include "quintet/train/evaluator.hpp"
+#include "quintet/train/rank_model.hpp"
+#include "quintet/train/session.hpp"
 
 namespace po = boost::program_options;
 
@@ -52,19 +55,11 @@ const char* kUsage =
     "\n";
 
 std::vector<int> parse_lengths(const std::string& s, int dflt) {
-    std::vector<int> out;
     if (s.empty()) return {dflt};
-    std::stringstream ss(s);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-        size_t pos = 0;
-        int v = 0;
-        try { v = std::stoi(item, &pos); } catch (...) { pos = 0; }
-        if (pos == 0 || pos != item.size() || v < 16)
-            throw ConfigError("eval: --passkey-lengths '" + s + "': expected a comma list of lengths >= 16");
-        out.push_back(v);
-    }
-    return out;
+    const auto v = parse_int_list(s);
+    if (!v || std::any_of(v->begin(), v->end(), [](int x) { return x < 16; }))
+        throw ConfigError("eval: --passkey-lengths '" + s + "': expected a comma list of lengths >= 16");
+    return *v;
 }
 
 void write_vector_h5(const std::string& path, const std::vector<std::pair<std::string, std::vector<double>>>& cols,
@@ -188,36 +183,35 @@ int eval_main(int argc, char** argv, MPI_Comm world_handle) {
     deck.data.path = data;
     deck.checkpoint.resume = "none";
     deck.checkpoint.init_from = ckpt;  // for the trained-context rule of rope.original_max_position
-    TokenFile tokens = token_file_read(data);
-    deck.model.vocab_size = tokens.vocab_size;
-    if (deck.data.eos_id < 0) deck.data.eos_id = tokens.eos_id;
     if (deck.eval.batches < 1) deck.eval.batches = 1;
-    deck_validate(deck, size);
+    Session job(std::move(deck), world);
     // Every passkey length is checked on every rank before any work (a prompt must fit).
     const std::vector<int> passkey_lens =
-        passkey > 0 ? parse_lengths(passkey_lengths, deck.data.seq_len) : std::vector<int>{};
-    for (int len : passkey_lens) passkey_prompt(tokens.tokenizer, len, 0.0, 7, 0);
-    WeightsSource source = resolve_weights_source(deck, world);
-    const auto& par = deck.parallel;
-    const Layout layout = make_layout(size, par.tp, par.cp, par.pp, par.dp, par.ep);
-    deck.parallel.dp = layout.size[kDP];
-    const std::string text = deck_to_text(deck);
-    auto backend = make_cpu_backend(threads_per_rank(deck, world));
-    ProcessGrid grid(world, layout, deck.train.collective_timeout_s);
-    Trainer ev(deck, text, grid, *backend, tokens.tokens, TrainerMode::eval, source);
+        passkey > 0 ? parse_lengths(passkey_lengths, job.deck.data.seq_len) : std::vector<int>{};
+    for (int len : passkey_lens) passkey_prompt(job.data.tokenizer, len, 0.0, 7, 0);
+    job.resolve();
+    const ProcessGrid& grid = job.start_grid();
+    RankModel model(job.deck, grid, *job.backend);
+    const Sampler sampler(job.data.tokens, job.deck.data.val_fraction, job.deck.data.seq_len,
+                          job.deck.data.order == "random", uint64_t(job.deck.train.seed));
+    Evaluator ev(model, sampler);
     if (rank == 0)
-        for (const auto& w : source.warnings) std::fprintf(stderr, "quintet eval: warning: %s\n", w.c_str());
-    ev.load_weights(ckpt);
+        for (const auto& w : job.source.warnings) std::fprintf(stderr, "quintet eval: warning: %s\n", w.c_str());
+    model.load_weights(ckpt);
     std::vector<double> per_pos;
     const double loss = ev.evaluate(by_position.empty() ? nullptr : &per_pos);
-    const int T = deck.data.seq_len;
+    const Deck& deck_used = job.deck;
+    const std::string& text = job.deck_text;
+    const TokenFile& tokens = job.data;
+    Backend* backend = job.backend.get();
+    const int T = deck_used.data.seq_len;
     if (rank == 0 && !by_position.empty()) write_vector_h5(by_position, {{"/loss_by_position", per_pos}}, text);
 
     if (passkey > 0) {
         // Greedy retrieval on rank 0 with the KV-cache decoder over the whole model.
         if (rank == 0) {
             Tokenizer tok = tokens.tokenizer;
-            ModelConfig m = deck.model;
+            ModelConfig m = deck_used.model;
             ParamTable table = make_param_table(m);
             std::vector<float> params(table.total);
             checkpoint_inspect(ckpt, table, false);
@@ -230,7 +224,7 @@ int eval_main(int argc, char** argv, MPI_Comm world_handle) {
                 for (int i = 0; i < passkey; ++i) {
                     const double depth = passkey > 1 ? double(i) / double(passkey - 1) : 0.5;
                     PasskeyPrompt p = passkey_prompt(tok, len, depth, 7, uint64_t(i));
-                    Decoder dec(*backend, m, deck.rope, T, table, params, p.tokens + 16);
+                    Decoder dec(*backend, m, deck_used.rope, T, table, params, p.tokens + 16);
                     const bool hit = greedy_digits(dec, tok, p.prompt, p.tokens + 16) == p.key;
                     ok += hit;
                     const int bin = std::min(4, int(depth * 5));
@@ -253,7 +247,7 @@ int eval_main(int argc, char** argv, MPI_Comm world_handle) {
     }
     if (rank == 0) {
         std::printf("val_loss=%.8g seq_len=%d tokens=%lld\n", loss, T,
-                    (long long)deck.eval.batches * deck.data.micro_batch_size * T);
+                    (long long)deck_used.eval.batches * deck_used.data.micro_batch_size * T);
         std::fflush(stdout);
     }
     return 0;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "quintet/core/error.hpp"
+#include "quintet/core/lists.hpp"
 #include "quintet/io/token_data.hpp"
 #include "quintet/kernels/backend.hpp"
 #include "quintet/tools/commands.hpp"
@@ -55,14 +56,6 @@ double parse_number(const std::string& key, const std::string& v) {
     if (v.empty() || *end || !(x > 0))
         throw ConfigError("plan: " + key + " = '" + v + "': expected a positive number");
     return x;
-}
-
-std::vector<std::string> split(const std::string& s, char c) {
-    std::vector<std::string> out;
-    std::stringstream ss(s);
-    std::string item;
-    while (std::getline(ss, item, c)) out.push_back(item);
-    return out;
 }
 
 // This executable's path, for launching it under mpirun.
@@ -131,7 +124,7 @@ int plan_main(int argc, char** argv) {
             v = value("--sweep");
             const auto eq = v.find('=');
             const std::string key = v.substr(0, eq);
-            const auto vals = eq == std::string::npos ? std::vector<std::string>{} : split(v.substr(eq + 1), ',');
+            const auto vals = eq == std::string::npos ? std::vector<std::string>{} : split_list(v.substr(eq + 1), ',');
             if (vals.empty()) throw ConfigError("plan: --sweep '" + v + "': expected KEY=V1,V2,...");
             Deck probe;
             auto opts = deck_options(probe);

@@ -23,6 +23,8 @@
 #include <sstream>
 
 #include "quintet/core/error.hpp"
+#include "quintet/core/lists.hpp"
+#include "quintet/io/metrics_schema.hpp"
 #include "quintet/core/clock.hpp"
 #include "quintet/io/h5.hpp"
 #include "quintet/io/token_data.hpp"
@@ -79,27 +81,12 @@ const char* kStudyUsage =
     "  sbatch_flags = ...          extra sbatch flags for --submit slurm (partition, account, time)\n"
     "[vary] section: any deck key with a list, e.g. `data.micro_batch_size = 4, 8` (a grid).\n";
 
-std::vector<std::string> split_list(const std::string& s, char sep) {
-    std::vector<std::string> out;
-    std::string cur;
-    std::stringstream ss(s);
-    while (std::getline(ss, cur, sep)) {
-        const auto a = cur.find_first_not_of(" \t"), b = cur.find_last_not_of(" \t");
-        if (a != std::string::npos) out.push_back(cur.substr(a, b - a + 1));
-    }
-    return out;
-}
-
 std::vector<int> int_list(const std::string& key, const std::string& s) {
-    std::vector<int> v;
-    for (const auto& x : split_list(s, ',')) {
-        char* end = nullptr;
-        const long n = std::strtol(x.c_str(), &end, 10);
-        if (*end || n < 1) throw ConfigError("study deck key '" + key + "' = '" + s + "': expected positive integers, comma-separated");
-        v.push_back(int(n));
-    }
-    if (v.empty()) throw ConfigError("study deck key '" + key + "' is empty");
-    return v;
+    if (split_list(s, ',').empty()) throw ConfigError("study deck key '" + key + "' is empty");
+    const auto v = parse_int_list(s);
+    if (!v || std::any_of(v->begin(), v->end(), [](int n) { return n < 1; }))
+        throw ConfigError("study deck key '" + key + "' = '" + s + "': expected positive integers, comma-separated");
+    return *v;
 }
 
 struct Study {
@@ -413,20 +400,21 @@ RunResult read_run(const Study& st, const Case& c) {
     h5::silence_errors();
     h5::Handle f = h5::file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
     if (!f.valid()) return r;
-    r.step = h5::read_f64(f, "/train/step");
-    r.loss = h5::read_f64(f, "/train/loss");
-    r.grad_norm = h5::read_f64(f, "/train/grad_norm");
-    r.tps = h5::read_f64(f, "/train/tokens_per_s");
-    r.mfu = h5::read_f64(f, "/train/mfu");
-    r.mfu_matmul = h5::read_f64(f, "/train/mfu_matmul");
-    r.step_time = h5::read_f64(f, "/train/step_time_s");
-    r.expert_load = h5::read_f64(f, "/moe/expert_load");
-    for (const char* k : {"tp_comm", "cp_exposed", "dp_reduce", "ep_dispatch", "ep_combine", "pipeline_wait"})
-        r.timing[k] = h5::read_f64(f, std::string("/timing/") + k);
-    const char* cats[7] = {"params", "grads", "optimizer", "activations", "buffers", "runtime", "peak_rss"};
+    namespace ms = metrics_schema;
+    auto train = [&](const char* col) { return h5::read_f64(f, ms::path(ms::kTrain, col)); };
+    r.step = train(ms::kStep);
+    r.loss = train(ms::kLoss);
+    r.grad_norm = train(ms::kGradNorm);
+    r.tps = train(ms::kTokensPerS);
+    r.mfu = train(ms::kMfu);
+    r.mfu_matmul = train(ms::kMfuMatmul);
+    r.step_time = train(ms::kStepTime);
+    r.expert_load = h5::read_f64(f, ms::kExpertLoad);
+    for (const char* k : {ms::kTpComm, ms::kCpExposed, ms::kTimeDpReduce, ms::kEpDispatch, ms::kEpCombine, ms::kTimePipelineWait})
+        r.timing[k] = h5::read_f64(f, ms::path(ms::kTiming, k));
     std::vector<hsize_t> dims;
     std::vector<std::vector<double>> cols;
-    for (const char* k : cats) cols.push_back(h5::read_f64(f, std::string("/memory/") + k + "_bytes", &dims));
+    for (const char* k : ms::kMemoryCategories) cols.push_back(h5::read_f64(f, ms::memory_path(k), &dims));
     if (dims.size() == 2 && dims[0] > 0) {
         r.ranks = int(dims[1]);
         const size_t last = size_t(dims[0] - 1) * dims[1];

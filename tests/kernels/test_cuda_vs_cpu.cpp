@@ -485,7 +485,7 @@ void twenty_steps(Backend& cpu, CudaBackend& gpu, Precision prec) {
     ParamTable table = make_param_table(m);
     MpiCommunicator self(MPI_COMM_SELF);
     TensorParallel tp(self, false);
-    const ChunkPlan plan = stage_chunks(m.n_layers, 1, 1, 0, "")[0];
+    const ChunkPlan plan = stage_chunks(m.n_layers, 1, 1, 0, {})[0];
     ModelChunk model_c(cpu, m, rope, table, plan, tp, B, T, ChunkOptions{prec});
     ModelChunk model_g(gpu, m, rope, table, plan, tp, B, T, ChunkOptions{prec});
     ModelChunk model_ref(cpu, m, rope, table, plan, tp, B, T);  // fp32 on the CPU

@@ -53,7 +53,7 @@ void check(bool yarn, bool tied, const std::string& attention = "mha", bool full
     auto be = make_cpu_backend(1);
     MpiCommunicator self(MPI_COMM_SELF);
     TensorParallel tp(self, false);
-    ModelChunk full(*be, m, rope, table, stage_chunks(m.n_layers, 1, 1, 0, "")[0], tp, 1, T);
+    ModelChunk full(*be, m, rope, table, stage_chunks(m.n_layers, 1, 1, 0, {})[0], tp, 1, T);
     double expect = full.forward_loss(params.data(), ids.data(), tgt.data());
     Decoder dec(*be, m, rope, T, table, params, T, full_kv);
     // Bytes cached per token: MLA's latent [c_kv | k_rope] per layer, or K|V of every kv head.
@@ -78,7 +78,7 @@ void check(bool yarn, bool tied, const std::string& attention = "mha", bool full
         const int next = int(std::max_element(z->begin(), z->end()) - z->begin());
         // The uncached forward over the whole prefix at once (per-head K|V as in training): its
         // last row's argmax.
-        ModelChunk pre(*be, m, rope, table, stage_chunks(m.n_layers, 1, 1, 0, "")[0], tp, 1, t);
+        ModelChunk pre(*be, m, rope, table, stage_chunks(m.n_layers, 1, 1, 0, {})[0], tp, 1, t);
         auto fresh = pre.make_caches(t, true);
         const std::vector<float>& logits = pre.forward_cached(params.data(), seq.data(), 0, fresh);
         const int want = int(std::max_element(logits.begin(), logits.end()) - logits.begin());

@@ -45,7 +45,7 @@ struct Tiny {
             m.moe.balance = free ? "aux_free" : "aux_loss";
             m.moe.aux_coef = 0.5;  // large, so that the aux term's gradient shows
             m.moe.norm_topk = !free;
-            m.moe.layers = free ? "1" : "all";
+            m.moe.layers.parse(free ? "1" : "all");
             // moe_cap: a cap of ceil(0.5 * 2 * 18 / 4) = 5 of a microbatch's 36 choices per
             // expert; the dropped choices are fixed under the small FD steps, like the top-k.
             if (attention == "moe_cap") m.moe.capacity_factor = 0.5;
@@ -92,7 +92,7 @@ void check_model_gradient(bool tied, bool yarn, const std::string& kind = "mha")
     const int B = 2, T = 9, N = B * T;
     quintet::MpiCommunicator self(MPI_COMM_SELF);
     TensorParallel tp(self, false);
-    ModelChunk model(*be, c.m, c.rope, table, stage_chunks(c.m.n_layers, 1, 1, 0, "")[0], tp, B, T);
+    ModelChunk model(*be, c.m, c.rope, table, stage_chunks(c.m.n_layers, 1, 1, 0, {})[0], tp, B, T);
     std::vector<float> params(table.total), grads(table.total, 0.0f);
     init_params(params.data(), table, c.m, c.init, 42, 0, table.total);
     std::vector<int32_t> ids, tgt;
@@ -154,7 +154,7 @@ TEST(Model, Bf16FollowsFp32ToBf16Precision) {
         const int B = 2, T = 9, N = B * T;
         quintet::MpiCommunicator self(MPI_COMM_SELF);
         TensorParallel tp(self, false);
-        const ChunkPlan plan = stage_chunks(c.m.n_layers, 1, 1, 0, "")[0];
+        const ChunkPlan plan = stage_chunks(c.m.n_layers, 1, 1, 0, {})[0];
         ModelChunk f32(*be, c.m, c.rope, table, plan, tp, B, T);
         ModelChunk b16(*be, c.m, c.rope, table, plan, tp, B, T, ChunkOptions{Precision::bf16});
         std::vector<float> params(table.total), g32(table.total, 0.0f), g16(table.total, 0.0f);
@@ -195,7 +195,7 @@ TEST(Model, DocumentMaskEqualsEachDocumentAlone) {
         ParamTable table = make_param_table(c.m);
         quintet::MpiCommunicator self(MPI_COMM_SELF);
         TensorParallel tp(self, false);
-        const ChunkPlan plan = stage_chunks(c.m.n_layers, 1, 1, 0, "")[0];
+        const ChunkPlan plan = stage_chunks(c.m.n_layers, 1, 1, 0, {})[0];
         const int32_t eos = 16;
         const std::vector<int> lens = {5, 7, 4};  // A and B end with eos, C is cut off
         std::vector<int32_t> ids, tgt;
@@ -244,7 +244,7 @@ TEST(Model, RecomputationGivesTheSameBits) {
         ParamTable table = make_param_table(c.m);
         quintet::MpiCommunicator self(MPI_COMM_SELF);
         TensorParallel tp(self, false);
-        const ChunkPlan plan = stage_chunks(c.m.n_layers, 1, 1, 0, "")[0];
+        const ChunkPlan plan = stage_chunks(c.m.n_layers, 1, 1, 0, {})[0];
         const int B = 2, T = 9, N = B * T;
         std::vector<float> params(table.total);
         init_params(params.data(), table, c.m, c.init, 42, 0, table.total);

@@ -44,5 +44,5 @@ TEST(VocabParallel, CrossEntropyAndGradientEqualTheUnshardedOnes) {
         for (int i = 0; i < Vl; ++i)
             EXPECT_NEAR(shard[size_t(n) * Vl + i], ref[size_t(n) * V + r.lo + i], 1e-6) << n << "," << i;
     }
-    EXPECT_GT(tp.bytes, 0.0);  // statistics really went over the communicator
+    EXPECT_GT(tp.counters.bytes, 0.0);  // statistics really went over the communicator
 }

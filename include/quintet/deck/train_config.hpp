@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "quintet/model/config.hpp"
 
@@ -15,7 +16,7 @@ struct ParallelConfig {
     bool sequence_parallel = false;
     std::string schedule = "1f1b";
     int virtual_stages = 1;
-    std::string pp_layers = "";
+    std::vector<int> pp_layers;  // layers per pipeline stage; empty = the even split
     double bucket_mb = 25.0;     // DP gradient bucket size in MiB
     bool overlap_dp = true;      // bucket all-reduces overlap the backward (all-reduce mode)
     std::string cp_mla_kv = "ring";  // MLA under cp: ring of per-head K/V | latent all-gather

@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "quintet/kernels/backend.hpp"
+#include "quintet/model/buffers.hpp"
+#include "quintet/model/moe_counts.hpp"
 #include "quintet/model/params.hpp"
 #include "quintet/parallel/context_parallel.hpp"
 #include "quintet/parallel/expert_parallel.hpp"
@@ -30,22 +32,6 @@ namespace quintet {
 // activations: the saved inputs of the linear layers are stored only in bf16; the residual
 // stream, norms' statistics, attention's softmax and the loss stay fp32; gradients are fp32.
 enum class Precision { fp32, bf16 };
-
-// train.recompute: what the backward recomputes instead of keeping from the forward.
-//   selective: the attention core (its output and log-sum-exp), from the kept q|k|v;
-//   full:      whole layers, from their inputs (one layer's activations are kept, shared).
-enum class Recompute { none, selective, full };
-
-// A saved input of a linear layer: fp32 (f) or, in bf16 mode, bf16 only (b).
-struct Act {
-    float* f = nullptr;
-    bf16_bits* b = nullptr;
-};
-// A GEMM operand: its fp32 form (fp32 mode) or its bf16 form (bf16 mode).
-struct Mat {
-    const float* f = nullptr;
-    const bf16_bits* b = nullptr;
-};
 
 // The tokens of one microbatch as the blocks see them (backend int32 memory). Under context
 // parallelism a rank holds N = B * T/cp rows; the *_all arrays hold every cp rank's rows,
@@ -67,7 +53,6 @@ public:
     BlockContext(Backend& be, TensorParallel& tp, const ModelDims& d, int B, int T, Precision p,
                  const RopeConfig& rope, int rope_seq_len, int max_positions,
                  ContextParallel* cp = nullptr, Recompute recompute = Recompute::none);
-    ~BlockContext();
     BlockContext(const BlockContext&) = delete;
     BlockContext& operator=(const BlockContext&) = delete;
 
@@ -82,37 +67,27 @@ public:
     const Recompute recompute;
     bool bf16() const { return bf16_; }
 
+    // What the context itself uses of the chunk's shared arena (declare), and where it is once
+    // the chunk has laid it out (bind; before any block is made). `operand_n`: the elements of the
+    // bf16 operand staging, the widest any block declared.
+    static void declare(const ModelDims& d, const BufferShape& s, BufferDecl& out);
+    void bind(const BufferViews& shared, size_t operand_n);
+    const BufferViews& shared() const { return shared_; }  // every block's named scratch
+
     // RoPE cos/sin tables [max_positions, dim/2] over `dim` rotated columns, shared by the
-    // blocks; `amplitude` multiplies both (MHA folds YaRN's mscale in here).
+    // blocks; `amplitude` multiplies both (MHA folds YaRN's mscale in here). A block declares
+    // the tables it will ask for with declare_rope_table.
     struct RopeTable {
         const float* cos;
         const float* sin;
     };
     RopeTable rope_table(int dim, double amplitude);
+    static void declare_rope_table(BufferDecl& out, int dim, int max_positions);
 
-    // ---- memory owned by the chunk (freed with it) ----
-    // per_slot: counted in slot_floats (the activation memory of one microbatch in flight).
-    float* buf(size_t n, bool per_slot);
-    bf16_bits* buf_bf16(size_t n, bool per_slot);
-    int32_t* buf_i32(size_t n);
-    Act act(size_t n);  // per slot, in this chunk's precision
-    Act act_shared(const char* name, size_t n);  // one for all blocks, in the chunk's precision
-    size_t slot_floats = 0;
-    // Not per slot: scratch, operand staging, full-width buffers (in floats; bf16 counts half).
-    size_t work_floats = 0;
-    // Sharing per-slot buffers between layers (full recompute keeps one layer's activations):
-    // between share_begin(true) and share_end() per-slot allocations are recorded; between
-    // share_begin(false) and share_end() the same sequence of requests gets the recorded
-    // buffers back (a request that does not fit gets a buffer of its own).
-    void share_begin(bool record);
-    void share_end();
     // Shared scratch: one microbatch computes at a time, so blocks reuse these.
-    float* full_a;  // [N, C] gathered rows (SP), fp32 staging of a saved value
-    float* full_b;  // [N, C] partial sums before the tp reduction
-    float* dshard;  // [Nr, C] reduce-scatter output
-    // Named scratch shared by all blocks of the chunk that ask for at most its size (asked for
-    // while the chunk is built, so the steady state allocates nothing; a pointer stays valid).
-    float* scratch(const char* name, size_t n);
+    float* full_a = nullptr;  // [N, C] gathered rows (SP), fp32 staging of a saved value
+    float* full_b = nullptr;  // [N, C] partial sums before the tp reduction
+    float* dshard = nullptr;  // [Nr, C] reduce-scatter output
 
     // ---- GEMMs in the chunk's precision ----
     // Where a kernel writes a value to be saved as `a`: a.f, or fp32 scratch to be kept by keep().
@@ -142,7 +117,6 @@ public:
     // bf16 only: the GEMMs read shadow[i] = bf16(master[i]) for the arena `master`.
     void set_bf16_weights(const float* master, const bf16_bits* shadow);
     const float* master() const { return master_; }
-    void reserve_lowp(size_t n);  // the widest operand lowp() will round (bf16 only)
 
     // MoE's load-balancing loss: d(step loss)/d(this microbatch's aux) = aux_coef * aux_scale
     // (1 / the step's microbatches over all replicas; the trainer sets it). recomputing: the
@@ -160,38 +134,10 @@ private:
     bool bf16_ = false;
     const float* master_ = nullptr;  // bf16: the fp32 arena the shadow mirrors
     const bf16_bits* shadow_ = nullptr;
+    BufferViews shared_;
     bf16_bits *lowp_ = nullptr, *gather_bf16_ = nullptr;  // bf16 scratch: operands, SP gathers
     size_t lowp_n_ = 0;
-    std::vector<float*> owned_;
-    std::vector<bf16_bits*> owned_bf16_;
-    std::vector<int32_t*> owned_i32_;
-    struct Named {
-        std::string name;
-        float* p;
-        size_t n;
-    };
-    std::vector<Named> named_;
-    struct NamedBf16 {
-        std::string name;
-        bf16_bits* p;
-        size_t n;
-    };
-    std::vector<NamedBf16> named_bf16_;
-    struct Shared {
-        void* p;
-        size_t bytes;
-    };
-    std::vector<Shared> shared_;
-    int share_mode_ = 0;  // 0 off, 1 recording, 2 replaying
-    size_t share_at_ = 0;
-    void* shared_take(size_t bytes);
-    void shared_put(void* p, size_t bytes);
-    struct Table {
-        int dim;
-        double amplitude;
-        RopeTable t;
-    };
-    std::vector<Table> tables_;
+    std::vector<std::pair<int, double>> rope_filled_;  // tables filled so far: width, amplitude
 };
 
 // A generation cache for one attention block (quintet generate): what the block keeps of every
@@ -227,7 +173,8 @@ struct KvRowsCache final : PositionedCache {
 class AttentionBlock {
 public:
     virtual ~AttentionBlock() = default;
-    virtual void add_slot() = 0;  // saved activations for one more microbatch in flight
+    // The saved activations of one more microbatch in flight: views of what the kind declared.
+    virtual void add_slot(const BufferViews& saved) = 0;
     // xn: RMSNorm(x), this rank's rows, saved in the chunk's precision. With `cache` the rows
     // are new tokens of one sequence (B = 1) at positions tok.pos, which are appended to the
     // cache and attend to everything cached so far (no backward follows).
@@ -246,32 +193,28 @@ public:
 class FeedForwardBlock {
 public:
     virtual ~FeedForwardBlock() = default;
-    virtual void add_slot() = 0;
+    virtual void add_slot(const BufferViews& saved) = 0;
     virtual void forward(int slot, const float* params, const Act& hn, const float* h, float* y) = 0;
     virtual const float* backward(int slot, const float* params, float* grads, const Act& hn,
                                   const float* dy) = 0;
     // This microbatch's auxiliary loss (MoE load balancing), already weighted; 0 for dense.
     virtual double aux_loss(int slot) const { (void)slot; return 0.0; }
     // MoE: experts (0 for dense); what the block counted since it was last asked, added to
-    // out[moe_counts_width(E, ep)] (and reset); the aux-free bias moved from the global
-    // batch's loads load[E].
+    // layer `layer` of `out` (and reset); the aux-free bias moved from the global batch's loads
+    // (`step`, summed over every rank).
     virtual int experts() const { return 0; }
-    virtual void take_counts(double* out) { (void)out; }
-    virtual void update_bias(float* params, const double* load) { (void)params; (void)load; }
+    virtual void take_counts(MoeCounts& out, int layer) { (void)out, (void)layer; }
+    virtual void update_bias(float* params, const MoeCounts& step, int layer) { (void)params, (void)step, (void)layer; }
 };
 
-// The counts of one MoE layer over the training forwards of a step (recomputed forwards and
-// evaluations are not counted), per rank and, once the trainer has summed them, over all ranks:
-//   [0, E)     routing choices of each expert (before any capacity drop): /moe/expert_load
-//   E          choices dropped by moe.capacity_factor                   : /moe/dropped_tokens
-//   E+1, E+2   the raw aux E·Σ f_e P_e summed over microbatches, and how many: /moe/aux
-//   E+3        rows sent to another ep rank's experts (the exchange's theory: /timing/ep_bytes_theory)
-//   E+4+g      rows that ep rank g received (all ep groups together)      : /moe/ep_tokens
-inline int moe_counts_width(int E, int ep) { return E + 4 + ep; }
-
-// The block kinds: their tensors (ParamBuilder) and their instances for one chunk.
+// The block kinds: their tensors (ParamBuilder), their activation buffers (BufferDecl) and
+// their instances for one chunk (which read their shared scratch from ctx.shared()).
 void attention_add_params(const ModelConfig& m, ParamBuilder& b, int layer);
 void feed_forward_add_params(const ModelConfig& m, ParamBuilder& b, int layer);
+void attention_declare_buffers(const ModelConfig& m, const ModelDims& d, const BufferShape& s, int layer,
+                               BufferDecl& out);
+void feed_forward_declare_buffers(const ModelConfig& m, const ModelDims& d, const BufferShape& s, int layer,
+                                  BufferDecl& out);
 std::unique_ptr<AttentionBlock> make_attention_block(BlockContext& ctx, const ModelConfig& m,
                                                      const ParamTable& table, int layer);
 std::unique_ptr<FeedForwardBlock> make_feed_forward_block(BlockContext& ctx,

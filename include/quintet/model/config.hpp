@@ -5,13 +5,31 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace quintet {
+
+// A set of layer indices as a deck writes it: "all", or a comma list with ranges ("0,3-60").
+// Parsed once, when the deck sets it; the text is kept as written (the resolved deck shows it).
+class LayerSet {
+public:
+    // false (and unchanged) when `text` is neither "all" nor such a list.
+    bool parse(const std::string& text);
+    const std::string& text() const { return text_; }
+    bool all() const { return all_; }
+    const std::vector<int>& list() const { return list_; }  // empty when all()
+    bool contains(int layer) const;
+
+private:
+    std::string text_ = "all";
+    bool all_ = true;
+    std::vector<int> list_;
+};
 
 struct MoeConfig {
     int experts = 0;  // E; 0 = dense FFN
     int top_k = 2, shared_experts = 0, ffn_dim = 0;
-    std::string layers = "all";
+    LayerSet layers;  // the layers with MoE (moe.layers)
     bool norm_topk = true;
     std::string balance = "aux_loss";  // aux_loss | aux_free | none
     double aux_coef = 0.01, bias_rate = 0.001;
@@ -32,6 +50,10 @@ struct ModelConfig {
     MoeConfig moe;       // the [moe] section (which layers are MoE, and how)
     int vocab_size = 0;  // V: not a deck key; taken from the data file
     int head_dim() const { return d_model / n_heads; }  // HD
+    // F: the SwiGLU width, model.ffn_dim or by default 8/3 d_model rounded up to a multiple of 64.
+    int ffn_width() const { return ffn_dim > 0 ? ffn_dim : ((8 * d_model / 3 + 63) / 64) * 64; }
+    // The experts' SwiGLU width: moe.ffn_dim, or F.
+    int expert_ffn_width() const { return moe.ffn_dim > 0 ? moe.ffn_dim : ffn_width(); }
 };
 
 struct RopeConfig {

@@ -91,8 +91,8 @@ struct ChunkPlan {
     bool first = true, last = true;  // holds the embedding / the final norm + LM head
 };
 // Chunks of `stage` for pp stages, v virtual stages each (chunk c = virtual stage c*pp + stage);
-// `pp_layers` (comma list, v = 1 only) overrides the even split.
-std::vector<ChunkPlan> stage_chunks(int n_layers, int pp, int v, int stage, const std::string& pp_layers);
+// `pp_layers` (layer counts per stage, v = 1 only; empty = the even split) overrides it.
+std::vector<ChunkPlan> stage_chunks(int n_layers, int pp, int v, int stage, const std::vector<int>& pp_layers);
 
 // What this rank holds of the model, and how its regions are padded.
 struct ShardPlan {

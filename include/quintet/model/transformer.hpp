@@ -6,7 +6,10 @@
 //
 // Activations saved for backward live in slots, one per microbatch in flight (the pipeline
 // schedule decides how many); slots are allocated on first use and reused, so the steady-state
-// step allocates nothing. Parameters and gradients live in the caller's arenas.
+// step allocates nothing. What a slot, the full-recompute workspace and the blocks' shared
+// scratch hold is declared by the block kinds (model/buffers.hpp) and laid out by
+// chunk_buffers() below, which the planner calls too. Parameters and gradients live in the
+// caller's arenas.
 //
 // The same chunk generates text (quintet generate): forward_cached runs the same blocks on new
 // tokens with a KV cache per attention block.
@@ -38,6 +41,28 @@ struct ChunkOptions {
     ExpertParallel* ep = nullptr;  // MoE's token exchange (null: ep = 1)
 };
 
+// One chunk's activation memory, laid out from its blocks' declarations (no backend: the
+// planner counts it without building the model).
+struct ChunkBuffers {
+    bool bf16 = false, full_recompute = false;
+    std::vector<BufferSpec> own;                 // per slot: the residual stream, head, tokens
+    std::vector<std::vector<BufferSpec>> layer;  // per layer: what its norms and blocks keep
+    std::vector<BufferSpec> workspace_own;       // full recompute: the recomputed layer's output
+    std::vector<BufferSpec> shared;              // the blocks' scratch, the context's, operand staging
+    size_t ring_kv = 0, ring_out = 0, ring_lse = 0, exchange = 0;  // the largest any layer needs
+    size_t layer_bytes(size_t i) const { return layout_bytes(layer[i], bf16); }
+    size_t largest_layer_bytes() const;
+    // One slot (one microbatch in flight): the chunk's own values and, unless full recompute,
+    // every layer's.
+    size_t slot_bytes() const;
+    // Full recompute: one layer's values, which every layer reuses in turn, and its output.
+    size_t workspace_bytes() const;
+    size_t shared_bytes() const { return layout_bytes(shared, bf16); }
+};
+// `documents`: data.document_mask (per-slot document ids for the attention mask).
+ChunkBuffers chunk_buffers(const ModelConfig& m, const ModelDims& d, const ChunkPlan& plan, const BufferShape& s,
+                           bool documents);
+
 class ModelChunk final : public PipelineStage {
 public:
     // B samples of T tokens per microbatch (under context parallelism this rank holds T/cp of
@@ -60,12 +85,11 @@ public:
     // The auxiliary losses the blocks of this chunk added in slot's last forward (MoE; 0 dense).
     double aux_loss(int slot) const override;
     // MoE: the largest expert count of this chunk's layers (0: dense); the counts of this step
-    // added into counts[layer * width + i] (and reset); the aux-free biases moved from the
-    // global batch's loads (the same on every rank); d(loss)/d(aux) per microbatch.
+    // added into `counts` by layer (and reset); the aux-free biases moved from the global
+    // batch's loads (the same on every rank); d(loss)/d(aux) per microbatch.
     int moe_experts() const;
-    // counts[layer * width + i]: the MoE counts of each layer (moe_counts_width in block.hpp).
-    void take_moe_counts(std::vector<double>& counts, int width);
-    void update_balance_bias(float* params, const std::vector<double>& counts, int width);
+    void take_moe_counts(MoeCounts& counts);
+    void update_balance_bias(float* params, const MoeCounts& step);
     void set_aux_scale(double s) { ctx_.aux_scale = s; }
     // Backward of the microbatch in `slot`: the last chunk starts from its saved dlogits, the
     // others from grad_output(slot). Parameter gradients accumulate into `grads`; the first chunk
@@ -99,14 +123,12 @@ public:
     float* grad_output(int s) override { return slots_[s].dout; }    // [Nr, C] from the next stage
     float* grad_input(int s) override { return slots_[s].dres; }     // [Nr, C] to the previous stage
     size_t boundary_floats() const override { return size_t(ctx_.Nr) * ctx_.d.C; }
-    size_t slot_bytes() const override { return slot_floats_ * sizeof(float); }
+    size_t slot_bytes() const override { return buffers_.slot_bytes(); }
     // Activations kept once for all slots (full recompute: one layer's worth, shared).
-    size_t workspace_bytes() const override { return workspace_floats_ * sizeof(float); }
+    size_t workspace_bytes() const override { return buffers_.workspace_bytes(); }
     // Buffers kept once besides those: the blocks' shared scratch and operand staging.
-    size_t scratch_bytes() const {
-        const size_t shared = full_recompute_ && !ws_layers_.empty() ? size_t(ctx_.Nr) * ctx_.d.C : 0;
-        return (ctx_.work_floats - shared) * sizeof(float);
-    }
+    size_t scratch_bytes() const { return buffers_.shared_bytes(); }
+    const ChunkBuffers& buffers() const { return buffers_; }
     bool needs_tokens() const override { return plan_.first || plan_.last || docs_; }
     // The last chunk's per-row cross-entropies of its last forward (host [N], this rank's rows),
     // and the position in its sample of local row n.
@@ -145,7 +167,8 @@ private:
     // Layer i on input x into y: its blocks' slot `bslot`, the norms' saved values in `l`.
     void forward_layer(size_t i, int bslot, LayerSaved& l, const TokenInfo& tok, const float* params,
                        const float* x, float* y, KvCache* cache);
-    LayerSaved make_layer_saved();
+    static LayerSaved layer_saved(const BufferViews& v);
+    void* arena(size_t bytes);  // backend memory owned by the chunk (64-byte aligned)
     double loss(Slot& s, const float* params, float grad_scale, bool need_grad);
 
     Backend& be_;
@@ -158,6 +181,8 @@ private:
     BlockContext ctx_;
     ChunkPlan plan_;
     float eps_;
+    ChunkBuffers buffers_;
+    std::vector<float*> arenas_;            // the shared arena, the workspace, one per slot
     size_t wte_ = 0, norm_ = 0, head_ = 0;  // arena offsets (first / last chunk)
     std::vector<Layer> layers_;
     int32_t* tgt_;                      // [N] vocabulary-shard-local targets (-1: elsewhere)
@@ -166,7 +191,6 @@ private:
     std::vector<float> logits_host_;    // [V] generation
     VocabParallelScratch xent_;
     std::vector<Slot> slots_;
-    size_t slot_floats_ = 0, workspace_floats_ = 0;
     bool full_recompute_ = false;
     std::vector<LayerSaved> ws_layers_;  // full recompute: every layer's (shared) saved values
     float* recompute_out_ = nullptr;     // full recompute: the recomputed layer's output [Nr, C]

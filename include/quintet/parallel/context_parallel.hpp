@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "quintet/comm/comm_counters.hpp"
 #include "quintet/comm/communicator.hpp"
 #include "quintet/kernels/backend.hpp"
 
@@ -67,12 +68,16 @@ public:
                                      const float* k_all, const float* v_all, const AttentionArgs& a,
                                      const int32_t* k_pos_all, const int32_t* k_doc_all);
 
-    // Accounting since the last reset: seconds blocked waiting on the ring (exposed), seconds
-    // from posting each transfer to its completion (comm, overlapping compute), bytes sent.
-    double exposed_s = 0, comm_s = 0, bytes = 0;
-    void reset_stats() { exposed_s = comm_s = bytes = 0; }
+    // Accounting since the last reset: seconds from posting each transfer to its completion
+    // (overlapping compute), of which blocked waiting on the ring (exposed), bytes sent.
+    CommCounters counters;
     // The ring's K/V, dK/dV and partial-output buffers (sized on the first step).
     size_t buffer_bytes() const { return (4 * cap_ + part_cap_ + lse_cap_) * sizeof(float); }
+    // Allocates them for the largest K|V block, partial output and log-sum-exp any layer
+    // declared (floats; while the model is built, so the steady state allocates nothing), and
+    // the bytes such a reservation holds.
+    void reserve(size_t kv, size_t out, size_t lse);
+    static size_t buffer_bytes(size_t kv, size_t out, size_t lse) { return (4 * kv + out + lse) * sizeof(float); }
 
 private:
     // Block buffers [rows, kw + vw]: K in columns [0, kw), V in [kw, kw + vw).

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "quintet/comm/comm_counters.hpp"
 #include "quintet/comm/communicator.hpp"
 #include "quintet/kernels/backend.hpp"
 
@@ -51,8 +52,11 @@ public:
     int max_rows(int rows, int k) const { return ep_ * rows * (k < El_ ? k : El_); }
 
     // Sizes an exchange for at most `max_rows` received rows of C floats (while the model is
-    // built: nothing is allocated in the steady state).
-    void prepare(ExpertExchange& x, int max_rows, int C);
+    // built: nothing is allocated in the steady state); to_source and to_expert: [max(max_rows, 1)]
+    // of backend memory the caller keeps (its declared buffers).
+    void prepare(ExpertExchange& x, int max_rows, int C, int32_t* to_source, int32_t* to_expert);
+    // The staging every exchange shares: at least `floats` (the largest any layer declared).
+    void reserve(size_t floats);
     // counts[E]: this rank's rows per expert, laid out sorted by expert. Exchanges the counts
     // and plans the rows' places. collective over ep
     void plan(ExpertExchange& x, const int* counts);
@@ -64,11 +68,12 @@ public:
     // expert_major[x.rows, C] -> sorted[sum counts, C] on the rows' home ranks. collective over ep
     void combine(const ExpertExchange& x, const float* expert_major, float* sorted);
 
-    // Since reset_stats(): seconds inside dispatch and combine (the exposed exchange time) and
+    // Since the last reset, the dispatch (plan + rows to the experts) and the combine (rows back):
+    // seconds inside their calls (all exposed: what the shared expert does not hide) and the
     // float payload bytes this rank sent to other ranks.
-    double dispatch_s = 0, combine_s = 0, bytes = 0;
-    void reset_stats() { dispatch_s = combine_s = bytes = 0; }
+    CommCounters dispatch_counters, combine_counters;
     size_t buffer_bytes() const { return staging_n_ * sizeof(float); }  // the exchange's staging
+    static size_t buffer_bytes(size_t floats) { return floats * sizeof(float); }  // for a reserve(floats)
 
 private:
     const Communicator& comm_;
@@ -79,7 +84,6 @@ private:
     int pending_ = -1;          // the started dispatch: its handle; -2 done at once; -1 none
     std::vector<int> count_sc_, count_sd_;  // El counts to every peer
     std::vector<int32_t> host_perm_, host_inv_;
-    std::vector<int32_t*> owned_;
 };
 
 }  // namespace quintet

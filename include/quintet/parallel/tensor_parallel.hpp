@@ -13,6 +13,7 @@
 #include <cstddef>
 
 #include "quintet/comm/communicator.hpp"
+#include "quintet/comm/comm_counters.hpp"
 #include "quintet/kernels/backend.hpp"
 
 namespace quintet {
@@ -40,10 +41,10 @@ public:
     void all_reduce_sum(float* x, size_t n);
     void all_reduce_max(float* x, size_t n);
 
-    // Accounting since the last reset: seconds inside TP collectives, and the bytes each rank
-    // sends in a ring implementation (all-reduce 2S(p-1)/p, reduce-scatter/all-gather S(p-1)/p).
-    double seconds = 0, bytes = 0;
-    void reset_stats() { seconds = bytes = 0; }
+    // Accounting since the last reset: seconds inside TP collectives (blocking: all exposed),
+    // and the bytes each rank sends in a ring implementation (all-reduce 2S(p-1)/p,
+    // reduce-scatter/all-gather S(p-1)/p).
+    CommCounters counters;
 
 private:
     const Communicator& tp_;

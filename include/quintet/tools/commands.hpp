@@ -5,11 +5,6 @@
 
 namespace quintet {
 
-struct Deck;
-class MpiCommunicator;
-// Threads per rank: train.threads, else OMP_NUM_THREADS, else this rank's cores shared by the
-// node's ranks (tools/train_cmd.cpp). collective over `world`
-int threads_per_rank(const Deck& deck, const MpiCommunicator& world);
 
 int train_main(int argc, char** argv, MPI_Comm world);  // tools/train_cmd.cpp; collective
 int eval_main(int argc, char** argv, MPI_Comm world);   // tools/eval_cmd.cpp; collective

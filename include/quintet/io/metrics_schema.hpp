@@ -1,0 +1,56 @@
+// The datasets of run_dir/metrics.h5 (docs/formats.md), named once: the trainer's telemetry
+// writes them; the metrics file itself (trimming a resumed history), `quintet study` and the
+// tests read them. A new metric is a name here and a value in train/telemetry.cpp.
+#pragma once
+#include <array>
+#include <string>
+
+namespace quintet::metrics_schema {
+
+// Groups. Each has one row per training step, aligned with /train/step, except /eval (one row
+// per evaluation, its own /eval/step).
+inline constexpr const char* kTrain = "/train";
+inline constexpr const char* kEval = "/eval";
+inline constexpr const char* kTiming = "/timing";      // seconds (and bytes) per step, this rank 0
+inline constexpr const char* kTimingOp = "/timing/op";  // train.profile: exclusive seconds per operation
+inline constexpr const char* kPipeline = "/pipeline";   // stage<s>_{idle_fraction, activation_mib}
+inline constexpr const char* kMoe = "/moe";
+inline constexpr const char* kMemory = "/memory";       // <category>_bytes [step, rank]
+inline constexpr std::array<const char*, 7> kStepGroups = {kTrain, kEval, kTiming, kTimingOp, kPipeline, kMoe, kMemory};
+
+// /train and /eval columns.
+inline constexpr const char* kStep = "step";
+inline constexpr const char* kLoss = "loss";
+inline constexpr const char* kCeLoss = "ce_loss";
+inline constexpr const char* kAuxLoss = "aux_loss";
+inline constexpr const char* kLr = "lr";
+inline constexpr const char* kGradNorm = "grad_norm";
+inline constexpr const char* kTokensPerS = "tokens_per_s";
+inline constexpr const char* kMfu = "mfu";
+inline constexpr const char* kMfuMatmul = "mfu_matmul";  // the share of the measured sgemm rate
+inline constexpr const char* kStepTime = "step_time_s";
+inline constexpr const char* kSkipped = "skipped";       // 1: the update was skipped (non-finite)
+
+// /timing columns.
+inline constexpr const char* kTimePipeline = "pipeline", *kTimePipelineWait = "pipeline_wait",
+                             *kTimeReplicaSync = "replica_sync", *kTimeDpReduce = "dp_reduce",
+                             *kTimeOptimizer = "optimizer", *kTpComm = "tp_comm", *kTpBytes = "tp_bytes",
+                             *kDpBucketsOverlapped = "dp_buckets_overlapped", *kCpComm = "cp_comm",
+                             *kCpExposed = "cp_exposed", *kCpBytes = "cp_bytes", *kEpDispatch = "ep_dispatch",
+                             *kEpCombine = "ep_combine", *kEpBytes = "ep_bytes", *kEpBytesAll = "ep_bytes_all",
+                             *kEpBytesTheory = "ep_bytes_theory";
+
+// /moe datasets: [step, layer, expert] and [step, layer, 1] ([step, layer, ep] for ep_tokens).
+inline constexpr const char* kExpertLoad = "/moe/expert_load", *kImbalance = "/moe/imbalance",
+                             *kDeadExperts = "/moe/dead_experts", *kDroppedTokens = "/moe/dropped_tokens",
+                             *kMoeAux = "/moe/aux", *kEpTokens = "/moe/ep_tokens";
+
+// /memory/<category>_bytes [step, rank], in this order (the trainer's accounting per rank).
+inline constexpr std::array<const char*, 7> kMemoryCategories = {"params", "grads", "optimizer", "activations",
+                                                                 "buffers", "runtime", "peak_rss"};
+inline std::string memory_path(const char* category) { return std::string(kMemory) + "/" + category + "_bytes"; }
+
+// The full path of a column of a group: path(kTrain, kLoss) = "/train/loss".
+inline std::string path(const char* group, const char* column) { return std::string(group) + "/" + column; }
+
+}  // namespace quintet::metrics_schema

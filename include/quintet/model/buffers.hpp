@@ -1,0 +1,104 @@
+// Activation memory, declared like parameters (docs/architecture.md, "Activation buffers"):
+// every block kind states, beside its parameter specs, what it keeps per microbatch in flight
+// (saved), what the blocks of a chunk share (scratch, one buffer per name, the largest asked
+// for), the widest GEMM operand it rounds to bf16, and what it needs of the context ring and
+// the expert exchange. A chunk lays these lists out -- one arena per slot, one workspace, one
+// shared arena -- and hands each block named views; the planner (perf/planner.cpp) lays out the
+// same lists, so its activation and buffer bytes are the trainer's to the byte.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "quintet/kernels/backend.hpp"
+
+namespace quintet {
+
+// train.recompute: what the backward recomputes instead of keeping from the forward.
+//   selective: the attention core (its output and log-sum-exp), from the kept q|k|v;
+//   full:      whole layers, from their inputs (one layer's activations are kept, shared).
+enum class Recompute { none, selective, full };
+
+// A saved input of a linear layer: fp32 (f) or, in bf16 mode, bf16 only (b).
+struct Act {
+    float* f = nullptr;
+    bf16_bits* b = nullptr;
+};
+// A GEMM operand: its fp32 form (fp32 mode) or its bf16 form (bf16 mode).
+struct Mat {
+    const float* f = nullptr;
+    const bf16_bits* b = nullptr;
+};
+
+// The element type of a buffer; `act` is the chunk's activation precision (bf16 when
+// train.precision = bf16, else fp32).
+enum class Elem : uint8_t { f32, bf16, i32, act };
+
+struct BufferSpec {
+    std::string name;
+    size_t n = 0;  // elements
+    Elem elem = Elem::f32;
+};
+
+// What the buffers depend on: one chunk of one rank.
+struct BufferShape {
+    int B = 1;       // samples per microbatch
+    int T = 1;       // rows of each sample on this rank (seq_len / cp)
+    int N = 1;       // B * T
+    int Nr = 1;      // rows of the residual stream (N / tp under sequence parallelism)
+    bool bf16 = false;
+    bool sp = false;  // sequence parallelism (tp > 1)
+    Recompute recompute = Recompute::none;
+    int cp = 1;
+    bool mla_latent = false;  // parallel.cp_mla_kv = latent (cp > 1)
+    int ep = 1;
+    int max_positions = 1;    // RoPE tables cover positions [0, max_positions)
+};
+
+// One block's (or the chunk's own) declarations.
+struct BufferDecl {
+    std::vector<BufferSpec> saved;   // per microbatch in flight
+    std::vector<BufferSpec> shared;  // one per chunk and name
+    size_t operand = 0;              // bf16 staging of GEMM operands, elements (bf16 mode only)
+    // The context ring (parallel/context_parallel): floats of one K|V block, of a partial
+    // output and of its log-sum-exp. The expert exchange: floats of its staging.
+    size_t ring_kv = 0, ring_out = 0, ring_lse = 0, exchange = 0;
+
+    void save(std::string name, size_t n, Elem e = Elem::f32) { saved.push_back({std::move(name), n, e}); }
+    void scratch(std::string name, size_t n, Elem e = Elem::f32) { shared.push_back({std::move(name), n, e}); }
+    void operands(size_t n) { operand = n > operand ? n : operand; }
+};
+
+size_t elem_bytes(Elem e, bool bf16);
+// Every buffer starts on a 64-byte boundary (a cache line; the widest vector load).
+constexpr size_t kBufferAlign = 64;
+// Bytes of `list` laid out in order.
+size_t layout_bytes(const std::vector<BufferSpec>& list, bool bf16);
+// `add` merged into `into` by name, keeping the larger size of a name (shared scratch).
+void merge_shared(std::vector<BufferSpec>& into, const std::vector<BufferSpec>& add, bool bf16);
+
+// Named pointers into one laid-out region (its base at least 64-byte aligned).
+class BufferViews {
+public:
+    BufferViews() = default;
+    BufferViews(const std::vector<BufferSpec>& list, void* base, bool bf16);
+    float* f32(std::string_view name) const;
+    bf16_bits* bf16(std::string_view name) const;
+    int32_t* i32(std::string_view name) const;
+    Act act(std::string_view name) const;  // a buffer declared Elem::act
+    bool has(std::string_view name) const;
+
+private:
+    struct View {
+        std::string name;
+        void* p;
+        Elem elem;
+    };
+    const View& find(std::string_view name, Elem elem) const;
+    std::vector<View> views_;
+    bool bf16_ = false;
+};
+
+}  // namespace quintet

@@ -1,0 +1,27 @@
+// Validation loss of the rank's model (docs/math.md §10): the mean cross-entropy (no auxiliary
+// loss) over eval.batches fixed batches of data.micro_batch_size samples of the validation
+// split, forward only through the pipeline. Used by the trainer every eval.every steps and by
+// `quintet eval` on its own; it shares the model, and writes nothing.
+#pragma once
+#include <vector>
+
+#include "quintet/data/sampler.hpp"
+#include "quintet/train/rank_model.hpp"
+
+namespace quintet {
+
+class Evaluator {
+public:
+    // Stops with a ConfigError (data.val_fraction) when the validation split is shorter than a sample.
+    Evaluator(RankModel& model, const Sampler& sampler);
+    // Mean validation cross-entropy (collective); NaN when a stop signal interrupted it.
+    // by_position (rank 0, when given): the mean cross-entropy at each position of the samples [T].
+    double evaluate(std::vector<double>* by_position = nullptr);
+
+private:
+    RankModel& model_;
+    const Sampler& sampler_;
+    std::vector<int32_t> ids_, tgt_;
+};
+
+}  // namespace quintet

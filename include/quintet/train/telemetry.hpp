@@ -1,0 +1,84 @@
+// What a training run reports about itself (docs/formats.md "Metrics", docs/planner.md): MFU's
+// denominators, the memory of every rank by category, the pipeline's idle time, the MoE figures
+// and the per-operation profile, written to metrics.h5 every step; the progress line; at the end
+// the profile table, the planner's prediction beside the measurement and the pipeline summary.
+// Everything goes in as a StepStats and the model's own accounting; nothing here changes the run.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "quintet/io/metrics.hpp"
+#include "quintet/model/moe_counts.hpp"
+#include "quintet/perf/planner.hpp"
+#include "quintet/train/rank_model.hpp"
+#include "quintet/train/step_stats.hpp"
+
+namespace quintet {
+
+class Telemetry {
+public:
+    // Measures MFU's denominators: the FMA peak of the job's cores (or train.peak_tflops) and
+    // the sgemm rate of all ranks at once. collective over the world
+    Telemetry(RankModel& model, std::string deck_text);
+    ~Telemetry();
+    void log(const std::string& line) const;  // rank 0's output
+    // Bytes of the gradients (the arena and the reduced shards) and of the optimizer's moments on
+    // this rank: the trainer's, constant over the run.
+    void set_training_bytes(double grads, double optimizer) { grads_bytes_ = grads, optimizer_bytes_ = optimizer; }
+
+    // Before the first step: the model line, metrics.h5 opened (rank 0; a resumed run keeps its
+    // history up to start_step, rebuilt from `resumed_from`'s copy when unreadable), the
+    // dead-expert counters continued from that history.
+    void begin(int64_t start_step, const std::string& resumed_from);
+    MetricsFile* metrics() const { return metrics_.get(); }
+
+    // After step s (s steps done): every rank's memory and pipeline figures gathered, the rows
+    // of metrics.h5, the progress line every output.log_every steps. `moe`: the step's counts
+    // summed over all ranks (empty for a dense model). collective over the world
+    void record_step(int64_t s, const StepStats& st, bool skipped, const MoeCounts& moe);
+    void record_eval(int64_t s, double loss);  // /eval and its line; NaN = interrupted
+    // After the step's evaluation: metrics.h5 flushed; after the first step, the activation line.
+    void end_step(int64_t s);
+    // The run reached train.steps: the planner's prediction beside the measurement, and the
+    // pipeline's bubble, theory beside measurement (rank 0).
+    void report_finished() const;
+    void report_profile() const;  // train.profile: the per-operation table (rank 0)
+
+private:
+    struct MoeFigures {
+        std::vector<double> load, imbalance, dead, dropped, aux, ep_tokens;
+        double worst_imbalance = 0;
+    };
+    MoeFigures moe_figures(const MoeCounts& c);  // advances the dead-expert counters
+    struct ProfileTotals {
+        std::map<std::string, std::pair<double, int64_t>> ops;  // seconds, calls
+        int64_t steps = 0;
+        double time = 0;
+    };
+    void take_profile(const StepStats& st, bool steady);
+    MemoryBytes memory_account() const;  // this rank's, peak RSS as the total
+
+    RankModel& model_;
+    const Deck& deck_;
+    std::string deck_text_;
+    // MFU's denominator (the FMA peak of the job's cores, or train.peak_tflops) and the sgemm
+    // rate of all ranks (the progress line's "of sgemm"): the best seen on this host, and this
+    // run's own measurement.
+    double peak_flops_ = 0, matmul_flops_ = 0, sgemm_measured_ = 0;
+    double grads_bytes_ = 0, optimizer_bytes_ = 0;
+    std::string peak_what_;
+    std::unique_ptr<MetricsFile> metrics_;  // rank 0
+    int64_t start_step_ = 0;
+    double t_start_ = 0;
+    std::vector<double> memory_all_;   // [world, 7] the last step's /memory row (rank 0)
+    std::vector<double> tps_history_;  // tokens/s of the steady-state steps
+    std::vector<double> idle_, act_mib_;  // per pipeline stage, the last step
+    std::vector<int64_t> moe_idle_;    // [layer, expert] steps without tokens
+    ProfileTotals profile_all_, profile_steady_;  // every step; past the first two
+    std::vector<std::string> profile_order_;
+};
+
+}  // namespace quintet

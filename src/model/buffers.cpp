@@ -1,0 +1,77 @@
+#include "quintet/model/buffers.hpp"
+
+#include "quintet/core/error.hpp"
+
+namespace quintet {
+
+namespace {
+size_t align_up(size_t b) { return (b + kBufferAlign - 1) / kBufferAlign * kBufferAlign; }
+}  // namespace
+
+size_t elem_bytes(Elem e, bool bf16) {
+    switch (e) {
+    case Elem::f32: return sizeof(float);
+    case Elem::bf16: return sizeof(bf16_bits);
+    case Elem::i32: return sizeof(int32_t);
+    case Elem::act: return bf16 ? sizeof(bf16_bits) : sizeof(float);
+    }
+    return sizeof(float);
+}
+
+size_t layout_bytes(const std::vector<BufferSpec>& list, bool bf16) {
+    size_t at = 0;
+    for (const auto& s : list) at += align_up(s.n * elem_bytes(s.elem, bf16));
+    return at;
+}
+
+void merge_shared(std::vector<BufferSpec>& into, const std::vector<BufferSpec>& add, bool bf16) {
+    for (const auto& s : add) {
+        bool found = false;
+        for (auto& t : into)
+            if (t.name == s.name) {
+                QUINTET_CHECK(elem_bytes(t.elem, bf16) == elem_bytes(s.elem, bf16),
+                              "shared buffer '" + s.name + "' declared with two element types");
+                if (s.n > t.n) t.n = s.n;
+                found = true;
+                break;
+            }
+        if (!found) into.push_back(s);
+    }
+}
+
+BufferViews::BufferViews(const std::vector<BufferSpec>& list, void* base, bool bf16) : bf16_(bf16) {
+    char* at = static_cast<char*>(base);
+    for (const auto& s : list) {
+        views_.push_back({s.name, at, s.elem});
+        at += align_up(s.n * elem_bytes(s.elem, bf16));
+    }
+}
+
+const BufferViews::View& BufferViews::find(std::string_view name, Elem elem) const {
+    for (const auto& v : views_)
+        if (v.name == name) {
+            QUINTET_CHECK(v.elem == elem, "buffer '" + std::string(name) + "' used with another element type than declared");
+            return v;
+        }
+    rank_fail("buffer '" + std::string(name) + "' was not declared");
+}
+
+float* BufferViews::f32(std::string_view name) const { return static_cast<float*>(find(name, Elem::f32).p); }
+bf16_bits* BufferViews::bf16(std::string_view name) const {
+    return static_cast<bf16_bits*>(find(name, Elem::bf16).p);
+}
+int32_t* BufferViews::i32(std::string_view name) const { return static_cast<int32_t*>(find(name, Elem::i32).p); }
+Act BufferViews::act(std::string_view name) const {
+    void* p = find(name, Elem::act).p;
+    Act a;
+    if (bf16_) a.b = static_cast<bf16_bits*>(p);
+    else a.f = static_cast<float*>(p);
+    return a;
+}
+bool BufferViews::has(std::string_view name) const {
+    for (const auto& v : views_)
+        if (v.name == name) return true;
+    return false;
+}
+
+}  // namespace quintet

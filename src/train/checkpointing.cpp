@@ -1,0 +1,186 @@
+#include "quintet/train/checkpointing.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "quintet/core/clock.hpp"
+#include "quintet/core/error.hpp"
+#include "quintet/io/checkpoint.hpp"
+
+namespace quintet {
+
+namespace {
+const std::string kCheckpointComm = "world (checkpoint I/O)";
+}  // namespace
+
+WeightsSource resolve_weights_source(Deck& deck, const MpiCommunicator& comm) {
+    WeightsSource src;
+    const auto& ck = deck.checkpoint;
+    if (ck.resume == "auto") {
+        // The newest checkpoint that verifies; each corrupt or truncated one is named and passed over.
+        std::vector<std::string> bad;
+        src.path = checkpoint_newest_valid(deck.output.run_dir, comm, &bad);
+        for (const auto& b : bad)
+            src.warnings.push_back("checkpoint " + b + " -- not loaded; " +
+                                   (src.path.empty() ? "no older one verifies either: starting from scratch" : "falling back to " + src.path));
+    } else if (ck.resume != "none") {
+        src.path = ck.resume;
+    }
+    src.resume = !src.path.empty();
+    if (!src.resume && !ck.init_from.empty()) src.path = ck.init_from;
+    if (!src.path.empty() && ck.resume != "auto") {
+        const std::string why = checkpoint_verify(src.path, comm);
+        if (!why.empty())
+            config_fail(src.resume ? "checkpoint.resume" : "checkpoint.init_from", src.path,
+                        "the checkpoint is unusable: " + why);
+    }
+    auto& rope = deck.rope;
+    const int T = deck.data.seq_len;
+    if (src.path.empty()) {
+        if (rope.scaling == "yarn" && rope.original_max_position == 0) rope.original_max_position = T;
+        return src;
+    }
+    const CheckpointMeta meta = checkpoint_read_meta(src.path);
+    const Deck theirs = deck_parse_text(meta.deck);
+    src.trained_context = meta.trained_context > 0 ? meta.trained_context : theirs.data.seq_len;
+    if (rope.scaling == "yarn" && rope.original_max_position == 0)
+        rope.original_max_position = int(src.trained_context);
+    auto S = [](double v) { std::ostringstream o; o << v; return o.str(); };
+    if (rope.scaling == "none" && T > src.trained_context)
+        src.warnings.push_back("data.seq_len = " + std::to_string(T) + " is past the context the weights of '" +
+                               src.path + "' were trained at (" + std::to_string(src.trained_context) +
+                               ") and rope.scaling = none: positions beyond it were never trained "
+                               "(rope.scaling = yarn extends the context); proceeding");
+    const auto& r2 = theirs.rope;
+    if (r2.theta != rope.theta || r2.scaling != rope.scaling ||
+        (rope.scaling == "yarn" && (r2.factor != rope.factor || r2.original_max_position != rope.original_max_position)))
+        src.warnings.push_back("[rope] differs from the checkpoint's (theirs: theta " + S(r2.theta) + ", scaling " +
+                               r2.scaling + ", factor " + S(r2.factor) + ", original_max_position " +
+                               std::to_string(r2.original_max_position) + "; this run: theta " + S(rope.theta) +
+                               ", scaling " + rope.scaling + ", factor " + S(rope.factor) +
+                               ", original_max_position " + std::to_string(rope.original_max_position) +
+                               "); the deck's settings are used");
+    return src;
+}
+
+Checkpointing::Checkpointing(RankModel& model, const GradientSync& sync, AdamW& opt, std::string deck_text,
+                             WeightsSource source, const FaultInjection& faults,
+                             std::function<void(const std::string&)> log)
+    : model_(model), sync_(sync), opt_(opt), deck_text_(std::move(deck_text)), source_(std::move(source)),
+      faults_(faults), log_(std::move(log)) {
+    const ProcessGrid& grid = model.grid();
+    io_comm_ = grid.world().split(0, grid.rank(), kCheckpointComm);
+    io_comm_->set_deadline(0);
+}
+
+Checkpointing::~Checkpointing() = default;
+
+std::vector<ArenaRange> Checkpointing::writes() const {
+    std::vector<ArenaRange> w;
+    for (int r = 0; r < kNumRegions; ++r)
+        if (sync_.region(r)) w.push_back(opt_.write_range(r));
+    const Range buf = model_.table().region[int(Replicas::none)];
+    if (buf.size() > 0 && model_.grid().dp_cp().rank() == 0) w.push_back({buf, 0});
+    return w;
+}
+
+std::vector<ArenaRange> Checkpointing::state() const {
+    std::vector<ArenaRange> w;
+    for (int r = 0; r < kNumRegions; ++r)
+        if (sync_.region(r)) w.push_back(opt_.state_range(r));
+    return w;
+}
+
+void Checkpointing::save(int64_t step, int64_t tokens_seen, MetricsFile* metrics) {
+    const Deck& deck = model_.deck();
+    const ProcessGrid& grid = model_.grid();
+    Backend& be = model_.backend();
+    const ParamTable& table = model_.table();
+    // Never checkpoint non-finite weights over good ones (every rank checks its arena).
+    double bad = std::isfinite(be.sumsq(model_.params(), table.total)) ? 0.0 : 1.0;
+    grid.world().all_reduce_max(&bad, 1);
+    if (bad > 0) {
+        const std::string msg = "the weights are not finite at step " + std::to_string(step) +
+                                "; the checkpoint is not written";
+        if (grid.rank() == 0) write_fault_file(deck.output.run_dir, "diverged", step, -1, msg);
+        throw DivergedError(msg + " (the last good one is " + (last_.empty() ? "none" : last_) + ")");
+    }
+    CheckpointMeta meta;
+    meta.step = step;
+    meta.tokens_seen = tokens_seen;
+    meta.deck = deck_text_;
+    meta.layout = grid.layout().describe() + " zero=" + std::to_string(deck.parallel.zero);
+    meta.trained_context = std::max<int64_t>(source_.trained_context, deck.data.seq_len);
+    // On the CPU backend the arenas are host memory; a device backend stages them through host.
+    const float *p = model_.params(), *m = opt_.exp_avg(), *v = opt_.exp_avg_sq();
+    std::vector<float> hp, hm, hv;
+    if (!model_.host_arena()) {
+        const size_t ns = opt_.state_floats();
+        hp.resize(table.total);
+        hm.resize(ns);
+        hv.resize(ns);
+        be.to_host(hp.data(), model_.params(), table.total);
+        be.to_host(hm.data(), opt_.exp_avg(), ns);
+        be.to_host(hv.data(), opt_.exp_avg_sq(), ns);
+        p = hp.data(), m = hm.data(), v = hv.data();
+    }
+    const double t0 = now_s();
+    // The metrics history up to this step beside the checkpoint, complete before it is: a resume
+    // rebuilds an unreadable metrics.h5 from it.
+    if (metrics) metrics->snapshot_to(checkpoint_metrics_path(checkpoint_path(deck.output.run_dir, step)));
+    // The whole write (its barriers and collective I/O) under the collective deadline.
+    Watchdog* w = grid.watchdog();
+    if (w) w->begin("checkpoint write", &kCheckpointComm, grid.rank(), grid.world().size(), uint64_t(step),
+                    deck.train.collective_timeout_s, &grid.world().world_ranks());
+    faults_.in_checkpoint(step);
+    std::string path = checkpoint_save(*io_comm_, deck.output.run_dir, meta, table, p, m, v, writes(),
+                                       deck.checkpoint.keep);
+    if (w) w->end();
+    char secs[32];
+    std::snprintf(secs, sizeof secs, " (%.2f s)", now_s() - t0);
+    log_("checkpoint " + path + secs);
+    last_ = path;
+}
+
+int64_t Checkpointing::start(int64_t* tokens_seen) {
+    const Deck& deck = model_.deck();
+    const std::string& mode = deck.checkpoint.resume;
+    *tokens_seen = 0;
+    if (mode == "none" && !checkpoint_latest(deck.output.run_dir).empty())
+        config_fail("checkpoint.resume", "none",
+                    "output.run_dir '" + deck.output.run_dir +
+                        "' already holds checkpoints that a fresh run would overwrite; use "
+                        "checkpoint.resume=auto to continue, or another output.run_dir");
+    for (const auto& w : source_.warnings) log_("warning: " + w);
+    if (source_.path.empty()) return 0;
+    if (!source_.resume) {  // checkpoint.init_from: weights only, a fresh run from step 0
+        CheckpointMeta meta = checkpoint_read_meta(source_.path);
+        model_.load_weights(source_.path);
+        log_("initialised the weights from " + source_.path + " (step " + std::to_string(meta.step) +
+             ", written with " + meta.layout + ", trained at context " +
+             std::to_string(source_.trained_context) + "); step 0, fresh optimizer and schedule");
+        return 0;
+    }
+    const std::string& path = source_.path;
+    const ParamTable& table = model_.table();
+    Backend& be = model_.backend();
+    CheckpointMeta meta = checkpoint_inspect(path, table);
+    if (model_.host_arena()) {
+        checkpoint_load(path, table, model_.params(), opt_.exp_avg(), opt_.exp_avg_sq(), state());
+    } else {
+        const size_t ns = opt_.state_floats();
+        std::vector<float> hp(table.total), hm(ns), hv(ns);
+        checkpoint_load(path, table, hp.data(), hm.data(), hv.data(), state());
+        be.from_host(model_.params(), hp.data(), table.total);
+        be.from_host(opt_.exp_avg(), hm.data(), ns);
+        be.from_host(opt_.exp_avg_sq(), hv.data(), ns);
+    }
+    model_.refresh_bf16_weights();
+    *tokens_seen = meta.tokens_seen;
+    last_ = path;
+    log_("resumed from " + path + " at step " + std::to_string(meta.step) + " (written with " + meta.layout + ")");
+    return meta.step;
+}
+
+}  // namespace quintet

@@ -1,0 +1,140 @@
+#include "quintet/train/faults.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "quintet/core/error.hpp"
+
+namespace quintet {
+
+void write_fault_file(const std::string& run_dir, const std::string& kind, int64_t step, int rank,
+                      const std::string& what) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    fs::create_directories(run_dir, ec);
+    const fs::path path = fs::path(run_dir) / "fault", tmp = path.string() + ".tmp" + std::to_string(getpid());
+    {
+        std::ofstream f(tmp);
+        f << "kind=" << kind << " step=" << step << " rank=" << rank << "\n" << what << "\n";
+    }
+    fs::rename(tmp, path, ec);
+}
+
+void arm_watchdog(const ProcessGrid& grid, const std::string& run_dir, const std::atomic<int64_t>* steps_done) {
+    Watchdog* w = grid.watchdog();
+    if (!w) return;
+    w->set_status_dir((std::filesystem::path(run_dir) / ".ranks").string());
+    const int rank = grid.rank();
+    w->on_expiry([run_dir, rank, steps_done](const std::string& report) {
+        write_fault_file(run_dir, "transient", steps_done->load() + 1, rank, report);
+        std::fprintf(stderr, "%s\n", report.c_str());
+        std::fflush(stderr);
+        _exit(4);
+    });
+}
+
+std::string locate_nonfinite(const ParamTable& table, Backend& be, const float* grads, double local_loss,
+                             const MpiCommunicator& world) {
+    // This rank's first non-finite tensor (in arena order) of its gradients before any reduction.
+    std::string name;
+    if (!std::isfinite(local_loss)) name = "loss";
+    for (const auto& spec : table.specs) {
+        if (!name.empty()) break;
+        if (!spec.trainable()) continue;
+        if (!std::isfinite(be.sumsq(grads + spec.offset, spec.numel()))) name = "gradient of " + spec.name;
+    }
+    const int size = world.size();
+    double first = name.empty() ? -double(size) : -double(world.rank());
+    world.all_reduce_max(&first, 1);
+    const int r = int(-first);
+    if (r >= size) return "";
+    char buf[256] = {0};
+    if (world.rank() == r) std::snprintf(buf, sizeof buf, "%s", name.c_str());
+    world.broadcast(buf, sizeof buf, r);
+    return "rank " + std::to_string(r) + ", " + buf;
+}
+
+NonFinitePolicy::NonFinitePolicy(const TrainConfig& train, std::string run_dir, int rank,
+                                 std::function<void(const std::string&)> log)
+    : t_(train), run_dir_(std::move(run_dir)), rank_(rank), log_(std::move(log)) {}
+
+StepStats NonFinitePolicy::handle(int64_t s, const StepStats& first,
+                                  const std::function<StepStats(bool locate)>& rerun,
+                                  const std::string& last_checkpoint, bool* skipped) {
+    *skipped = false;
+    // Re-run once from the same state: finite now = a transient fault. (The rerun is the same
+    // computation, so it continues the unbroken curve bit for bit.)
+    StepStats again = rerun(false);
+    if (again.nonfinite) again = rerun(true);  // reproduced: once more, to find where it starts
+    if (!again.nonfinite) {
+        log_("warning: step " + std::to_string(s + 1) + ": " + first.what +
+             " was not finite, and is finite when the step is re-run from the same state: a "
+             "transient fault (suspect this job's hardware); continuing");
+        if (rank_ == 0)
+            write_fault_file(run_dir_, "transient_nonfinite", s + 1, -1, first.what + " not finite once; the rerun was finite");
+        return again;
+    }
+    const std::string msg = "step " + std::to_string(s + 1) + ": " + again.what +
+                            " is not finite, also when the step is re-run from the same state; "
+                            "it first appears on " + (again.origin.empty() ? "no rank's local values (in a reduction)" : again.origin);
+    int origin_rank = -1;
+    std::sscanf(again.origin.c_str(), "rank %d", &origin_rank);
+    if (t_.on_nonfinite == "stop" || skips_in_row_ + 1 >= t_.max_skips) {
+        if (rank_ == 0) write_fault_file(run_dir_, "diverged", s + 1, origin_rank, msg);
+        throw DivergedError(msg + (t_.on_nonfinite == "skip" ? "; " + std::to_string(t_.max_skips) +
+                                       " steps in a row skipped (train.max_skips)" : "") +
+                            ". No update was applied and no checkpoint written; the last good one is " +
+                            (last_checkpoint.empty() ? "none" : last_checkpoint) +
+                            " (train.on_nonfinite = " + t_.on_nonfinite + ")");
+    }
+    ++skips_in_row_;
+    log_("warning: " + msg + "; the update is skipped (train.on_nonfinite = skip, " +
+         std::to_string(skips_in_row_) + " in a row of at most " + std::to_string(t_.max_skips) + ")");
+    *skipped = true;
+    return again;
+}
+
+FaultInjection::FaultInjection(int rank) : rank_(rank) {
+    const char* spec = std::getenv("QUINTET_INJECT_FAULT");
+    char mode[24] = "fail";
+    int r = -1;
+    long long step = -1, until = -1;
+    if (!spec || std::sscanf(spec, "rank=%d,step=%lld,mode=%23[a-z_],until=%lld", &r, &step, mode, &until) < 2)
+        return;
+    target_ = r, step_ = step, until_ = until, mode_ = mode;
+}
+
+bool FaultInjection::hits(int64_t s) const {
+    return target_ >= 0 && rank_ == target_ && s >= step_ && s <= std::max(step_, until_);
+}
+
+bool FaultInjection::at_step_start(int64_t s) {
+    if (!hits(s)) return false;
+    if (mode_ == "nan") return true;
+    if (mode_ == "nan_once") {
+        if (fired_once_) return false;
+        fired_once_ = true;
+        return true;
+    }
+    if (mode_ == "hang")
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    if (mode_ == "stop") std::raise(SIGSTOP);  // the whole process, watchdog thread included
+    if (mode_ == "kill") std::raise(SIGKILL);  // a dying rank
+    if (mode_ == "stop_checkpoint") return false;  // at the checkpoint of that step (in_checkpoint)
+    rank_fail("injected fault (QUINTET_INJECT_FAULT) at step " + std::to_string(s));
+}
+
+void FaultInjection::in_checkpoint(int64_t step) const {
+    // The others wait for this rank in the write's barrier.
+    if (mode_ == "stop_checkpoint" && hits(step - 1)) std::raise(SIGSTOP);
+}
+
+}  // namespace quintet

@@ -1,0 +1,375 @@
+#include "quintet/train/telemetry.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "quintet/core/clock.hpp"
+#include "quintet/core/profile.hpp"
+#include "quintet/io/checkpoint.hpp"
+#include "quintet/io/metrics_schema.hpp"
+#include "quintet/parallel/pipeline_schedule.hpp"
+#include "quintet/perf/host_peak.hpp"
+
+namespace quintet {
+
+namespace ms = metrics_schema;
+
+namespace {
+
+std::string human_time(double s) {
+    char buf[32];
+    if (s < 60) std::snprintf(buf, sizeof buf, "%.0fs", s);
+    else if (s < 3600) std::snprintf(buf, sizeof buf, "%dm%02ds", int(s) / 60, int(s) % 60);
+    else std::snprintf(buf, sizeof buf, "%dh%02dm", int(s) / 3600, (int(s) % 3600) / 60);
+    return buf;
+}
+
+std::string human_rate(double x) {
+    char buf[32];
+    if (x >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", x / 1e6);
+    else if (x >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", x / 1e3);
+    else std::snprintf(buf, sizeof buf, "%.0f", x);
+    return buf;
+}
+
+constexpr int kMemoryColumns = int(ms::kMemoryCategories.size());
+
+}  // namespace
+
+Telemetry::Telemetry(RankModel& model, std::string deck_text)
+    : model_(model), deck_(model.deck()), deck_text_(std::move(deck_text)) {
+    const ProcessGrid& grid = model.grid();
+    Backend& be = model.backend();
+    if (deck_.train.peak_tflops > 0 || !model.host_arena()) {  // deck_validate requires it on a GPU
+        peak_flops_ = matmul_flops_ = deck_.train.peak_tflops * 1e12 * grid.world().size();
+        peak_what_ = "train.peak_tflops";
+    } else {
+        // MFU's denominator: the FMA peak of the cores the job runs on (cached per host).
+        HostPeak hp;
+        peak_flops_ = job_fma_peak_flops(grid.world(), be.threads(), &hp);
+        peak_what_ = "FMA peak, " + hp.isa + ", " + hp.source;
+        // The achieved share of the measured matmul rate, the second column: every rank's sgemm
+        // at once (so shared cores are not counted twice); 1024^3, best of 5, and per node the
+        // best seen on this host (job_sgemm_flops): short runs read 30% low on a busy machine.
+        const double g = cpu_measure_sgemm_gflops(be, 1024, 5);
+        matmul_flops_ = job_sgemm_flops(grid.world(), g, be.threads(), &sgemm_measured_);
+    }
+    const int pp = grid.pp().size();
+    idle_.assign(size_t(pp), 0.0);
+    act_mib_.assign(size_t(pp), 0.0);
+    if (model.moe()) moe_idle_.assign(size_t(deck_.model.n_layers) * deck_.model.moe.experts, 0);
+}
+
+Telemetry::~Telemetry() = default;
+
+void Telemetry::log(const std::string& line) const {
+    if (model_.grid().rank() == 0) {
+        std::printf("%s\n", line.c_str());
+        std::fflush(stdout);
+    }
+}
+
+void Telemetry::begin(int64_t start_step, const std::string& resumed_from) {
+    const ProcessGrid& grid = model_.grid();
+    start_step_ = start_step;
+    if (grid.rank() == 0) {
+        const ModelDims& d = model_.dims();
+        const ParamTable& table = model_.table();
+        size_t n = 0;
+        for (const auto& l : table.logical) n += l.numel();
+        const int64_t gb = int64_t(grid.dp().size()) * deck_.parallel.microbatches * deck_.data.micro_batch_size;
+        char buf[512];
+        std::snprintf(buf, sizeof buf,
+                      "model: %.2fM params (%.2fM in matmuls), vocab %d, %d layers, d_model %d, "
+                      "heads %d/%d, ffn %d | layout %s%s | schedule %s | global batch %lld x %d "
+                      "tokens | %s | peak %.1f GFLOP/s (%s), sgemm %.1f GFLOP/s",
+                      n / 1e6, table.matmul_params / 1e6, d.V, d.L, d.C, d.NH, d.NKV, d.F,
+                      grid.layout().describe().c_str(), model_.tp().sp() ? " +sp" : "",
+                      deck_.parallel.schedule.c_str(), (long long)gb, deck_.data.seq_len,
+                      deck_.train.precision.c_str(), peak_flops_ / 1e9, peak_what_.c_str(), matmul_flops_ / 1e9);
+        std::string line = buf;
+        if (sgemm_measured_ > 0 && sgemm_measured_ < matmul_flops_) {
+            std::snprintf(buf, sizeof buf, " (the best measured on this host; this run measured %.1f)", sgemm_measured_ / 1e9);
+            line += buf;
+        }
+        log(line);
+        metrics_ = std::make_unique<MetricsFile>(deck_.output.run_dir, deck_text_, start_step,
+                                                 resumed_from.empty() ? "" : checkpoint_metrics_path(resumed_from));
+        for (const auto& w : metrics_->warnings) log("warning: " + w);
+        if (!moe_idle_.empty() && start_step > 0) {
+            // The dead-expert counters continue from the history up to the resumed step.
+            const std::vector<double> h = metrics_->read_all(ms::kExpertLoad);
+            for (size_t row = 0; row + moe_idle_.size() <= h.size(); row += moe_idle_.size())
+                for (size_t i = 0; i < moe_idle_.size(); ++i) moe_idle_[i] = h[row + i] > 0 ? 0 : moe_idle_[i] + 1;
+        }
+    }
+    t_start_ = now_s();
+}
+
+MemoryBytes Telemetry::memory_account() const {
+    MemoryBytes m;
+    m.params = model_.param_bytes();
+    m.grads = grads_bytes_;
+    m.optimizer = optimizer_bytes_;
+    m.activations = model_.activation_bytes();
+    m.buffers = model_.buffer_bytes();
+    m.total = process_peak_rss_bytes();
+    m.runtime = m.total - (m.params + m.grads + m.optimizer + m.activations + m.buffers);
+    return m;
+}
+
+// The per-layer MoE figures of the step just taken, from the counts every rank has (dense layers
+// of moe.layers read 0), and the dead-expert counters advanced.
+Telemetry::MoeFigures Telemetry::moe_figures(const MoeCounts& c) {
+    MoeFigures f;
+    if (c.empty()) return f;
+    const int L = deck_.model.n_layers, E = deck_.model.moe.experts, ep = c.ep();
+    f.load.assign(size_t(L) * E, 0.0);
+    f.imbalance.assign(size_t(L), 0.0), f.dead.assign(size_t(L), 0.0), f.dropped.assign(size_t(L), 0.0);
+    f.aux.assign(size_t(L), 0.0), f.ep_tokens.assign(size_t(L) * ep, 0.0);
+    for (int l = 0; l < L; ++l) {
+        if (!moe_layer(deck_.model, l)) continue;
+        double sum = 0, max = 0;
+        for (int e = 0; e < E; ++e) {
+            const double load = c.routed(l, e);
+            f.load[size_t(l) * E + e] = load;
+            sum += load, max = std::max(max, load);
+            int64_t& idle = moe_idle_[size_t(l) * E + e];
+            idle = load > 0 ? 0 : idle + 1;
+            if (idle >= deck_.model.moe.dead_after) f.dead[size_t(l)] += 1;
+        }
+        f.imbalance[size_t(l)] = sum > 0 ? max / (sum / E) : 0.0;
+        f.worst_imbalance = std::max(f.worst_imbalance, f.imbalance[size_t(l)]);
+        f.dropped[size_t(l)] = c.dropped(l);
+        f.aux[size_t(l)] = c.aux_count(l) > 0 ? c.aux_sum(l) / c.aux_count(l) : 0.0;
+        for (int g = 0; g < ep; ++g) f.ep_tokens[size_t(l) * ep + g] = c.received(l, g);
+    }
+    return f;
+}
+
+void Telemetry::take_profile(const StepStats& st, bool steady) {
+    // This rank's per-operation seconds of the step (rank 0's go to the metrics).
+    std::vector<profile::Entry> entries = profile::take();
+    double sum = 0;
+    for (const auto& e : entries) {
+        sum += e.seconds;
+        if (std::find(profile_order_.begin(), profile_order_.end(), e.name) == profile_order_.end())
+            profile_order_.push_back(e.name);
+    }
+    entries.push_back({"other", std::max(0.0, st.step_time - sum), 0});
+    for (ProfileTotals* pt : {&profile_all_, &profile_steady_}) {
+        if (pt == &profile_steady_ && !steady) continue;
+        for (const auto& e : entries) {
+            auto& t = pt->ops[e.name];
+            t.first += e.seconds;
+            t.second += e.calls;
+        }
+        pt->time += st.step_time;
+        ++pt->steps;
+    }
+    std::vector<std::pair<std::string, double>> ops;
+    for (const auto& e : entries) ops.emplace_back(e.name, e.seconds);
+    if (metrics_) metrics_->append(ms::kTimingOp, ops);
+}
+
+void Telemetry::record_step(int64_t s, const StepStats& st, bool skipped, const MoeCounts& moe) {
+    const ProcessGrid& grid = model_.grid();
+    const int pp = grid.pp().size(), stage = grid.coord(kPP), world = grid.world().size();
+    const int64_t gb = int64_t(grid.dp().size()) * deck_.parallel.microbatches * deck_.data.micro_batch_size;
+    const double tokens_per_step = double(gb) * deck_.data.seq_len;
+    // Every stage's bubble (time blocked in pipeline receives / time of the schedule) and
+    // activation memory, gathered for rank 0.
+    std::fill(idle_.begin(), idle_.end(), 0.0);
+    std::fill(act_mib_.begin(), act_mib_.end(), 0.0);
+    idle_[size_t(stage)] = st.t_pipeline > 0 ? st.t_wait / st.t_pipeline : 0.0;
+    act_mib_[size_t(stage)] = model_.executor().activation_bytes() / 1048576.0;
+    if (pp > 1) {
+        grid.pp().all_reduce_sum(idle_.data(), idle_.size());
+        grid.pp().all_reduce_sum(act_mib_.data(), act_mib_.size());
+    }
+    const double tps = tokens_per_step / st.step_time;
+    const double mfu = tps * model_.flops_per_token() / peak_flops_;
+    const double mfu_matmul = tps * model_.flops_per_token() / matmul_flops_;  // share of the sgemm rate
+    const MoeFigures mf = moe_figures(moe);
+    // Every rank's memory by category, for /memory/* (and the prediction check at the end).
+    {
+        const MemoryBytes mb = memory_account();
+        const double mine[kMemoryColumns] = {mb.params, mb.grads, mb.optimizer, mb.activations,
+                                             mb.buffers, mb.runtime, mb.total};
+        memory_all_.resize(size_t(kMemoryColumns) * world);
+        grid.world().gather(mine, memory_all_.data(), kMemoryColumns, 0);
+    }
+    // The steady state: past the first two steps of this run (page faults, warm-up). The
+    // tokens/s median and the profile's table read these steps only.
+    const bool steady = s - start_step_ > 2;
+    if (steady) tps_history_.push_back(tps);
+    if (profile::enabled()) take_profile(st, steady);
+    if (metrics_) {
+        for (int c = 0; c < kMemoryColumns; ++c) {
+            std::vector<double> col(static_cast<size_t>(world));
+            for (size_t r = 0; r < col.size(); ++r) col[r] = memory_all_[r * kMemoryColumns + size_t(c)];
+            metrics_->append_vector(ms::memory_path(ms::kMemoryCategories[size_t(c)]), col);
+        }
+        metrics_->append(ms::kTrain, {{ms::kStep, double(s)}, {ms::kLoss, st.loss}, {ms::kCeLoss, st.ce_loss},
+                                      {ms::kAuxLoss, st.aux_loss}, {ms::kLr, st.lr}, {ms::kGradNorm, st.grad_norm},
+                                      {ms::kTokensPerS, tps}, {ms::kMfu, mfu}, {ms::kMfuMatmul, mfu_matmul},
+                                      {ms::kStepTime, st.step_time}, {ms::kSkipped, skipped ? 1.0 : 0.0}});
+        metrics_->append(ms::kTiming, {{ms::kTimePipeline, st.t_pipeline}, {ms::kTimePipelineWait, st.t_wait},
+                                       {ms::kTimeReplicaSync, st.t_sync}, {ms::kTimeDpReduce, st.t_dp},
+                                       {ms::kTimeOptimizer, st.t_optim}, {ms::kTpComm, st.tp.seconds},
+                                       {ms::kTpBytes, st.tp.bytes}, {ms::kDpBucketsOverlapped, st.dp_early},
+                                       {ms::kCpComm, st.cp.seconds}, {ms::kCpExposed, st.cp.exposed_s},
+                                       {ms::kCpBytes, st.cp.bytes}, {ms::kEpDispatch, st.ep_dispatch.seconds},
+                                       {ms::kEpCombine, st.ep_combine.seconds},
+                                       {ms::kEpBytes, st.ep_dispatch.bytes + st.ep_combine.bytes},
+                                       {ms::kEpBytesAll, st.ep_bytes_all}, {ms::kEpBytesTheory, st.ep_bytes_theory}});
+        std::vector<std::pair<std::string, double>> row;
+        for (int i = 0; i < pp; ++i) {
+            row.emplace_back("stage" + std::to_string(i) + "_idle_fraction", idle_[size_t(i)]);
+            row.emplace_back("stage" + std::to_string(i) + "_activation_mib", act_mib_[size_t(i)]);
+        }
+        metrics_->append(ms::kPipeline, row);
+        if (!moe.empty()) {
+            const int L = deck_.model.n_layers;
+            metrics_->append_matrix(ms::kExpertLoad, mf.load, L, deck_.model.moe.experts);
+            metrics_->append_matrix(ms::kImbalance, mf.imbalance, L, 1);
+            metrics_->append_matrix(ms::kDeadExperts, mf.dead, L, 1);
+            metrics_->append_matrix(ms::kDroppedTokens, mf.dropped, L, 1);
+            metrics_->append_matrix(ms::kMoeAux, mf.aux, L, 1);
+            metrics_->append_matrix(ms::kEpTokens, mf.ep_tokens, L, moe.ep());
+        }
+    }
+    const int64_t steps = deck_.train.steps;
+    if (s % deck_.output.log_every == 0 || s == steps) {
+        const double el = now_s() - t_start_;
+        const double eta = el / double(s - start_step_) * double(steps - s);
+        char buf[256], imb[48] = "";
+        if (!moe.empty())  // the worst MoE layer's max/mean expert load
+            std::snprintf(imb, sizeof imb, " | imbalance %.2f", mf.worst_imbalance);
+        std::snprintf(buf, sizeof buf,
+                      "step %6lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | MFU %.1f%% | "
+                      "%.0f%% of sgemm%s | %s elapsed | ETA %s",
+                      (long long)s, (long long)steps, st.loss, st.lr, st.grad_norm, human_rate(tps).c_str(),
+                      100.0 * mfu, 100.0 * mfu_matmul, imb, human_time(el).c_str(), human_time(eta).c_str());
+        log(buf);
+    }
+}
+
+void Telemetry::record_eval(int64_t s, double loss) {
+    if (std::isnan(loss)) {
+        log("evaluation of step " + std::to_string(s) + " interrupted by a stop signal");
+        return;
+    }
+    if (metrics_) metrics_->append(ms::kEval, {{ms::kStep, double(s)}, {ms::kLoss, loss}});
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "eval step %lld | val loss %.4f", (long long)s, loss);
+    log(buf);
+}
+
+void Telemetry::end_step(int64_t s) {
+    if (metrics_) metrics_->flush();
+    if (s != start_step_ + 1) return;
+    double total = 0;
+    for (double a : act_mib_) total += a;
+    char buf[160];
+    std::snprintf(buf, sizeof buf,
+                  "activations: %.1f MiB per rank (peak of all microbatches in flight; %.1f MiB over all %d stage(s))%s",
+                  act_mib_[0], total, int(act_mib_.size()), model_.tp().sp() ? ", sequence parallel" : "");
+    log(buf);
+}
+
+void Telemetry::report_finished() const {
+    const ProcessGrid& grid = model_.grid();
+    if (grid.rank() != 0) return;
+    // Rank 0, at the end of a run: the planner's prediction for this deck and layout against the
+    // measured memory of the largest rank and the median tokens/s.
+    const int world = grid.world().size();
+    Backend& be = model_.backend();
+    if (!memory_all_.empty()) {
+        MachineModel mm;
+        mm.cores = host_cores();
+        mm.threads_per_rank = be.threads();
+        mm.matmul_gflops_per_core = matmul_flops_ / 1e9 / std::max(1, std::min(mm.cores, world * be.threads()));
+        LinkFigures link;
+        if (read_link_cache(&link)) mm.link_gbs = link.gbs, mm.link_latency_s = link.latency_s;
+        mm.runtime_base_bytes = model_.rss_before_bytes();  // after MPI_Init and the token file, before the model
+        mm.data_bytes = 0;
+        Deck d = deck_;
+        d.parallel.dp = grid.dp().size();
+        const PlanRow pr = plan_layout(d, world, mm);
+        if (pr.valid && model_.host_arena()) {
+            // The measured rank with the largest peak RSS.
+            int big = 0;
+            for (int r = 1; r < world; ++r)
+                if (memory_all_[size_t(r) * kMemoryColumns + 6] > memory_all_[size_t(big) * kMemoryColumns + 6]) big = r;
+            const double* m = &memory_all_[size_t(big) * kMemoryColumns];
+            const double pred[kMemoryColumns] = {pr.memory.params, pr.memory.grads, pr.memory.optimizer,
+                                                 pr.memory.activations, pr.memory.buffers, pr.memory.runtime,
+                                                 pr.memory.total};
+            static const char* names[kMemoryColumns] = {"params", "grads", "optimizer", "activations", "buffers",
+                                                        "runtime", "peak RSS"};
+            std::string line = "predicted (quintet plan) / measured, MiB, largest rank (" + std::to_string(big) + "):";
+            for (int c = 0; c < kMemoryColumns; ++c) {
+                char b[96];
+                std::snprintf(b, sizeof b, "%s %s %.1f/%.1f", c ? " |" : "", names[c], pred[c] / 1048576, m[c] / 1048576);
+                line += b;
+            }
+            log(line);
+            std::vector<double> h = tps_history_;
+            if (!h.empty()) {
+                std::nth_element(h.begin(), h.begin() + long(h.size() / 2), h.end());
+                const double med = h[h.size() / 2];
+                char b[200];
+                std::snprintf(b, sizeof b,
+                              "predicted / measured tokens/s: %.0f / %.0f (%+.0f%%; median of %zu steps), step %.3f s "
+                              "predicted (compute %.3f, bubble %.3f, comm %.3f)",
+                              pr.tokens_per_s, med, 100 * (pr.tokens_per_s / med - 1), h.size(), pr.step_time_s,
+                              pr.compute_s, pr.bubble_s, pr.comm_s.sum());
+                log(b);
+            }
+        }
+    }
+    const int pp = grid.pp().size();
+    if (pp > 1) {
+        const int m = deck_.parallel.microbatches, v = deck_.parallel.virtual_stages;
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "pipeline (%s, pp=%d, m=%d, v=%d): bubble theory %.3f",
+                      deck_.parallel.schedule.c_str(), pp, m, v, bubble_theory(deck_.parallel.schedule, pp, m, v));
+        log(buf);
+        for (int i = 0; i < pp; ++i) {
+            std::snprintf(buf, sizeof buf, "  stage %d: measured idle %.3f (last step) | peak activations %.1f MiB",
+                          i, idle_[size_t(i)], act_mib_[size_t(i)]);
+            log(buf);
+        }
+    }
+}
+
+void Telemetry::report_profile() const {
+    const bool steady = profile_steady_.steps > 0;
+    const ProfileTotals& pt = steady ? profile_steady_ : profile_all_;
+    if (model_.grid().rank() != 0 || pt.steps == 0) return;
+    std::vector<std::string> names = profile_order_;
+    names.push_back("other");
+    auto seconds = [&](const std::string& n) {
+        const auto it = pt.ops.find(n);
+        return it == pt.ops.end() ? std::pair<double, int64_t>{0.0, 0} : it->second;
+    };
+    std::stable_sort(names.begin(), names.end(), [&](const std::string& a, const std::string& b) {
+        return seconds(a).first > seconds(b).first;
+    });
+    char b[240];
+    std::snprintf(b, sizeof b, "profile of rank 0 over %lld %sstep(s), %.3f s per step (train.profile = true%s):",
+                  (long long)pt.steps, steady ? "steady-state " : "", pt.time / pt.steps,
+                  steady ? "; the first 2 steps left out, as for the tokens/s median" : "");
+    log(b);
+    log("  operation                        s/step   share   calls/step");
+    for (const auto& n : names) {
+        const auto t = seconds(n);
+        std::snprintf(b, sizeof b, "  %-30s %8.4f  %5.1f%%  %8.1f", n.c_str(), t.first / pt.steps,
+                      100 * t.first / pt.time, double(t.second) / pt.steps);
+        log(b);
+    }
+}
+
+}  // namespace quintet

@@ -95,7 +95,9 @@ mkdir x
 for d in debs/*.deb; do dpkg-deb -x "$d" x; done
 find x -type f \( -name '*.so*' -o -path '*/bin/*' \) -print0 |
     { xargs -0 readelf -d 2>/dev/null || true; } | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | sort -u > needed.txt
-find x \( -type f -o -type l \) -name 'lib*.so*' -printf '%f\n' | sort -u > provided.txt
+{ find x \( -type f -o -type l \) -name 'lib*.so*' -printf '%f\n'
+  find x -type f -name '*.so*' -print0 | { xargs -0 readelf -d 2>/dev/null || true; } |
+      sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p'; } | sort -u > provided.txt
 comm -23 needed.txt provided.txt > system-libs.txt
 {
     echo "# quintet GPU bundle (scripts/gpu_bundle.sh)"
@@ -106,7 +108,7 @@ comm -23 needed.txt provided.txt > system-libs.txt
     while IFS== read -r p v; do
         f=$(ls debs/"${p}"_*.deb)
         printf '%s %s %d: %s\n' "$p" "$v" $(( $(stat -c %s "$f") / 1024 )) \
-            "$(apt-cache show --no-all-versions "$p" | sed -n 's/^Description: //p' | head -1)"
+            "$(apt-cache show --no-all-versions "$p" | sed -n 's/^Description\(-en\)\{0,1\}: //p' | head -1)"
     done < packages.txt
     echo
     echo "total: $(ls debs/*.deb | wc -l) packages, $(du -cb debs/*.deb | tail -1 | cut -f1) bytes"

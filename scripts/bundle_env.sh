@@ -91,7 +91,8 @@ _bundle_unpack() {  # bundle prefix: fills prefix, writes prefix/.unpacked and p
         pkg=$(dpkg-deb -f "$deb" Package) || { echo "bundle: $deb is not a Debian package" >&2; return 1; }
         case "$pkg" in
             libopenmpi*|openmpi-*|libpmix*|libhdf5-openmpi*) ;;  # always ours: plugins match libraries
-            *)
+            *-dev) ;;          # headers and link names: always (and not listed: xz is slow on big ones)
+            lib*)              # Debian's runtime library packages: lib<name><soversion>
                 list=$(dpkg-deb -c "$deb")
                 sonames=$(_bundle_deb_sonames "$list")
                 if [[ -n $sonames ]] && ! grep -qE '\./usr/(bin|include)/' <<< "$list"; then
@@ -102,6 +103,7 @@ _bundle_unpack() {  # bundle prefix: fills prefix, writes prefix/.unpacked and p
                         continue
                     fi
                 fi ;;
+            *) ;;              # programs, data
         esac
         dpkg -x "$deb" "$prefix" || { echo "bundle: dpkg -x $deb failed" >&2; return 1; }
         echo "bundle  $pkg" >> "$prefix/unpack.log"

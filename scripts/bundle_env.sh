@@ -19,7 +19,9 @@
 # How the prefix is made (no root path is written, nothing is installed): `dpkg -x` of each
 # package, except a library package whose every shared library the system's loader already has
 # (its system copy, the same or newer, serves; nothing of the system's is shadowed) -- never for
-# Open MPI, PMIx and HDF5, whose plugins and wrappers must match their own libraries; then
+# Open MPI, PMIx and HDF5, whose plugins and wrappers must match their own libraries -- and
+# the fallbacks (libraries a minimal Debian has) the same way; QUINTET_BUNDLE_UNPACK_ALL=1
+# unpacks every package, as for a system that had none of them (the offline test); then
 #   - the links that Debian's maintainer scripts (update-alternatives, ldconfig) would have made:
 #     mpirun, mpiexec, mpicc, mpicxx, h5pcc; the libraries' soname links (ldconfig -n);
 #   - development links (libcrypto.so, libz.so, ...) to a library left to the system point at the
@@ -93,6 +95,8 @@ _bundle_unpack() {  # bundle prefix: fills prefix, writes prefix/.unpacked and p
             libopenmpi*|openmpi-*|libpmix*|libhdf5-openmpi*) ;;  # always ours: plugins match libraries
             *-dev) ;;          # headers and link names: always (and not listed: xz is slow on big ones)
             lib*)              # Debian's runtime library packages: lib<name><soversion>
+                [[ ${QUINTET_BUNDLE_UNPACK_ALL:-0} == 1 ]] && { dpkg -x "$deb" "$prefix" || return 1
+                    echo "bundle  $pkg (QUINTET_BUNDLE_UNPACK_ALL)" >> "$prefix/unpack.log"; continue; }
                 list=$(dpkg-deb -c "$deb")
                 sonames=$(_bundle_deb_sonames "$list")
                 if [[ -n $sonames ]] && ! grep -qE '\./usr/(bin|include)/' <<< "$list"; then
@@ -149,7 +153,8 @@ bundle_activate() {
     }
     bundle=$(cd "$bundle" && pwd -P)
     mkdir -p "$prefix" && prefix=$(cd "$prefix" && pwd -P) || return 1
-    stamp=$(cat "$bundle/MANIFEST.txt" 2>/dev/null; ls -l "$bundle/debs"; _bundle_ldconfig_p | md5sum)
+    stamp=$(cat "$bundle/MANIFEST.txt" 2>/dev/null; ls -l "$bundle/debs"; _bundle_ldconfig_p | md5sum
+            echo "${QUINTET_BUNDLE_UNPACK_ALL:-0}")
     stamp=$(md5sum <<< "$stamp" | cut -d' ' -f1)
     if [[ $(cat "$prefix/.unpacked" 2>/dev/null) != "$stamp" ]]; then
         _bundle_unpack "$bundle" "$prefix" || return 1

@@ -4,7 +4,7 @@
 # an ignored folder of the repository, .gpu-bundle/ (scripts/gpu_check.sh unpacks it there).
 #
 #   scripts/gpu_bundle.sh              derive the list, download, write .gpu-bundle/MANIFEST.txt
-#   scripts/gpu_bundle.sh --list       derive and print the list only (no download)
+#   scripts/gpu_bundle.sh --list       derive and print apt's list only (no download, no fallbacks)
 #   scripts/gpu_bundle.sh --out DIR    another folder than .gpu-bundle
 #
 # The list is not written by hand: in a fresh minimal Debian 12 (scripts/debian_chroot.sh) with
@@ -12,14 +12,18 @@
 # bring libraries: it may be a standalone binary there) -- apt-get resolves the build and run
 # packages of scripts/setup.sh (TOP below) and the bundle is exactly the packages it would
 # install. EXCLUDE names packages that apt would pull in but quintet does not use; they are
-# declared present (stubs without dependencies, pinned) for the resolution, so what only they need drops
-# out too. tests/gpu_bundle/test_gpu_bundle.sh proves the result complete: quintet builds and
-# trains from it in a minimal Debian with the network cut.
+# declared present (stubs without dependencies, pinned) for the resolution, so what only they
+# need drops out too. The libraries those packages load from the minimal system (libssl, gnutls,
+# krb5, libunistring...) come along as fallbacks, transitively, less the compiler's runtime and
+# the C library: gpu_check.sh unpacks a fallback only where the machine lacks its sonames.
+# tests/gpu_bundle/test_gpu_bundle.sh proves the result complete: quintet builds and trains from
+# it in a minimal Debian with the network cut, and runs with every fallback in use.
 #
 # Needs root (chroot) and the Debian registry. Bundle size limit: 48 MiB (the device call
 # carries the repository and this folder, 64 MiB in all).
 # Outputs: DIR/debs/*.deb, DIR/MANIFEST.txt (packages, versions, sizes, purpose; the libraries
-# the bundle expects from the system), DIR/system-libs.txt (those sonames, one a line).
+# the bundle expects from the system), DIR/system-libs.txt (those sonames, one a line),
+# DIR/fallbacks.txt (the fallback packages).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 repo=$(pwd -P)
@@ -31,7 +35,7 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
         --list) list_only=1 ;;
         --out) [[ $# -ge 2 && -n $2 ]] || die "--out needs a folder"; out=$2; shift ;;
-        -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument '$1' (valid: --list, --out DIR, --help)" ;;
     esac
     shift
@@ -90,26 +94,70 @@ awk '/^Inst /{v=$3; gsub(/[()]/, "", v); print $2 "=" v}' simulate.log > package
 if [[ $list_only == 1 ]]; then cat packages.txt; exit 0; fi
 mkdir -p debs
 (cd debs && xargs apt-get -o APT::Sandbox::User=root download -qq < ../packages.txt)
-# The libraries the bundle's programs and libraries need but do not contain: the system's.
+# The libraries the unpacked packages in folder $1 need but do not contain.
+missing_libs() {
+    find "$1" -type f \( -name '*.so*' -o -path '*/bin/*' \) -print0 |
+        { xargs -0 readelf -d 2>/dev/null || true; } | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | sort -u > needed.txt
+    { find "$1" \( -type f -o -type l \) -name 'lib*.so*' -printf '%f\n'
+      find "$1" -type f -name '*.so*' -print0 | { xargs -0 readelf -d 2>/dev/null || true; } |
+          sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p'; } | sort -u > provided.txt
+    comm -23 needed.txt provided.txt
+}
 mkdir x
 for d in debs/*.deb; do dpkg-deb -x "$d" x; done
-find x -type f \( -name '*.so*' -o -path '*/bin/*' \) -print0 |
-    { xargs -0 readelf -d 2>/dev/null || true; } | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | sort -u > needed.txt
-{ find x \( -type f -o -type l \) -name 'lib*.so*' -printf '%f\n'
-  find x -type f -name '*.so*' -print0 | { xargs -0 readelf -d 2>/dev/null || true; } |
-      sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p'; } | sort -u > provided.txt
-comm -23 needed.txt provided.txt > system-libs.txt
+# Fallbacks: the packages of the libraries the bundle expects from this minimal system, and of
+# what those load in turn, less the compiler's runtime (the image's own must serve). gpu_check.sh
+# unpacks a fallback only where the machine lacks its sonames -- e.g. Ubuntu 24.04 has
+# libunistring.so.5, not the .so.2 that Debian's libpsl5 (libcurl4 <- HDF5) loads.
+core=" libc6 libgcc-s1 libstdc++6 libgomp1 libatomic1 "
+: > fallbacks.txt
+todo=$(missing_libs x)
+ldconfig -p > ldcache.txt
+seen=" "
+while [[ -n $todo ]]; do
+    next=""
+    for so in $todo; do
+        [[ $seen == *" $so "* ]] && continue
+        seen+="$so "
+        path=$(awk -v s="$so" '$1 == s && /x86-64/ {print $NF; exit}' ldcache.txt)
+        [[ -n $path ]] || { echo "gpu_bundle: $so is not on the minimal system either" >&2; continue; }
+        real=$(readlink -f "$path")
+        pkg=$({ dpkg -S "/lib/x86_64-linux-gnu/${real##*/}" "/usr/lib/x86_64-linux-gnu/${real##*/}" 2>/dev/null || true; } |
+              head -1 | cut -d: -f1)
+        [[ -n $pkg ]] || { echo "gpu_bundle: no package owns $real" >&2; continue; }
+        [[ $core == *" $pkg "* ]] && continue
+        grep -qx "$pkg" fallbacks.txt || echo "$pkg" >> fallbacks.txt
+        next+=" $(readelf -d "$real" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')"
+    done
+    todo=$next
+done
+sort -o fallbacks.txt fallbacks.txt
+if [[ -s fallbacks.txt ]]; then
+    (cd debs && xargs apt-get -o APT::Sandbox::User=root download -qq < ../fallbacks.txt)
+    while read -r p; do dpkg-deb -x debs/"${p}"_*.deb x; done < fallbacks.txt
+fi
+# What is left to the system: the compiler's runtime and the C library.
+missing_libs x > system-libs.txt
+describe() {  # package lines: name version KiB: purpose
+    local p v f
+    while read -r p v; do
+        f=$(ls debs/"${p}"_*.deb)
+        printf '%s %s %d: %s\n' "$p" "$v" $(( $(stat -c %s "$f") / 1024 )) \
+            "$(apt-cache show --no-all-versions "$p" | sed -n 's/^Description\(-en\)\{0,1\}: //p' | head -1)"
+    done
+}
 {
     echo "# quintet GPU bundle (scripts/gpu_bundle.sh)"
     echo "made: $(date -u +%Y-%m-%dT%H:%MZ) from Debian $(cat /etc/debian_version) ($(apt-cache policy | sed -n 's/.*release.*o=Debian,a=\([^,]*\),n=\([^,]*\).*/\1 \2/p' | head -1))"
     echo "resolved against: debootstrap minbase + $baseline; top-level: $top"
     echo
     echo "## packages (name version KiB: purpose)"
-    while IFS== read -r p v; do
-        f=$(ls debs/"${p}"_*.deb)
-        printf '%s %s %d: %s\n' "$p" "$v" $(( $(stat -c %s "$f") / 1024 )) \
-            "$(apt-cache show --no-all-versions "$p" | sed -n 's/^Description\(-en\)\{0,1\}: //p' | head -1)"
-    done < packages.txt
+    tr '=' ' ' < packages.txt | describe
+    echo
+    echo "## fallbacks: the libraries above need these from the system; unpacked only where it lacks them"
+    while read -r p; do
+        echo "$p $(apt-cache show --no-all-versions "$p" | sed -n 's/^Version: //p' | head -1)"
+    done < fallbacks.txt | describe
     echo
     echo "total: $(ls debs/*.deb | wc -l) packages, $(du -cb debs/*.deb | tail -1 | cut -f1) bytes"
     echo
@@ -118,7 +166,7 @@ comm -23 needed.txt provided.txt > system-libs.txt
         [[ -n $re ]] && echo "- ${re//|/, }: $reason"
     done < exclude.tsv
     echo
-    echo "## libraries expected from the system (needed by the bundle, not in it)"
+    echo "## libraries expected from the system (needed by the bundle, not in it: the compiler's runtime, the C library)"
     tr '\n' ' ' < system-libs.txt; echo
 } > MANIFEST.txt
 rm -rf x
@@ -143,5 +191,5 @@ if [[ -e $out ]]; then
     rm -rf --one-file-system "$out"
 fi
 mkdir -p "$out"
-mv "$b/debs" "$b/MANIFEST.txt" "$b/system-libs.txt" "$out/"
+mv "$b/debs" "$b/MANIFEST.txt" "$b/system-libs.txt" "$b/fallbacks.txt" "$out/"
 echo "gpu_bundle: $out: $(ls "$out"/debs | wc -l) packages, $mib MiB (limit $LIMIT_MIB); see $out/MANIFEST.txt"

@@ -51,12 +51,17 @@ bundle_libraries_missing() {
     return 1
 }
 
-# The sonames a package's shared libraries in the top library folders would have: libfoo.so.4
-# for libfoo.so.4 and libfoo.so.4.0.1 (Debian names its files so).
-_bundle_deb_sonames() {  # listing of dpkg-deb -c
-    awk '{print $NF}' <<< "$1" |
-        grep -E "^\./(usr/)?lib/$(_bundle_multiarch)/lib[^/]*\.so\.[0-9]+" |
-        sed -E 's|.*/||; s/(\.so\.[0-9]+).*/\1/' | sort -u
+# The shared libraries a package ships in the top library folders (file and link names).
+_bundle_deb_sonames() {  # listing of dpkg-deb -c (a link's line ends "name -> target")
+    sed -E 's/ -> .*//' <<< "$1" | awk '{print $NF}' |
+        grep -E "^\./(usr/)?lib/$(_bundle_multiarch)/lib[^/]*\.so(\.[0-9]+.*)?$" | sed 's|.*/||' | sort -u
+}
+
+# Whether the system's loader has the library a file of this name provides: the name itself
+# (libfoo.so.4, libboost_program_options.so.1.74.0, libdb-5.3.so are sonames), else its
+# first version component (libfoo.so.4.0.1 -> libfoo.so.4: Debian names its files so).
+_bundle_system_has_file() {
+    _bundle_system_has "$1" || _bundle_system_has "$(sed -E 's/(\.so\.[0-9]+).*/\1/' <<< "$1")"
 }
 
 _bundle_ldconfig_p() {  # the loader's cache (ldconfig may be outside a non-root PATH), read once
@@ -94,20 +99,19 @@ _bundle_unpack() {  # bundle prefix: fills prefix, writes prefix/.unpacked and p
         case "$pkg" in
             libopenmpi*|openmpi-*|libpmix*|libhdf5-openmpi*) ;;  # always ours: plugins match libraries
             *-dev) ;;          # headers and link names: always (and not listed: xz is slow on big ones)
-            lib*)              # Debian's runtime library packages: lib<name><soversion>
+            *)                 # a runtime library package (libfoo1, zlib1g): only shared libraries
                 [[ ${QUINTET_BUNDLE_UNPACK_ALL:-0} == 1 ]] && { dpkg -x "$deb" "$prefix" || return 1
                     echo "bundle  $pkg (QUINTET_BUNDLE_UNPACK_ALL)" >> "$prefix/unpack.log"; continue; }
                 list=$(dpkg-deb -c "$deb")
                 sonames=$(_bundle_deb_sonames "$list")
                 if [[ -n $sonames ]] && ! grep -qE '\./usr/(bin|include)/' <<< "$list"; then
                     all=1
-                    for s in $sonames; do _bundle_system_has "$s" || { all=0; break; }; done
+                    for s in $sonames; do _bundle_system_has_file "$s" || { all=0; break; }; done
                     if [[ $all == 1 ]]; then
                         echo "system  $pkg ($(tr '\n' ' ' <<< "$sonames" | sed 's/ $//'))" >> "$prefix/unpack.log"
                         continue
                     fi
                 fi ;;
-            *) ;;              # programs, data
         esac
         dpkg -x "$deb" "$prefix" || { echo "bundle: dpkg -x $deb failed" >&2; return 1; }
         echo "bundle  $pkg" >> "$prefix/unpack.log"

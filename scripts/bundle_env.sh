@@ -10,7 +10,7 @@
 #                               build-bundle/prefix; once per bundle) and exports PATH,
 #                               LD_LIBRARY_PATH, LIBRARY_PATH and Open MPI's and PMIx's relocation variables;
 #                               sets the array BUNDLE_CMAKE_ARGS (the configure arguments that
-#                               point CMake at the prefix). Status 1, with the reason on stderr,
+#                               point CMake at the prefix) and BUNDLE_FRESH (1: unpacked now). Status 1, with the reason on stderr,
 #                               if the bundle is missing or broken.
 #   bundle_find_nccl [PREFIX]   finds NCCL's header and library (NCCL_ROOT, a system install, the
 #                               CUDA toolkit, or the pip package nvidia-nccl-cu* beside PyTorch),
@@ -19,7 +19,8 @@
 # How the prefix is made (no root path is written, nothing is installed): `dpkg -x` of each
 # package, except a library package whose every shared library the system's loader already has
 # (its system copy, the same or newer, serves; nothing of the system's is shadowed) -- never for
-# Open MPI, PMIx and HDF5, whose plugins and wrappers must match their own libraries -- and
+# Open MPI, PMIx and HDF5, whose plugins and wrappers must match their own libraries, and
+# Boost.Program_options, whose CMake files name the library file beside them -- and
 # the fallbacks (libraries a minimal Debian has) the same way; QUINTET_BUNDLE_UNPACK_ALL=1
 # unpacks every package, as for a system that had none of them (the offline test); then
 #   - the links that Debian's maintainer scripts (update-alternatives, ldconfig) would have made:
@@ -97,7 +98,9 @@ _bundle_unpack() {  # bundle prefix: fills prefix, writes prefix/.unpacked and p
     for deb in "$bundle"/debs/*.deb; do
         pkg=$(dpkg-deb -f "$deb" Package) || { echo "bundle: $deb is not a Debian package" >&2; return 1; }
         case "$pkg" in
-            libopenmpi*|openmpi-*|libpmix*|libhdf5-openmpi*) ;;  # always ours: plugins match libraries
+            # Always ours: Open MPI's, PMIx's and HDF5's plugins and wrappers must match their
+            # libraries, and Boost's CMake files name the library file beside them.
+            libopenmpi*|openmpi-*|libpmix*|libhdf5-openmpi*|libboost-program-options*) ;;
             *-dev) ;;          # headers and link names: always (and not listed: xz is slow on big ones)
             *)                 # a runtime library package (libfoo1, zlib1g): only shared libraries
                 [[ ${QUINTET_BUNDLE_UNPACK_ALL:-0} == 1 ]] && { dpkg -x "$deb" "$prefix" || return 1
@@ -160,9 +163,12 @@ bundle_activate() {
     stamp=$(cat "$bundle/MANIFEST.txt" 2>/dev/null; ls -l "$bundle/debs"; _bundle_ldconfig_p | md5sum
             echo "${QUINTET_BUNDLE_UNPACK_ALL:-0}")
     stamp=$(md5sum <<< "$stamp" | cut -d' ' -f1)
+    BUNDLE_FRESH=0
     if [[ $(cat "$prefix/.unpacked" 2>/dev/null) != "$stamp" ]]; then
         _bundle_unpack "$bundle" "$prefix" || return 1
         echo "$stamp" > "$prefix/.unpacked"
+        # shellcheck disable=SC2034  # for the sourcing script
+        BUNDLE_FRESH=1   # a CMake cache made against an earlier prefix may name files now gone
     fi
     # The libraries the bundle expects from the system (MANIFEST: not in the bundle).
     if [[ -f $bundle/system-libs.txt ]]; then

@@ -100,6 +100,10 @@ DEPS="system"
             n_b=$(grep -c '^bundle ' "$QUINTET_BUNDLE_PREFIX/unpack.log")
             n_s=$(grep -c '^system ' "$QUINTET_BUNDLE_PREFIX/unpack.log")
             DEPS="bundle: $n_b packages unpacked into $QUINTET_BUNDLE_PREFIX, $n_s left to the system's copies"
+            if [[ $BUNDLE_FRESH == 1 && -f $BUILD/CMakeCache.txt ]]; then
+                echo "the prefix was unpacked anew: dropping $BUILD's CMake cache (it may name files now gone)"
+                rm -rf "$BUILD/CMakeCache.txt" "$BUILD/CMakeFiles"
+            fi
             cat "$QUINTET_BUNDLE_PREFIX/unpack.log"
             status_deps=ok
         fi
@@ -150,9 +154,11 @@ if [[ $status_deps == ok ]]; then
     fi
     [[ $cfg_ok == 1 ]] || { configure && cfg_ok=1; }
     if [[ $cfg_ok == 1 ]]; then
-        if timeout "$(tmo "$CAP_BUILD")" cmake --build "$BUILD" -j "$JOBS" "${TARGETS[@]}" > "$OUT/build.log" 2>&1; then
-            status_build=ok
-        else
+        limit=$(tmo "$CAP_BUILD")
+        timeout "$limit" cmake --build "$BUILD" -j "$JOBS" "${TARGETS[@]}" > "$OUT/build.log" 2>&1
+        rc=$?
+        if [[ $rc == 0 ]]; then status_build=ok; else
+            [[ $rc == 124 ]] && status_build="FAIL (stopped at its time limit, $limit s)"
             fail_log "build" "$OUT/build.log"
         fi
     else

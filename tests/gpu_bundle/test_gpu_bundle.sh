@@ -22,8 +22,9 @@
 #
 #   bash tests/gpu_bundle/test_gpu_bundle.sh        # or: ctest -L gpu_bundle (not in scripts/test.sh's default run)
 # Needs root, chroot, unshare, and the network for steps 1-2; exit 77 (skipped) without them.
-# Takes ~15-25 minutes on 2 cores (the build). Environment: QUINTET_KEEP_CHROOT=1 keeps the chroot
-# (its path is printed), QUINTET_GPU_BUNDLE_JOBS (build jobs, default 2). The report is copied to
+# Takes 5-15 minutes on 2 cores (mostly the build; +3 the first time, for debootstrap).
+# Environment: QUINTET_KEEP_CHROOT=1 keeps the chroot (its path is printed),
+# QUINTET_GPU_BUNDLE_JOBS (build jobs, default 2). The report is copied to
 # ${TMPDIR:-/tmp}/quintet-gpu-bundle-report.md.
 set -uo pipefail
 

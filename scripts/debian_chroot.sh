@@ -18,7 +18,7 @@
 set -euo pipefail
 
 die() { echo "debian_chroot: $*" >&2; exit 2; }
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
 
 tarball=${QUINTET_DEBIAN_TARBALL:-/var/tmp/quintet-debian-bookworm-minbase.tar}
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Runs the test suite (unit, MPI end-to-end, PyTorch reference) with CTest, as CI does:
 # everything except the tests labelled `slow` (minutes of training each; their figures are in
-# docs/). `--all` runs those too. `--sanitize` builds build-asan/ with the address and
+# docs/) and `gpu_bundle` (a 5-15-minute build in a Debian chroot, as root: docs/cuda.md records its
+# run; `ctest -L gpu_bundle`). `--all` runs those too. `--sanitize` builds build-asan/ with the address and
 # undefined-behaviour sanitizers (CPU only) and runs the unit tests there. Other arguments go to
 # ctest, e.g. `scripts/test.sh -L unit`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-select=(-LE slow)
+select=(-LE 'slow|gpu_bundle')
 args=()
 sanitize=0
 for a in "$@"; do

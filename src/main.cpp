@@ -71,6 +71,9 @@ constexpr Subcommand kSubcommands[] = {
     {"plot", nullptr, "RUN_DIR... [-o FILE.png]",
      "plot metrics.h5 of one or several runs", Runs::without_mpi,
      [](int c, char** v, MPI_Comm) { return quintet::plot_main(c, v); }},
+    {"metrics", nullptr, "RUN_DIR [--csv|--jsonl] [--group G]",
+     "a run's metrics as CSV or JSON Lines, for tools without HDF5", Runs::without_mpi,
+     [](int c, char** v, MPI_Comm) { return quintet::metrics_main(c, v); }},
 };
 
 // The row for `quintet argv[1] argv[2] ...`, or nullptr for an unknown (or missing) command.

@@ -269,7 +269,8 @@ std::string keys_of_section(const std::vector<DeckOption>& opts, const std::stri
     throw ConfigError(where + ": '" + key + "': " + valid);
 }
 
-void apply(std::vector<DeckOption>& opts, const po::parsed_options& parsed, const std::string& where) {
+void apply(std::vector<DeckOption>& opts, const po::parsed_options& parsed, const std::string& where,
+           std::map<std::string, std::string>* given) {
     for (auto& o : parsed.options) {
         if (o.unregistered) unknown_key(opts, o.string_key, where);
         std::string v = o.value.empty() ? "" : o.value.back();
@@ -280,6 +281,33 @@ void apply(std::vector<DeckOption>& opts, const po::parsed_options& parsed, cons
         while (!v.empty() && std::isspace((unsigned char)v.front())) v.erase(0, 1);
         for (auto& d : opts)
             if (d.key == o.string_key) d.set(v);
+        if (given) (*given)[o.string_key] = v;
+    }
+}
+
+// A key given twice in one deck file is refused, naming both lines (Boost would keep the last
+// silently). Keys are "section.key" after [section] headers, as Boost reads them.
+void refuse_duplicate_keys(std::istream& in, const std::string& path) {
+    std::map<std::string, int> first;
+    std::string line, section;
+    for (int n = 1; std::getline(in, line); ++n) {
+        const size_t a = line.find_first_not_of(" \t");
+        if (a == std::string::npos || line[a] == '#' || line[a] == ';') continue;
+        if (line[a] == '[') {
+            const size_t b = line.find(']', a);
+            section = line.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
+            continue;
+        }
+        const size_t eq = line.find('=', a);
+        if (eq == std::string::npos) continue;
+        std::string key = line.substr(a, eq - a);
+        while (!key.empty() && std::isspace((unsigned char)key.back())) key.pop_back();
+        if (!section.empty()) key = section + "." + key;
+        const auto [it, fresh] = first.emplace(key, n);
+        if (!fresh)
+            throw ConfigError("deck file '" + path + "': key '" + key + "' is given twice, on lines " +
+                              std::to_string(it->second) + " and " + std::to_string(n) +
+                              " (only one value can hold: keep one of the lines)");
     }
 }
 
@@ -292,8 +320,11 @@ Deck deck_load(const std::string& deck_path, const std::vector<std::string>& ove
     if (!deck_path.empty()) {
         std::ifstream f(deck_path);
         if (!f) throw ConfigError("deck file '" + deck_path + "': cannot be opened (does it exist?)");
+        refuse_duplicate_keys(f, deck_path);
+        f.clear();
+        f.seekg(0);
         try {
-            apply(opts, po::parse_config_file(f, desc, true), "deck file '" + deck_path + "'");
+            apply(opts, po::parse_config_file(f, desc, true), "deck file '" + deck_path + "'", &deck.given);
         } catch (const po::error& e) {
             throw ConfigError("deck file '" + deck_path + "': " + e.what());
         }
@@ -307,11 +338,28 @@ Deck deck_load(const std::string& deck_path, const std::vector<std::string>& ove
     try {
         auto parsed = po::command_line_parser(args).options(desc).allow_unregistered().style(
             po::command_line_style::allow_long | po::command_line_style::long_allow_adjacent).run();
-        apply(opts, parsed, "command line");
+        apply(opts, parsed, "command line", &deck.given);
     } catch (const po::error& e) {
         throw ConfigError(std::string("command line: ") + e.what());
     }
     return deck;
+}
+
+std::string deck_value(const Deck& deck, const std::string& key) {
+    if (const auto it = deck.given.find(key); it != deck.given.end()) return it->second;
+    Deck copy = deck;
+    for (auto& o : deck_options(copy))
+        if (o.key == key) return o.get();
+    return "?";
+}
+
+std::vector<DeckChange> deck_diff(const Deck& before, const Deck& after) {
+    Deck a = before, b = after;
+    const auto oa = deck_options(a), ob = deck_options(b);
+    std::vector<DeckChange> out;
+    for (size_t i = 0; i < oa.size(); ++i)
+        if (oa[i].get() != ob[i].get()) out.push_back({oa[i].key, oa[i].get(), ob[i].get()});
+    return out;
 }
 
 std::string deck_to_text(const Deck& deck) {
@@ -451,7 +499,7 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
         config_fail("model.n_heads", S(m.n_heads),
                     "head_dim = d_model/n_heads = " + S(m.head_dim()) + " must be even for RoPE");
     if (d.rope.scaling == "yarn" && d.rope.factor <= 1.0)
-        config_fail("rope.factor", std::to_string(d.rope.factor), "YaRN needs a factor > 1");
+        config_fail("rope.factor", deck_value(d, "rope.factor"), "YaRN needs a factor > 1");
     if (d.data.seq_len < 2) config_fail("data.seq_len", S(d.data.seq_len), "must be at least 2");
     // Tensor parallelism: heads, kv heads and the ffn split evenly over tp.
     const int F = m.ffn_width();
@@ -520,7 +568,13 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
     // Layout (the world size, dp, ep): checked where the layout is made.
     make_layout(world, p.tp, p.cp, p.pp, p.dp, p.ep);
     if (d.train.lr_min > d.train.lr)
-        config_fail("train.lr_min", std::to_string(d.train.lr_min), "must not exceed train.lr");
+        config_fail("train.lr_min", deck_value(d, "train.lr_min"), "must not exceed train.lr = " + deck_value(d, "train.lr"));
+    // A warm-up longer than the run never reaches train.lr. The default (10) is let through
+    // with a warning by the trainer; a value the user gave is an error.
+    if (d.given.count("train.warmup") && d.train.steps > 0 && d.train.warmup > d.train.steps)
+        config_fail("train.warmup", deck_value(d, "train.warmup"),
+                    "must not exceed train.steps = " + S(d.train.steps) + " (valid: 0 to " + S(d.train.steps) +
+                        "; a longer warm-up never reaches train.lr)");
 }
 
 }  // namespace quintet

@@ -104,7 +104,7 @@ std::string greedy_digits(Decoder& dec, const Tokenizer& tok, const std::string&
 
 int eval_main(int argc, char** argv, MPI_Comm world_handle) {
     const MpiCommunicator world(world_handle, "world");
-    const int rank = world.rank(), size = world.size();
+    const int rank = world.rank();
     std::string ckpt, data, by_position, passkey_out, passkey_lengths, corpus_out;
     int passkey = 0;
     std::vector<std::string> overrides, tool_args;

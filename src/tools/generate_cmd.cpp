@@ -48,7 +48,7 @@ int generate_main(int argc, char** argv) {
         "checkpoint", po::value(&ckpt), "checkpoint file (run_dir/checkpoints/step_*.h5)")(
         "prompt", po::value(&prompt)->default_value(""), "text to continue")(
         "tokens", po::value(&tokens)->default_value(200), "tokens to generate")(
-        "temperature", po::value(&temperature)->default_value(0.8), "softmax temperature; 0 = greedy")(
+        "temperature", po::value(&temperature)->default_value(0.8, "0.8"), "softmax temperature; 0 = greedy")(
         "top-k", po::value(&top_k)->default_value(40), "sample among the k most likely; 0 = all")(
         "seed", po::value(&seed)->default_value(1), "sampling seed")(
         "data", po::value(&data), "token file whose tokenizer to use (default: the deck's data.path)")(
@@ -116,7 +116,7 @@ int generate_main(int argc, char** argv) {
         ids.push_back(u);
         logits = &dec.step(next, int(ids.size()) - 1);
     }
-    std::cout << "\n";
+    std::cout << std::endl;  // the sample's last line ends before the statistics (stderr) begin
     const double el = (now_s() - t0);
     std::fprintf(stderr, "generate: %zu tokens (%zu prompt + %d new) in %.3f s: %.1f tokens/s\n", ids.size(),
                  ids.size() - size_t(tokens), tokens, el, double(ids.size()) / std::max(el, 1e-9));

@@ -99,6 +99,7 @@ void Session::resolve(const std::string& warning) {
     // Store the resolved layout, not "auto", so a checkpoint says what it was written with.
     deck.parallel.dp = layout.size[kDP];
     deck_text = deck_to_text(deck);
+    source.changes = report_changes(source, deck);
 }
 
 const ProcessGrid& Session::start_grid() {

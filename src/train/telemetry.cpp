@@ -189,8 +189,32 @@ void Telemetry::record_step(int64_t s, const StepStats& st, bool skipped, const 
         grid.pp().all_reduce_sum(act_mib_.data(), act_mib_.size());
     }
     const double tps = tokens_per_step / st.step_time;
-    const double mfu = tps * model_.flops_per_token() / peak_flops_;
-    const double mfu_matmul = tps * model_.flops_per_token() / matmul_flops_;  // share of the sgemm rate
+    // A step faster than a denominator says the denominator was measured low (a busy machine at
+    // the start): the larger figure is taken, once said, so no share reads above 100%.
+    const double achieved = tps * model_.flops_per_token();
+    auto gflops = [](double x) {
+        char b[32];
+        std::snprintf(b, sizeof b, "%.4g", x / 1e9);
+        return std::string(b);
+    };
+    if (achieved > matmul_flops_) {
+        if (!raised_matmul_)
+            log("note: step " + std::to_string(s) + " reached " + gflops(achieved) +
+                " GFLOP/s, above the sgemm rate measured at the start (" + gflops(matmul_flops_) +
+                "): that measurement was low (a busy machine); \"of sgemm\" reads against the fastest step from now on");
+        raised_matmul_ = true;
+        matmul_flops_ = achieved;
+    }
+    if (achieved > peak_flops_) {
+        if (!raised_peak_)
+            log("note: step " + std::to_string(s) + " reached " + gflops(achieved) + " GFLOP/s, above the peak MFU " +
+                "is measured against (" + gflops(peak_flops_) + ", " + peak_what_ +
+                "): that figure is too low; MFU reads against the fastest step from now on");
+        raised_peak_ = true;
+        peak_flops_ = achieved;
+    }
+    const double mfu = achieved / peak_flops_;
+    const double mfu_matmul = achieved / matmul_flops_;  // share of the sgemm rate
     const MoeFigures mf = moe_figures(moe);
     // Every rank's memory by category, for /memory/* (and the prediction check at the end).
     {

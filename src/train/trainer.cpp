@@ -166,7 +166,17 @@ int Trainer::run() {
 int Trainer::run_steps() {
     const auto& t = deck_.train;
     const int64_t tokens_per_step = global_batch() * deck_.data.seq_len;
+    if (!deck_.given.count("train.warmup") && t.steps > 0 && t.warmup > t.steps)
+        telemetry_.log("warning: train.warmup = " + std::to_string(t.warmup) + " (the default) exceeds train.steps = " +
+                       std::to_string(t.steps) + ": the learning rate never reaches train.lr; set train.warmup");
     start_step_ = checkpoints_.start(&tokens_seen_);
+    if (checkpoints_.source().resume && t.steps > 0 && start_step_ >= t.steps) {
+        // A finished run: nothing to do, and nothing is written (its metrics stay as they are).
+        telemetry_.log("the run is complete: " + checkpoints_.source().path + " is step " + std::to_string(start_step_) +
+                       " and train.steps = " + std::to_string(t.steps) + "; to continue it, raise train.steps (e.g. "
+                       "--train.steps=" + std::to_string(start_step_ + std::max<int64_t>(t.steps, 1)) + ")");
+        return 0;
+    }
     telemetry_.begin(start_step_, checkpoints_.source().resume ? checkpoints_.source().path : "");
     if (t.steps == 0 || start_step_ >= t.steps) {
         if (start_step_ == 0) checkpoints_.save(0, tokens_seen_, telemetry_.metrics());

@@ -92,7 +92,7 @@ TEST(Fuzz, DeckParser) {
                            "[bogus]", "= 3", "experts = 1048576\n[moe]\ntop_k = 1048576", "keep = 18446744073709551617"};
     for (int i = 0; i < kInputs; ++i) {
         std::string text = mutate(base, g, 0);
-        if (i % 4 == 0) text.insert(g() % text.size(), std::string("\n") + lines[g() % std::size(lines)] + "\n");
+        if (i % 4 == 0) text.insert(text.empty() ? 0 : g() % text.size(), std::string("\n") + lines[g() % std::size(lines)] + "\n");
         const fs::path p = dir / "d.deck";
         spit(p, text);
         t.run([&] {

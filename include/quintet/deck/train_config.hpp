@@ -1,6 +1,7 @@
 // Run configuration: one struct per deck section, field name = key.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,9 @@ struct OutputConfig {
 
 // The whole resolved deck.
 struct Deck {
+    // The values as the user wrote them, by key (deck file or command line): what error
+    // messages echo (deck_value), so that 0.05 reads 0.05. Not part of the resolved deck.
+    std::map<std::string, std::string> given;
     ModelConfig model;
     RopeConfig rope;
     ParallelConfig parallel;

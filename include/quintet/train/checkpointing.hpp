@@ -29,10 +29,18 @@ struct WeightsSource {
     std::string path;             // "" = from scratch
     bool resume = false;          // continue that run (else weights only)
     int64_t trained_context = 0;  // of the source checkpoint (0: none)
+    std::string deck;             // the source checkpoint's resolved deck
     std::vector<std::string> warnings;
+    std::vector<std::string> changes;  // the deck keys that differ from the checkpoint's (report_changes)
 };
 // collective over comm (the checkpoint is verified)
 WeightsSource resolve_weights_source(Deck& deck, const MpiCommunicator& comm);
+// One line per deck key this run changes against the source checkpoint's deck (`deck` fully
+// resolved: its layout too), saying whether the change is allowed: optimizer, schedule, data,
+// evaluation and MoE routing keys are, with the line as the warning; the layout is (a
+// checkpoint loads into any layout); a key that changes the model's tensors is not -- a
+// ConfigError (exit 2) lists every such key before any work.
+std::vector<std::string> report_changes(const WeightsSource& source, const Deck& deck);
 
 class Checkpointing {
 public:

@@ -69,6 +69,7 @@ private:
     // run's own measurement.
     double peak_flops_ = 0, matmul_flops_ = 0, sgemm_measured_ = 0;
     double grads_bytes_ = 0, optimizer_bytes_ = 0;
+    bool raised_matmul_ = false, raised_peak_ = false;  // a denominator was below a step's rate (said once)
     std::string peak_what_;
     std::unique_ptr<MetricsFile> metrics_;  // rank 0
     int64_t start_step_ = 0;

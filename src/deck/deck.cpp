@@ -166,6 +166,9 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_enum("moe.balance", &e.balance, {"aux_loss", "aux_free", "none"}, "load balancing"),
         opt_double("moe.aux_coef", &e.aux_coef, 0, 1e3, "weight of the load-balancing loss"),
         opt_double("moe.bias_rate", &e.bias_rate, 0, 1e3, "aux-free bias update rate"),
+        opt_enum("moe.bias_update", &e.bias_update, {"sign", "proportional"},
+                 "aux-free bias rule: sign = bias_rate * sign(mean load - load) (DeepSeek-V3); "
+                 "proportional = bias_rate * (mean load - load) / mean load"),
         opt_double("moe.capacity_factor", &e.capacity_factor, 0, 1e6,
                    "0 = dropless; > 0: each expert takes at most ceil(cf*k*N/E) of a rank's N rows, the "
                    "lowest-weight choices beyond are dropped and counted"),

@@ -74,7 +74,7 @@ std::string verdict(const DeckChange& c, bool resume) {
     auto in = [&](const char* section) { return k.rfind(std::string(section) + ".", 0) == 0; };
     if (k == "moe.balance")  // the aux-free bias is a tensor of its own
         return (c.before == "aux_free") == (c.after == "aux_free") ? "allowed: the balancing from now on" : "";
-    if (k == "moe.top_k" || k == "moe.aux_coef" || k == "moe.bias_rate" || k == "moe.norm_topk" ||
+    if (k == "moe.top_k" || k == "moe.aux_coef" || k == "moe.bias_rate" || k == "moe.bias_update" || k == "moe.norm_topk" ||
         k == "moe.capacity_factor" || k == "moe.dead_after")
         return "allowed: the routing from now on";
     if (in("model") || in("moe")) return "";

@@ -13,6 +13,8 @@
 #include "quintet/core/error.hpp"
 #include "quintet/comm/mpi_communicator.hpp"
 #include "quintet/io/h5.hpp"
+#include "quintet/io/tokenizer_store.hpp"
+#include "quintet/tokenizer/tokenizer_spec.hpp"
 
 namespace fs = std::filesystem;
 
@@ -287,6 +289,8 @@ std::string save(const MpiCommunicator& comm, const std::string& run_dir, const 
     h5::write_attr_i64(file, "format_version", kCheckpointFormatVersion);
     h5::write_attr_string(file, "layout", meta.layout);
     h5::write_attr_i64(file, "trained_context", meta.trained_context);
+    // Every rank creates the group (collective metadata); rank 0 writes its bytes.
+    if (!meta.tokenizer.empty()) tokenizer_store_write(file, "tokenizer", meta.tokenizer, rank == 0);
     for (const char* g : {"/params", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq"})
         h5::group(h5::check(H5Gcreate2(file, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), g));
     // Every tensor's checksum, completed over the ranks before the datasets (and their
@@ -368,13 +372,14 @@ h5::Handle open_checkpoint(const std::string& path) {
     return file;
 }
 
-CheckpointMeta read_meta(hid_t file) {
+CheckpointMeta read_meta(hid_t file, const std::string& path) {
     CheckpointMeta meta;
     meta.step = h5::read_attr_i64(file, "step");
     meta.tokens_seen = h5::read_attr_i64(file, "tokens_seen");
     meta.deck = h5::read_attr_string(file, "deck");
     meta.layout = h5::read_attr_string(file, "layout");
     if (h5::has_attr(file, "trained_context")) meta.trained_context = h5::read_attr_i64(file, "trained_context");
+    meta.tokenizer = tokenizer_store_read(file, "tokenizer", "checkpoint '" + path + "'");
     return meta;
 }
 
@@ -382,7 +387,7 @@ CheckpointMeta read_meta(hid_t file) {
 
 CheckpointMeta checkpoint_read_meta(const std::string& path) {
     h5::Handle file = open_checkpoint(path);
-    return read_meta(file);
+    return read_meta(file, path);
 }
 
 CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& table,
@@ -411,12 +416,14 @@ CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& tab
             }
         }
     }
-    return read_meta(file);
+    return read_meta(file, path);
 }
 
 namespace {
 herr_t list_datasets(hid_t, const char* name, const H5O_info_t* info, void* op) {
-    if (info->type == H5O_TYPE_DATASET) static_cast<std::vector<std::string>*>(op)->push_back(std::string("/") + name);
+    // The tensors (the tokenizer group holds bytes, not floats: it is checked when it is read).
+    if (info->type == H5O_TYPE_DATASET && std::strncmp(name, "tokenizer", 9) != 0)
+        static_cast<std::vector<std::string>*>(op)->push_back(std::string("/") + name);
     return 0;
 }
 }  // namespace
@@ -503,6 +510,64 @@ void checkpoint_load(const std::string& path, const ParamTable& table, float* pa
     read_group(file, "/params", table, params, false, {ArenaRange{Range{0, table.total}, 0}});
     if (m) read_group(file, "/optim/exp_avg", table, m, true, state);
     if (v) read_group(file, "/optim/exp_avg_sq", table, v, true, state);
+}
+
+std::string tokenizer_change(const CheckpointMeta& meta, const Tokenizer& data_tok) {
+    if (meta.tokenizer.empty()) return "";
+    if (meta.tokenizer == data_tok.state()) return "";
+    std::string theirs;
+    int their_vocab = -1;
+    try {
+        const Tokenizer t = tokenizer_from_state(meta.tokenizer, "the checkpoint's tokenizer");
+        theirs = t.describe();
+        their_vocab = t.vocab_size();
+    } catch (const ConfigError& e) {
+        theirs = meta.tokenizer.kind + " (unreadable: " + e.what() + ")";
+    }
+    std::string why = "the token file's tokenizer, " + data_tok.describe() + ", is not the checkpoint's, " + theirs;
+    if (their_vocab >= 0 && their_vocab != data_tok.vocab_size())
+        why += " (vocabulary " + std::to_string(data_tok.vocab_size()) + " against the checkpoint's " +
+               std::to_string(their_vocab) + ")";
+    return why;
+}
+
+int64_t checkpoint_vocab_size(const std::string& path) {
+    h5::Handle file = open_checkpoint(path);
+    const std::string emb = "/params/model.embed_tokens.weight";
+    if (!h5::exists(file, emb)) return -1;
+    h5::Handle ds = h5::dataset(H5Dopen2(file, emb.c_str(), H5P_DEFAULT));
+    if (!ds.valid()) return -1;
+    const std::vector<hsize_t> shape = h5::dataset_shape(ds);
+    return shape.empty() ? -1 : int64_t(shape[0]);
+}
+
+std::string weights_tokenizer_check(const std::string& checkpoint, const Tokenizer& data_tok,
+                                    const std::string& data_path, bool allow) {
+    const CheckpointMeta meta = checkpoint_read_meta(checkpoint);
+    const int64_t rows = checkpoint_vocab_size(checkpoint);
+    const std::string data = "data.path '" + data_path + "'";
+    if (meta.tokenizer.empty()) {
+        if (rows >= 0 && rows != data_tok.vocab_size())
+            throw ConfigError(data + " has vocabulary " + std::to_string(data_tok.vocab_size()) + " (" +
+                              data_tok.describe() + ") but checkpoint '" + checkpoint +
+                              "' was trained with vocabulary " + std::to_string(rows));
+        return tokenizer_source_note(checkpoint, data + ", which cannot be compared with it");
+    }
+    const std::string why = tokenizer_change(meta, data_tok);
+    if (why.empty()) return "";
+    if (rows >= 0 && rows != data_tok.vocab_size())
+        throw ConfigError(data + ": " + why + "; a run cannot take these weights: loading them into a vocabulary of "
+                          "another size (new rows for added tokens) is not supported yet");
+    if (!allow)
+        throw ConfigError(data + ": " + why + "; training on it would give the weights' token ids another meaning. "
+                          "To change the tokenizer anyway (the same vocabulary size), pass --allow-tokenizer-change "
+                          "(checkpoint.allow_tokenizer_change = true)");
+    return "checkpoint.allow_tokenizer_change = true: " + why + "; proceeding, the ids keep their rows";
+}
+
+std::string tokenizer_source_note(const std::string& checkpoint, const std::string& taken_from) {
+    return "checkpoint '" + checkpoint + "' has no tokenizer (written before tokenizers travelled with "
+           "checkpoints); the tokenizer is taken from " + taken_from;
 }
 
 }  // namespace quintet

@@ -189,6 +189,16 @@ int eval_main(int argc, char** argv, MPI_Comm world_handle) {
     deck.checkpoint.resume = "none";
     deck.checkpoint.init_from = ckpt;  // for the trained-context rule of rope.original_max_position
     TokenFile tokens = token_file_read(data);
+    // The data must be tokenized as the weights were trained (the checkpoint's tokenizer; a
+    // checkpoint from before has none, and then at least the vocabulary sizes must agree).
+    if (const std::string why = tokenizer_change(meta, tokens.tokenizer); !why.empty())
+        throw ConfigError("eval: --data '" + data + "': " + why + "; evaluate on data made with the checkpoint's tokenizer");
+    if (const int64_t v = checkpoint_vocab_size(ckpt); v >= 0 && v != tokens.vocab_size)
+        throw ConfigError("eval: --data '" + data + "' has vocabulary " + std::to_string(tokens.vocab_size) + " (" +
+                          tokens.tokenizer.describe() + ") but checkpoint '" + ckpt + "' was trained with vocabulary " +
+                          std::to_string(v));
+    if (meta.tokenizer.empty() && rank == 0)
+        std::fprintf(stderr, "quintet eval: %s\n", tokenizer_source_note(ckpt, "--data '" + data + "'").c_str());
     deck.model.vocab_size = tokens.vocab_size;
     if (deck.data.eos_id < 0) deck.data.eos_id = tokens.eos_id;
     if (deck.eval.batches < 1) deck.eval.batches = 1;

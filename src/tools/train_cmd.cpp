@@ -1,4 +1,5 @@
-// `quintet train DECK [--section.key=value ...]`: the training job. Collective over the world.
+// `quintet train DECK [--section.key=value ...] [--allow-tokenizer-change]`: the training job.
+// Collective over the world.
 #include <mpi.h>
 
 #include <algorithm>
@@ -38,6 +39,10 @@ const char* kTrainUsage =
     "\n"
     "A job its batch system restarted (SLURM_RESTART_COUNT > 0, or QUINTET_RESUBMITS > 0 from\n"
     "jobs/pbs/train.pbs) resumes from its own checkpoints even under checkpoint.resume = none.\n"
+    "\n"
+    "The token file's tokenizer must be the one the checkpoint it resumes or starts from\n"
+    "(init_from) was trained with; --allow-tokenizer-change (= --checkpoint.allow_tokenizer_change=true)\n"
+    "accepts another one of the same vocabulary size.\n"
     "\n";
 
 // "SLURM_RESTART_COUNT=1" when this process belongs to a job the batch system restarted, else "".
@@ -107,7 +112,8 @@ int train_main(int argc, char** argv, MPI_Comm world_handle) {
             if (rank == 0) std::cout << kTrainUsage << deck_reference_text();
             return 0;
         }
-        if (a.rfind("--", 0) == 0) overrides.push_back(a);
+        if (a == "--allow-tokenizer-change") overrides.push_back("--checkpoint.allow_tokenizer_change=true");
+        else if (a.rfind("--", 0) == 0) overrides.push_back(a);
         else if (deck_path.empty()) deck_path = a;
         else throw ConfigError("train: unexpected argument '" + a + "' (one DECK, then --section.key=value overrides)");
     }
@@ -156,6 +162,12 @@ int train_main(int argc, char** argv, MPI_Comm world_handle) {
     // at: rope.original_max_position = 0 resolves to it, so the resolved deck says the number.
     WeightsSource source = resolve_weights_source(deck, world);
     if (!lock_warning.empty()) source.warnings.insert(source.warnings.begin(), lock_warning);
+    // The data must be tokenized as the weights were (docs/tokenizers.md, "Checkpoints").
+    if (!source.path.empty()) {
+        const std::string why = weights_tokenizer_check(source.path, data.tokenizer, deck.data.path,
+                                                         deck.checkpoint.allow_tokenizer_change);
+        if (!why.empty()) source.warnings.push_back(why);
+    }
     const auto& par = deck.parallel;
     const Layout layout = make_layout(size, par.tp, par.cp, par.pp, par.dp, par.ep);
     // Store the resolved layout, not "auto", so a checkpoint says what it was written with.

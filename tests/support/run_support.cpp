@@ -116,9 +116,7 @@ void make_document_token_file(const fs::path& p, size_t n, uint32_t eos, uint32_
         x = (g() % 5 == 0) ? g() % 250 : (x * 7 + 3) % 250;
         t.push_back(x);
     }
-    Tokenizer tok;
-    tok.eos_id = int(eos);
-    token_file_write(p.string(), t, tok);
+    token_file_write(p.string(), t, Tokenizer{}, int(eos));
 }
 
 std::vector<std::string> TrainFixture::compare_layouts(const std::string& model,

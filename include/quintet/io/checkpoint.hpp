@@ -15,6 +15,7 @@
 #include "quintet/comm/mpi_communicator.hpp"
 #include "quintet/model/params.hpp"
 #include "quintet/parallel/layout.hpp"
+#include "quintet/tokenizer/tokenizer.hpp"
 
 namespace quintet {
 
@@ -28,7 +29,27 @@ struct CheckpointMeta {
     // The longest sequence the weights were trained at (their run and the runs they came from);
     // 0 in checkpoints older than the attribute (then the deck's data.seq_len stands in).
     int64_t trained_context = 0;
+    // The tokenizer of the data the weights were trained on (group /tokenizer, the same as in the
+    // token file, io/tokenizer_store.hpp); empty in checkpoints from before it travelled with them.
+    TokenizerState tokenizer;
 };
+
+// "" when a run on data tokenized by `data_tok` may take its weights from a checkpoint with
+// `meta`; else the problem, naming both tokenizers (and both vocabulary sizes when they differ).
+// A checkpoint without a tokenizer (older than the group) is accepted: the caller says where the
+// tokenizer is taken from (tokenizer_source_note).
+std::string tokenizer_change(const CheckpointMeta& meta, const Tokenizer& data_tok);
+// The check before a run takes its weights from `checkpoint` (resume, init_from) and trains on
+// the token file `data_path` tokenized by `data_tok`: ConfigError naming both tokenizers when they
+// differ, unless `allow` (checkpoint.allow_tokenizer_change), and always when the vocabulary
+// sizes differ (new rows are not loaded yet). Returns a warning to print, or "".
+std::string weights_tokenizer_check(const std::string& checkpoint, const Tokenizer& data_tok,
+                                    const std::string& data_path, bool allow);
+// The vocabulary the weights were trained with: the rows of the embedding
+// (/params/model.embed_tokens.weight), or -1 when it has none. ConfigError as checkpoint_read_meta.
+int64_t checkpoint_vocab_size(const std::string& path);
+// For a checkpoint without a tokenizer: "checkpoint X has no tokenizer (...); using the one of Y".
+std::string tokenizer_source_note(const std::string& checkpoint, const std::string& taken_from);
 
 // Collective over `comm` (every rank of the job). params: this rank's local arena; `writes`:
 // the ranges of it this rank writes, with their moments (tensors it holds as a non-writer replica

@@ -167,10 +167,11 @@ std::vector<uint32_t> Tokenizer::encode_parallel(std::string_view text, bool spe
         int special = -1;
     };
     std::vector<Item> items;
-    constexpr size_t kPart = size_t(1) << 20;
+    // About four parts per thread (load balance), of 64 KiB to 1 MiB.
+    const size_t part = std::clamp(text.size() / (4 * size_t(omp_get_max_threads())), size_t(1) << 16, size_t(1) << 20);
     auto add_segment = [&](std::string_view seg) {
         if (seg.empty()) return;
-        const std::vector<std::string_view> parts = tokenizer_cut(*this, seg, kPart);
+        const std::vector<std::string_view> parts = tokenizer_cut(*this, seg, part);
         if (parts.empty()) {
             items.push_back({seg, 0, seg.size(), -1});
             return;

@@ -32,7 +32,7 @@ namespace po = boost::program_options;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kMaxVocab = 1 << 20;  // beyond this BPE training memory, not usefulness, dominates
-constexpr size_t kPartBytes = size_t(1) << 20;  // the unit of work shared by threads and ranks
+constexpr size_t kPartBytes = size_t(1) << 20;  // the largest unit of work shared by threads and ranks
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -301,10 +301,13 @@ int prepare_main(int argc, char** argv, MPI_Comm world_handle) {
                 break;
             }
 
-    // Parts: documents cut where the tokenizer allows, shared out by bytes over the ranks.
+    // Parts: documents cut where the tokenizer allows, shared out by bytes over the ranks; about
+    // four per thread of every rank, of 64 KiB to 1 MiB.
+    const size_t part_target = std::clamp(total_bytes / (4 * size_t(size) * size_t(omp_get_max_threads())),
+                                          size_t(1) << 16, kPartBytes);
     std::vector<Part> parts;
     for (size_t d = 0; d < docs.size(); ++d) {
-        const std::vector<std::string_view> cut = tokenizer_cut(tok, docs[d], kPartBytes);
+        const std::vector<std::string_view> cut = tokenizer_cut(tok, docs[d], part_target);
         if (cut.empty()) parts.push_back({d, 0, docs[d].size()});
         for (const auto& c : cut) {
             const size_t b = size_t(c.data() - docs[d].data());

@@ -18,9 +18,9 @@ import path from "node:path";
 import { createRequire } from "node:module";
 
 const [nodeModules, outDir, corpusPath, bigPath] = process.argv.slice(2);
-const require = createRequire(path.join(nodeModules, "noop.js"));
+const require = createRequire(path.join(path.resolve(nodeModules), "noop.js"));
 const tiktoken = require("tiktoken");
-const { Tokenizer } = await import(path.join(nodeModules, "@huggingface/tokenizers/dist/tokenizers.mjs"));
+const { Tokenizer } = await import(path.join(path.resolve(nodeModules), "@huggingface/tokenizers/dist/tokenizers.mjs"));
 
 const corpus = fs.readFileSync(corpusPath, "utf8");
 // Lines as `quintet tokenize` takes them: split at \n, no empty line after a final \n.

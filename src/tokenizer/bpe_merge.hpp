@@ -15,6 +15,10 @@
 
 namespace quintet {
 
+// Token ids beyond this are refused when a file is read (the largest vocabularies in use are a
+// few hundred thousand; an id of 4e9 would otherwise size the tables).
+inline constexpr uint64_t kMaxTokenId = uint64_t(1) << 24;
+
 class BpeMerger {
 public:
     static constexpr uint32_t kNone = UINT32_MAX;

@@ -202,7 +202,21 @@ void read_pre_tokenizer(const json& p, const std::string& path, const std::strin
 
 }  // namespace
 
+namespace {
+Tokenizer read_tokenizer_json(const std::string& json_text, const std::string& origin);
+}  // namespace
+
 Tokenizer tokenizer_hf_json(const std::string& json_text, const std::string& origin) {
+    try {
+        return read_tokenizer_json(json_text, origin);
+    } catch (const json::exception& e) {  // a value of the wrong JSON type somewhere
+        throw ConfigError(origin + ": not a tokenizer.json quintet can read: " + e.what());
+    }
+}
+
+namespace {
+
+Tokenizer read_tokenizer_json(const std::string& json_text, const std::string& origin) {
     json j;
     try {
         j = json::parse(json_text);
@@ -235,8 +249,8 @@ Tokenizer tokenizer_hf_json(const std::string& json_text, const std::string& ori
     uint32_t max_id = 0;
     std::string bytes;
     for (const auto& [tok, idv] : m["vocab"].items()) {
-        if (!idv.is_number_unsigned() || idv.get<uint64_t>() >= UINT32_MAX - 1)
-            refuse(origin, "/model/vocab/" + tok, idv.dump() + ": expected a token id (an integer >= 0)");
+        if (!idv.is_number_unsigned() || idv.get<uint64_t>() >= kMaxTokenId)
+            refuse(origin, "/model/vocab/" + tok, idv.dump() + ": expected a token id, 0 .. " + std::to_string(kMaxTokenId - 1));
         const uint32_t id = idv.get<uint32_t>();
         if (!alphabet_to_bytes(tok, bytes))
             refuse(origin, "/model/vocab/" + tok, "a character outside the byte-level alphabet: not a byte-level BPE "
@@ -285,8 +299,9 @@ Tokenizer tokenizer_hf_json(const std::string& json_text, const std::string& ori
         for (size_t i = 0; i < added.size(); ++i) {
             const std::string path = "/added_tokens/" + std::to_string(i);
             const json& a = added[i];
-            if (!a.is_object() || !a.contains("id") || !a["id"].is_number_unsigned() || !a.contains("content") ||
-                !a["content"].is_string() || a["content"].get<std::string>().empty())
+            if (!a.is_object() || !a.contains("id") || !a["id"].is_number_unsigned() ||
+                a["id"].get<uint64_t>() >= kMaxTokenId || !a.contains("content") || !a["content"].is_string() ||
+                a["content"].get<std::string>().empty())
                 refuse(origin, path, "expected {\"id\": N, \"content\": \"...\", \"special\": true|false}");
             const SpecialToken t{a["content"], a["id"].get<uint32_t>()};
             if (a.value("special", false)) {
@@ -312,4 +327,5 @@ Tokenizer tokenizer_hf_json(const std::string& json_text, const std::string& ori
     return Tokenizer(model, state, int(max_id + 1), specials, description);
 }
 
+}  // namespace
 }  // namespace quintet

@@ -160,7 +160,7 @@ Tokenizer tokenizer_tiktoken(const std::string& file_text, const std::string& pa
         const char* rb = line.data() + sp + 1;
         const char* re = line.data() + line.size();
         if (rb == re || std::from_chars(rb, re, rank).ptr != re) bad("the rank is not a number");
-        if (rank >= UINT32_MAX - 1) bad("the rank is too large");
+        if (rank >= kMaxTokenId) bad("rank " + std::to_string(rank) + " is too large (at most " + std::to_string(kMaxTokenId - 1) + ")");
         if (!base64_decode(line.substr(0, sp), token)) bad("the token is not base64");
         if (!ranks.insert(rank).second) bad("rank " + std::to_string(rank) + " appears twice");
         model->merger.add_token(rank, token);
@@ -179,6 +179,9 @@ Tokenizer tokenizer_tiktoken(const std::string& file_text, const std::string& pa
     std::set<std::string> texts;
     for (const auto& s : specials) {
         if (s.text.empty()) throw ConfigError(origin + ": a special token with empty text (id " + std::to_string(s.id) + ")");
+        if (s.id >= kMaxTokenId)
+            throw ConfigError(origin + ": special token " + s.text + " = " + std::to_string(s.id) + " is too large (at most " +
+                              std::to_string(kMaxTokenId - 1) + ")");
         if (ranks.count(s.id))
             throw ConfigError(origin + ": special token " + s.text + " = " + std::to_string(s.id) +
                               " is also a rank of the file; give special tokens whose ids the file leaves free "

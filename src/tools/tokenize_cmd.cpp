@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
-#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -138,7 +137,11 @@ int tokenize_main(int argc, char** argv) {
     }
     const double load_s = std::chrono::duration<double>(Clock::now() - t_load).count();
 
-    const std::string input(std::istreambuf_iterator<char>(std::cin), {});
+    std::string input;
+    {
+        std::vector<char> buf(size_t(1) << 20);
+        for (size_t n; (n = std::fread(buf.data(), 1, buf.size(), stdin)) > 0;) input.append(buf.data(), n);
+    }
     // Lines: each without its '\n'; a final line without one counts too.
     std::vector<std::string_view> lines;
     if (!whole)

@@ -42,7 +42,7 @@ const char* kTrainUsage =
     "\n"
     "The token file's tokenizer must be the one the checkpoint it resumes or starts from\n"
     "(init_from) was trained with; --allow-tokenizer-change (= --checkpoint.allow_tokenizer_change=true)\n"
-    "accepts another one of the same vocabulary size.\n"
+    "accepts another one, and for init_from a larger vocabulary (new rows: the mean of the trained ones).\n"
     "\n";
 
 // "SLURM_RESTART_COUNT=1" when this process belongs to a job the batch system restarted, else "".
@@ -165,7 +165,7 @@ int train_main(int argc, char** argv, MPI_Comm world_handle) {
     // The data must be tokenized as the weights were (docs/tokenizers.md, "Checkpoints").
     if (!source.path.empty()) {
         const std::string why = weights_tokenizer_check(source.path, data.tokenizer, deck.data.path,
-                                                         deck.checkpoint.allow_tokenizer_change);
+                                                         deck.checkpoint.allow_tokenizer_change, source.resume);
         if (!why.empty()) source.warnings.push_back(why);
     }
     const auto& par = deck.parallel;

@@ -276,6 +276,46 @@ TEST_F(TokenizeCli, TheTokenizerTravelsWithTheCheckpoint) {
               "--checkpoint.init_from=" + ckpt.string() + " --allow-tokenizer-change");
     EXPECT_EQ(r.status, 2) << r.output;
     EXPECT_NE(r.output.find("vocabulary 256 against the checkpoint's 300"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("would shrink"), std::string::npos) << r.output;
+    // A vocabulary extension: the same text's bpe with more merges keeps ids 0 .. 299.
+    r = run_quintet(0, "prepare --tokenizer bpe --vocab-size 320 --input " + (dir / "a.txt").string() + " --output " +
+                           (dir / "a320.h5").string());
+    ASSERT_EQ(r.status, 0) << r.output;
+    const size_t V = size_t(quintet::token_file_read_tokenizer((dir / "a320.h5").string()).vocab_size());
+    ASSERT_GT(V, 300u);
+    r = train((dir / "a320.h5").string(), "extended", "--checkpoint.init_from=" + ckpt.string());
+    EXPECT_EQ(r.status, 2) << r.output;
+    r = train((dir / "a320.h5").string(), "extended",
+              "--checkpoint.init_from=" + ckpt.string() + " --allow-tokenizer-change --train.steps=0");
+    EXPECT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("grows from 300 to " + std::to_string(V)), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("keep their tokens"), std::string::npos) << r.output;
+    {
+        // Step 0 of the extended run: rows 0 .. 299 are the checkpoint's, the new ones their mean.
+        const auto theirs = quintet::testing::checkpoint_tensors(ckpt.string());
+        const auto ours = quintet::testing::checkpoint_tensors((dir / "extended/checkpoints/step_00000000.h5").string());
+        auto find = [](const auto& v, const std::string& name) -> const std::vector<float>& {
+            for (const auto& [n, t] : v)
+                if (n == name) return t;
+            static const std::vector<float> none;
+            return none;
+        };
+        const std::vector<float>& a = find(theirs, "params/model.embed_tokens.weight");
+        const std::vector<float>& b = find(ours, "params/model.embed_tokens.weight");
+        ASSERT_EQ(a.size(), 300u * 32u);
+        ASSERT_EQ(b.size(), V * 32u);
+        EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin()));
+        for (int c = 0; c < 32; ++c) {
+            double mean = 0;
+            for (int r = 0; r < 300; ++r) mean += a[size_t(r) * 32 + size_t(c)];
+            mean /= 300;
+            EXPECT_NEAR(b[(V - 1) * 32 + size_t(c)], mean, 1e-6) << c;
+        }
+    }
+    // Resuming into another vocabulary is refused even when allowed.
+    r = train((dir / "a320.h5").string(), "run", "--checkpoint.resume=auto --allow-tokenizer-change --train.steps=3");
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("keeps its vocabulary"), std::string::npos) << r.output;
     // The old checkpoint: compared by vocabulary size only, and said so.
     r = run_quintet(1, "eval --checkpoint " + old.string() + " --data " + (dir / "bytes.h5").string());
     EXPECT_EQ(r.status, 2) << r.output;

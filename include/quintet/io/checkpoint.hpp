@@ -39,12 +39,14 @@ struct CheckpointMeta {
 // A checkpoint without a tokenizer (older than the group) is accepted: the caller says where the
 // tokenizer is taken from (tokenizer_source_note).
 std::string tokenizer_change(const CheckpointMeta& meta, const Tokenizer& data_tok);
-// The check before a run takes its weights from `checkpoint` (resume, init_from) and trains on
-// the token file `data_path` tokenized by `data_tok`: ConfigError naming both tokenizers when they
-// differ, unless `allow` (checkpoint.allow_tokenizer_change), and always when the vocabulary
-// sizes differ (new rows are not loaded yet). Returns a warning to print, or "".
+// The check before a run takes its weights from `checkpoint` (resume, or init_from) and trains
+// on the token file `data_path` tokenized by `data_tok`. A tokenizer that is not the
+// checkpoint's, or (a checkpoint without one) another vocabulary size, is a ConfigError naming
+// both, unless `allow` (checkpoint.allow_tokenizer_change). Allowed, the vocabulary may grow for
+// init_from (vocabulary extension: the new rows start as the mean of the trained ones,
+// checkpoint_load), never shrink, nor change on resume. Returns a warning to print, or "".
 std::string weights_tokenizer_check(const std::string& checkpoint, const Tokenizer& data_tok,
-                                    const std::string& data_path, bool allow);
+                                    const std::string& data_path, bool allow, bool resume);
 // The vocabulary the weights were trained with: the rows of the embedding
 // (/params/model.embed_tokens.weight), or -1 when it has none. ConfigError as checkpoint_read_meta.
 int64_t checkpoint_vocab_size(const std::string& path);
@@ -82,7 +84,9 @@ CheckpointMeta checkpoint_read_meta(const std::string& path);
 
 // Checks that `path` is a complete quintet checkpoint whose tensors have exactly the logical
 // shapes of `table`; throws ConfigError naming the first mismatch. Collective-safe (read-only).
-// with_optimizer = false: the parameters only (weights-only loads: init_from, eval, generate).
+// with_optimizer = false: the parameters only (weights-only loads: init_from, eval, generate);
+// then the embedding and lm_head may have fewer rows than `table` (a vocabulary extension,
+// allowed by weights_tokenizer_check: checkpoint_load starts the new rows as the mean of the rest).
 CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& table,
                                   bool with_optimizer = true);
 

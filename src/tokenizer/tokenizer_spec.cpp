@@ -51,7 +51,6 @@ Tokenizer tokenizer_load(const TokenizerSpec& s, const std::string& what) {
     if (spec == "bpe")
         throw ConfigError(what + " = 'bpe': quintet's bpe is trained by `quintet prepare --tokenizer bpe` and "
                                  "read from its token file (--data FILE)");
-    const std::string origin = spec;
     if (tiktoken) {
         std::string pattern = s.pattern, specials = s.specials;
         if (pattern.empty()) {  // the preset named by the file, as the standard files are named
@@ -69,7 +68,6 @@ Tokenizer tokenizer_load(const TokenizerSpec& s, const std::string& what) {
         return tokenizer_hf_json(read_file(what, spec, path), "tokenizer.json '" + path + "'");
     if (kind == "spm" && colon != std::string::npos)
         return tokenizer_sentencepiece(read_file(what, spec, path), "SentencePiece file '" + path + "'");
-    (void)origin;
     throw ConfigError(what + " = '" + spec + "': not a tokenizer; valid: " + tokenizer_spec_help());
 }
 

@@ -283,6 +283,7 @@ std::string checkpoint_save(const MpiCommunicator& comm, const std::string& run_
         double bytes = 0;
         for (const auto& lt : table.logical) bytes += double(lt.numel()) * 4 * (lt.trainable ? 3 : 1);
         bytes = bytes * 1.02 + 65536 + 1024.0 * double(table.logical.size());
+        bytes += double(meta.tokenizer.file.size() + 8 * meta.tokenizer.merges.size());  // the tokenizer group
         const fs::space_info sp = fs::space(dir, ec);
         if (!ec && double(sp.available) < bytes)
             std::snprintf(full, sizeof full,

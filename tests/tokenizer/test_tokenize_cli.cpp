@@ -203,7 +203,7 @@ batches = 1
 resume = none
 )";
 
-// Writes `tok` into a checkpoint as the trainer stores it (group /tokenizer).
+// Writes `tok` into a checkpoint as the trainer stores it (group /tokenizer), unless it has one.
 void store_tokenizer(const fs::path& ckpt, const quintet::Tokenizer& tok) {
     const hid_t f = H5Fopen(ckpt.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
     ASSERT_GE(f, 0);
@@ -232,7 +232,13 @@ TEST_F(TokenizeCli, TheTokenizerTravelsWithTheCheckpoint) {
     const fs::path ckpt = dir / "run/checkpoints/step_00000002.h5";
     const fs::path old = dir / "old.h5";  // a checkpoint from before: no tokenizer
     fs::copy_file(ckpt, old);
-    store_tokenizer(ckpt, ta);
+    {
+        const hid_t f = H5Fopen(old.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+        ASSERT_GE(f, 0);
+        if (H5Lexists(f, "tokenizer", H5P_DEFAULT) > 0) H5Ldelete(f, "tokenizer", H5P_DEFAULT);
+        H5Fclose(f);
+    }
+    store_tokenizer(ckpt, ta);  // as the trainer stores it (a no-op where it already has)
 
     // tokenize and generate need no token file.
     const auto [st, want] = tokenize("--data " + (dir / "a.h5").string(), "the thing and another");

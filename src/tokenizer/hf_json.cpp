@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 #include <unicode/normalizer2.h>
-#include <unicode/unistr.h>
+#include <unicode/bytestream.h>
 
 #include <algorithm>
 #include <array>
@@ -61,8 +61,8 @@ bool alphabet_to_bytes(const std::string& s, std::string& out) {
     return true;
 }
 
-// Unicode NFC (the "NFC" normalizer, Qwen 2's) through ICU. Text that is all ASCII is NFC as it
-// is; invalid UTF-8 becomes U+FFFD, as it would in the tokenizers library's Unicode strings.
+// Unicode NFC (the "NFC" normalizer, Qwen 2's) through ICU, on the UTF-8 directly. Text that is
+// all ASCII is NFC as it is.
 void nfc(std::string_view text, std::string& out) {
     out.clear();
     if (std::all_of(text.begin(), text.end(), [](char c) { return uint8_t(c) < 0x80; })) {
@@ -71,10 +71,9 @@ void nfc(std::string_view text, std::string& out) {
     }
     UErrorCode err = U_ZERO_ERROR;
     const icu::Normalizer2* n = icu::Normalizer2::getNFCInstance(err);
-    const icu::UnicodeString u = icu::UnicodeString::fromUTF8(icu::StringPiece(text.data(), int32_t(text.size())));
-    const icu::UnicodeString normalized = U_SUCCESS(err) ? n->normalize(u, err) : u;
+    icu::StringByteSink<std::string> sink(&out, int32_t(text.size()));
+    if (U_SUCCESS(err)) n->normalizeUTF8(0, icu::StringPiece(text.data(), int32_t(text.size())), sink, nullptr, err);
     if (U_FAILURE(err)) throw ConfigError(std::string("NFC normalization failed: ") + u_errorName(err));
-    normalized.toUTF8String(out);
 }
 
 struct Stage {

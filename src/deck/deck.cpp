@@ -239,6 +239,10 @@ std::vector<DeckOption> deck_options(Deck& d) {
                    "start from the weights of this checkpoint (any layout; seq_len and [rope] may "
                    "differ) at step 0 with a fresh optimizer; a checkpoint in run_dir (resume) wins"),
         opt_int("checkpoint.keep", &c.keep, 0, big, "complete checkpoints kept; 0 = all"),
+        opt_bool("checkpoint.allow_tokenizer_change", &c.allow_tokenizer_change,
+                 "resume or init_from on a token file whose tokenizer is not the checkpoint's; init_from may "
+                 "extend the vocabulary (new embedding and output rows start as the mean of the trained ones). "
+                 "`quintet train --allow-tokenizer-change` sets it; false: exit 2 naming both tokenizers"),
         opt_string("output.run_dir", &o.run_dir, "directory for metrics.h5 and checkpoints/"),
         opt_int("output.log_every", &o.log_every, 1, big, "progress line every N steps"),
     };

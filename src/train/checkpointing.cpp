@@ -114,9 +114,10 @@ std::vector<std::string> report_changes(const WeightsSource& source, const Deck&
 }
 
 Checkpointing::Checkpointing(RankModel& model, const GradientSync& sync, AdamW& opt, std::string deck_text,
-                             WeightsSource source, const FaultInjection& faults,
+                             TokenizerState tokenizer, WeightsSource source, const FaultInjection& faults,
                              std::function<void(const std::string&)> log)
-    : model_(model), sync_(sync), opt_(opt), deck_text_(std::move(deck_text)), source_(std::move(source)),
+    : model_(model), sync_(sync), opt_(opt), deck_text_(std::move(deck_text)), tokenizer_(std::move(tokenizer)),
+      source_(std::move(source)),
       faults_(faults), log_(std::move(log)) {
     const ProcessGrid& grid = model.grid();
     io_comm_ = grid.world().split(0, grid.rank(), kCheckpointComm);
@@ -161,6 +162,7 @@ void Checkpointing::save(int64_t step, int64_t tokens_seen, MetricsFile* metrics
     meta.deck = deck_text_;
     meta.layout = grid.layout().describe() + " zero=" + std::to_string(deck.parallel.zero);
     meta.trained_context = std::max<int64_t>(source_.trained_context, deck.data.seq_len);
+    meta.tokenizer = tokenizer_;
     // On the CPU backend the arenas are host memory; a device backend stages them through host.
     const float *p = model_.params(), *m = opt_.exp_avg(), *v = opt_.exp_avg_sq();
     std::vector<float> hp, hm, hv;

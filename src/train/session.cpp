@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "quintet/core/error.hpp"
+#include "quintet/io/checkpoint.hpp"
 #ifdef QUINTET_WITH_CUDA
 #include "quintet/comm/nccl_communicator.hpp"
 #endif
@@ -94,6 +95,12 @@ void Session::resolve(const std::string& warning) {
     // at: rope.original_max_position = 0 resolves to it, so the resolved deck says the number.
     source = resolve_weights_source(deck, world);
     if (!warning.empty()) source.warnings.insert(source.warnings.begin(), warning);
+    // The data must be tokenized as the weights were (docs/tokenizers.md, "Checkpoints").
+    if (!source.path.empty())
+        if (std::string w = weights_tokenizer_check(source.path, data.tokenizer, deck.data.path,
+                                                    deck.checkpoint.allow_tokenizer_change, source.resume);
+            !w.empty())
+            source.warnings.push_back(std::move(w));
     const auto& par = deck.parallel;
     const Layout layout = make_layout(world.size(), par.tp, par.cp, par.pp, par.dp, par.ep);
     // Store the resolved layout, not "auto", so a checkpoint says what it was written with.

@@ -10,18 +10,18 @@
 
 namespace quintet {
 
-Trainer::Trainer(RankModel& model, const std::string& deck_text, const std::vector<uint32_t>& tokens,
-                 WeightsSource source, const RunLock* lock)
+Trainer::Trainer(RankModel& model, const std::string& deck_text, const TokenFile& data, WeightsSource source,
+                 const RunLock* lock)
     : model_(model), deck_(model.deck()), grid_(model.grid()), be_(model.backend()),
       grads_(be_.alloc(model.table().total)),
       sync_(std::make_unique<GradientSync>(model.table(), be_, model.comms(), model.tp(), deck_.parallel.bucket_mb,
                                            deck_.parallel.zero == 1, deck_.parallel.overlap_dp)),
       opt_(std::make_unique<AdamW>(model.table(), be_, *sync_, deck_.train)),
-      sampler_(tokens, deck_.data.val_fraction, deck_.data.seq_len, deck_.data.order == "random",
+      sampler_(data.tokens, deck_.data.val_fraction, deck_.data.seq_len, deck_.data.order == "random",
                uint64_t(deck_.train.seed)),
       faults_(grid_.rank()),
       telemetry_(model, deck_text),
-      checkpoints_(model, *sync_, *opt_, deck_text, std::move(source), faults_,
+      checkpoints_(model, *sync_, *opt_, deck_text, data.tokenizer.state(), std::move(source), faults_,
                    [this](const std::string& l) { telemetry_.log(l); }),
       nonfinite_(deck_.train, deck_.output.run_dir, grid_.rank(), [this](const std::string& l) { telemetry_.log(l); }),
       lock_(lock) {

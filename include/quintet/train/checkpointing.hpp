@@ -45,8 +45,10 @@ std::vector<std::string> report_changes(const WeightsSource& source, const Deck&
 class Checkpointing {
 public:
     // log: a line for rank 0's output. collective over the grid (makes the I/O communicator)
+    // tokenizer: the training data's, stored in every checkpoint.
     Checkpointing(RankModel& model, const GradientSync& sync, AdamW& opt, std::string deck_text,
-                  WeightsSource source, const FaultInjection& faults, std::function<void(const std::string&)> log);
+                  TokenizerState tokenizer, WeightsSource source, const FaultInjection& faults,
+                  std::function<void(const std::string&)> log);
     ~Checkpointing();
 
     // Before the first step: refuses to overwrite a run's checkpoints under resume = none, prints
@@ -70,6 +72,7 @@ private:
     const GradientSync& sync_;
     AdamW& opt_;
     std::string deck_text_;
+    TokenizerState tokenizer_;
     WeightsSource source_;
     const FaultInjection& faults_;
     std::function<void(const std::string&)> log_;

@@ -78,6 +78,10 @@ private:
     std::vector<double> tps_history_;  // tokens/s of the steady-state steps
     std::vector<double> idle_, act_mib_;  // per pipeline stage, the last step
     std::vector<int64_t> moe_idle_;    // [layer, expert] steps without tokens
+    // [layer] steps in a row one expert took the collapse threshold's share (moe_figures), and
+    // whether that layer's warning was given.
+    std::vector<int64_t> moe_collapsed_;
+    std::vector<char> moe_warned_;
     ProfileTotals profile_all_, profile_steady_;  // every step; past the first two
     std::vector<std::string> profile_order_;
 };

@@ -187,7 +187,6 @@ GpuStepTime gpu_step_time(const GpuLayout& l, const Hardware& hw, const Framewor
     GpuStepTime out;
     const double N = double(l.B) * l.T / l.cp, Nr = l.sp ? N / l.tp : N, Tq = double(l.T) / l.cp, C = d.C;
     const double mb = l.microbatches, k = m.moe.top_k;
-    const int D = hw.devices_per_node;
     const bool full = l.recompute == Recompute::full, selective = l.recompute == Recompute::selective;
 
     // The links: rank = tp + TP (cp + CP (dp + DP pp)); ep groups are ep consecutive dp x cp
@@ -197,7 +196,6 @@ GpuStepTime gpu_step_time(const GpuLayout& l, const Hardware& hw, const Framewor
                lpp = link_of(l.tp * l.cp * l.dp, l.pp, hw);
     out.link = {ltp.name, lcp.name, ldp.name, lep.name, lpp.name};
     if (l.dp * l.cp / l.ep > 1 && ledp.name == "network") out.link[kAxisDp] = "network";
-    (void)D;
 
     const LayerWork dense = layer_work(l, l.inv->dense(), false, r, fw), moe = layer_work(l, l.inv->moe(), true, r, fw);
     // Per layer and microbatch: tp collectives (attention and a dense FFN each gather their

@@ -109,9 +109,9 @@ DeckOption opt_counts(const std::string& key, std::vector<int>* field, std::stri
                     field->clear();
                     return;
                 }
-                const auto list = parse_int_list(v);
+                const auto list = parse_int_list(v, /*ranges=*/true);
                 if (!list || std::any_of(list->begin(), list->end(), [](int c) { return c < 1; }))
-                    config_fail(key, v, "expected a comma list of positive layer counts, e.g. 3,5");
+                    config_fail(key, v, "expected a comma list of positive layer counts with ranges, e.g. 3,5 or 7,8-8,7");
                 *field = *list;
             },
             [=] {
@@ -140,6 +140,9 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("model.n_kv_heads", &m.n_kv_heads, 0, 65536, "key/value heads NKV for GQA; 0 = n_heads"),
         opt_int("model.ffn_dim", &m.ffn_dim, 0, big, "SwiGLU hidden width; 0 = 8/3*d_model rounded up to 64"),
         opt_double("model.norm_eps", &m.norm_eps, 0, 1, "RMSNorm epsilon", true),
+        opt_int("model.vocab_size", &m.vocab_size, 0, big,
+                "vocabulary size V; 0 = the token file's (data.path); when set it must equal the token file's "
+                "(`quintet plan` needs no token file when it is set)"),
         opt_bool("model.tie_embeddings", &m.tie_embeddings, "LM head shares the token embedding"),
         opt_enum("model.attention", &m.attention, {"mha", "mla"}, "attention kind: mha = grouped-query attention, mla = DeepSeek-V2 Multi-head Latent Attention"),
         opt_int("model.kv_lora_rank", &m.kv_lora_rank, 0, big, "MLA: rank of the compressed KV latent c_kv (> 0 with mla)"),
@@ -184,7 +187,9 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_bool("parallel.sequence_parallel", &p.sequence_parallel, "shard norm/residual activations over tp (reduce-scatter + all-gather)"),
         opt_enum("parallel.schedule", &p.schedule, {"1f1b", "interleaved", "gpipe"}, "pipeline schedule"),
         opt_int("parallel.virtual_stages", &p.virtual_stages, 1, 1 << 20, "layer chunks per stage (interleaved)"),
-        opt_counts("parallel.pp_layers", &p.pp_layers, "layers per stage as a comma list; empty = even split"),
+        opt_counts("parallel.pp_layers", &p.pp_layers,
+                   "layers per stage as a comma list; a range a-b stands for a, a+1, ..., b (the syntax of moe.layers); "
+                   "empty = even split"),
         opt_double("parallel.bucket_mb", &p.bucket_mb, 0, 1e6, "DP gradient bucket size in MiB", true),
         opt_enum("parallel.cp_mla_kv", &p.cp_mla_kv, {"ring", "latent"},
                  "MLA under cp: ring = per-head K/V round the ring; latent = all-gather the compressed "
@@ -200,6 +205,9 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("data.eos_id", &da.eos_id, -1, 1 << 30,
                 "the token that ends a document; -1 = the token file's eos_id (set by `quintet prepare --split-on` or several inputs)"),
         opt_int("train.steps", &t.steps, 0, big, "optimizer steps; 0 = write the step-0 checkpoint and stop"),
+        opt_int("train.global_batch", &t.global_batch, 0, big,
+                "samples per step; 0 = dp x parallel.microbatches x data.micro_batch_size; when set, each "
+                "layout's microbatches = global_batch / (dp x micro_batch_size), which must divide"),
         opt_double("train.lr", &t.lr, 0, 10, "peak learning rate"),
         opt_double("train.lr_min", &t.lr_min, 0, 10, "final learning rate of the cosine"),
         opt_int("train.warmup", &t.warmup, 0, big, "linear warm-up steps"),
@@ -573,7 +581,15 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
                         " GiB; make the model smaller (model.d_model, model.n_layers, moe.experts) or split it further");
     }
     // Layout (the world size, dp, ep): checked where the layout is made.
-    make_layout(world, p.tp, p.cp, p.pp, p.dp, p.ep);
+    const Layout layout = make_layout(world, p.tp, p.cp, p.pp, p.dp, p.ep);
+    if (d.train.global_batch > 0) {
+        const int64_t per = int64_t(layout.size[kDP]) * d.data.micro_batch_size;
+        if (d.train.global_batch % per != 0)
+            config_fail("train.global_batch", S(d.train.global_batch),
+                        "must be a multiple of dp x data.micro_batch_size = " + S(layout.size[kDP]) + " x " +
+                            S(d.data.micro_batch_size) + " = " + S(per) + " (each replica runs global_batch / (dp x "
+                            "micro_batch_size) microbatches)");
+    }
     if (d.train.lr_min > d.train.lr)
         config_fail("train.lr_min", deck_value(d, "train.lr_min"), "must not exceed train.lr = " + deck_value(d, "train.lr"));
     // A warm-up longer than the run never reaches train.lr. The default (10) is let through

@@ -35,6 +35,7 @@ struct DataConfig {
 
 struct TrainConfig {
     int steps = 100;
+    int global_batch = 0;           // samples per step; 0 = dp x microbatches x micro_batch_size
     double lr = 3e-4, lr_min = 3e-5;
     int warmup = 10;
     double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, grad_clip = 1.0;

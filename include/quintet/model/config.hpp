@@ -49,7 +49,7 @@ struct ModelConfig {
     std::string attention = "mha";  // mha | mla
     int kv_lora_rank = 0, q_lora_rank = 0, qk_nope_dim = 0, qk_rope_dim = 0, v_head_dim = 0;
     MoeConfig moe;       // the [moe] section (which layers are MoE, and how)
-    int vocab_size = 0;  // V: not a deck key; taken from the data file
+    int vocab_size = 0;  // V: model.vocab_size, or (0) the token file's
     int head_dim() const { return d_model / n_heads; }  // HD
     // F: the SwiGLU width, model.ffn_dim or by default 8/3 d_model rounded up to a multiple of 64.
     int ffn_width() const { return ffn_dim > 0 ? ffn_dim : ((8 * d_model / 3 + 63) / 64) * 64; }

@@ -442,6 +442,30 @@ std::string deck_markdown_table() {
     return out;
 }
 
+std::string deck_resolve_global_batch(Deck& d, int world) {
+    if (d.train.global_batch <= 0) return "";
+    const auto& p = d.parallel;
+    const Layout layout = make_layout(world, p.tp, p.cp, p.pp, p.dp, p.ep);
+    const int64_t per = int64_t(layout.size[kDP]) * d.data.micro_batch_size;
+    if (d.train.global_batch % per != 0) return "";  // deck_validate names the keys
+    const int m = int(d.train.global_batch / per);
+    std::string note;
+    if (d.given.count("parallel.microbatches") && d.parallel.microbatches != m)
+        note = "parallel.microbatches = " + std::to_string(m) + ", not " + deck_value(d, "parallel.microbatches") +
+               ": train.global_batch = " + std::to_string(d.train.global_batch) + " over dp " +
+               std::to_string(layout.size[kDP]) + " x data.micro_batch_size " + std::to_string(d.data.micro_batch_size) +
+               " (the global batch decides; set train.global_batch = 0 to choose microbatches)";
+    d.parallel.microbatches = m;
+    return note;
+}
+
+int64_t deck_global_batch(const Deck& d, int world) {
+    if (d.train.global_batch > 0) return d.train.global_batch;
+    const auto& p = d.parallel;
+    const Layout layout = make_layout(world, p.tp, p.cp, p.pp, p.dp, p.ep);
+    return int64_t(layout.size[kDP]) * p.microbatches * d.data.micro_batch_size;
+}
+
 void deck_validate(const Deck& d, int world, bool check_host_memory) {
     auto S = [](auto v) { return std::to_string(v); };
     const auto& m = d.model;

@@ -75,7 +75,8 @@ const char* kStudyUsage =
     "                              per replica = global_batch / (dp x micro_batch_size)); weak: each\n"
     "                              replica keeps the base deck's batch (the global batch grows)\n"
     "  global_batch = N            samples per step under strong scaling (default: the base deck's\n"
-    "                              micro_batch_size x microbatches)\n"
+    "                              train.global_batch, else its micro_batch_size x microbatches);\n"
+    "                              weak scaling sets train.global_batch = 0 in every run\n"
     "  steps = N                   train.steps of every run (default the base deck's)\n"
     "  mpirun_flags = ...          extra mpirun flags for --submit local (default --oversubscribe)\n"
     "  sbatch_flags = ...          extra sbatch flags for --submit slurm (partition, account, time)\n"
@@ -225,8 +226,15 @@ std::vector<Case> make_cases(const Study& st, bool parity) {
                         const auto& p = d.parallel;
                         const int mp = p.tp * p.cp * p.pp;
                         int dp = p.dp > 0 ? p.dp : (w % mp == 0 ? w / mp : 0);
+                        if (st.scaling == "weak" && d.train.global_batch > 0) {
+                            ov.push_back("--train.global_batch=0");  // each replica keeps its batch
+                            d.train.global_batch = 0;
+                        }
                         if (dp > 0 && st.scaling == "strong") {
-                            const int gb = st.global_batch > 0 ? st.global_batch : base0.data.micro_batch_size * base0.parallel.microbatches;
+                            // study.global_batch, else the base deck's train.global_batch, else its one-replica batch.
+                            const int gb = st.global_batch > 0           ? st.global_batch
+                                           : base0.train.global_batch > 0 ? int(base0.train.global_batch)
+                                                                          : base0.data.micro_batch_size * base0.parallel.microbatches;
                             const int per = gb / dp;
                             if (lay.count("microbatches")) {
                                 // The layout fixes the microbatches: the microbatch size gives way.

@@ -77,6 +77,9 @@ std::string verdict(const DeckChange& c, bool resume) {
     if (k == "moe.top_k" || k == "moe.aux_coef" || k == "moe.bias_rate" || k == "moe.bias_update" || k == "moe.norm_topk" ||
         k == "moe.capacity_factor" || k == "moe.dead_after")
         return "allowed: the routing from now on";
+    // The tokenizer check (weights_tokenizer_check) has already refused any vocabulary change but
+    // a growth under checkpoint.allow_tokenizer_change for init_from.
+    if (k == "model.vocab_size" && !resume) return "allowed: vocabulary extension, the new rows start as the mean of the trained ones";
     if (in("model") || in("moe")) return "";
     if (in("parallel")) return "allowed: a checkpoint loads into any layout";
     if (in("init")) return "ignored: the weights come from the checkpoint";

@@ -66,12 +66,15 @@ int threads_per_rank(const Deck& deck, const MpiCommunicator& world) {
 Session::Session(Deck d, const MpiCommunicator& w) : deck(std::move(d)), world(w) {
     // Every rank reads and checks the data header, so a bad file fails everywhere alike.
     data = token_file_read(deck.data.path);
-    if (deck.model.vocab_size > 0 && deck.model.vocab_size != data.vocab_size)
+    // A vocab_size the user gave must be the data's; one from a checkpoint's resolved deck (eval)
+    // is left to the tokenizer checks, which name both tokenizers.
+    if (deck.given.count("model.vocab_size") && deck.model.vocab_size > 0 && deck.model.vocab_size != data.vocab_size)
         config_fail("model.vocab_size", std::to_string(deck.model.vocab_size),
                     "must be 0 or the token file's vocab_size, " + std::to_string(data.vocab_size) + " ('" +
                         deck.data.path + "')");
     deck.model.vocab_size = data.vocab_size;
     if (deck.data.eos_id < 0) deck.data.eos_id = data.eos_id;  // resolved into the deck text
+    batch_note_ = deck_resolve_global_batch(deck, world.size());
     deck_validate(deck, world.size());
     // The backend, before any output: a missing GPU must stop every rank alike (a ConfigError
     // on some ranks only would leave the others waiting in a collective).
@@ -105,12 +108,47 @@ void Session::resolve(const std::string& warning) {
                                                     deck.checkpoint.allow_tokenizer_change, source.resume);
             !w.empty())
             source.warnings.push_back(std::move(w));
+    if (!batch_note_.empty()) source.warnings.push_back(batch_note_);
+    report_changes(source, deck);  // another model is the first thing to say (it throws)
+    keep_global_batch();
     const auto& par = deck.parallel;
     const Layout layout = make_layout(world.size(), par.tp, par.cp, par.pp, par.dp, par.ep);
     // Store the resolved layout, not "auto", so a checkpoint says what it was written with.
     deck.parallel.dp = layout.size[kDP];
     deck_text = deck_to_text(deck);
     source.changes = report_changes(source, deck);
+}
+
+void Session::keep_global_batch() {
+    // A resume continues the checkpoint's curve: its samples per step, whatever this layout's dp,
+    // unless this deck sets train.global_batch itself (then the change is reported as allowed).
+    if (source.resume && !source.deck.empty() && !deck.given.count("train.global_batch")) {
+        const Deck theirs = deck_parse_text(source.deck);
+        const int64_t g = theirs.train.global_batch > 0
+                              ? theirs.train.global_batch
+                              : int64_t(std::max(theirs.parallel.dp, 1)) * theirs.parallel.microbatches *
+                                    theirs.data.micro_batch_size;
+        if (g != deck_global_batch(deck, world.size())) {
+            const int before = deck.parallel.microbatches;
+            deck.train.global_batch = g;
+            const auto& p = deck.parallel;
+            const int64_t per = int64_t(make_layout(world.size(), p.tp, p.cp, p.pp, p.dp, p.ep).size[kDP]) *
+                                deck.data.micro_batch_size;
+            if (g % per != 0)
+                throw ConfigError("checkpoint.resume '" + source.path + "': the run has " + std::to_string(g) +
+                                  " samples per step, not a multiple of dp x data.micro_batch_size = " +
+                                  std::to_string(per) + " on this layout; resume on a layout whose dp x "
+                                  "micro_batch_size divides it, or set train.global_batch to change the batch");
+            deck_resolve_global_batch(deck, world.size());
+            source.warnings.push_back("the global batch stays the checkpoint's " + std::to_string(g) +
+                                      " samples per step: parallel.microbatches " + std::to_string(before) + " -> " +
+                                      std::to_string(deck.parallel.microbatches) +
+                                      " on this layout (set train.global_batch to change it)");
+        }
+    }
+    // The resolved deck says the number, so a later resume knows it whatever the layout.
+    if (deck.train.global_batch <= 0) deck.train.global_batch = deck_global_batch(deck, world.size());
+    deck_validate(deck, world.size());
 }
 
 const ProcessGrid& Session::start_grid() {

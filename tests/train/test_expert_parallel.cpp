@@ -185,6 +185,15 @@ TEST_F(ExpertParallel, StepZeroIsBitIdenticalAndEp2ResumesAtEp1AndEp4) {
         for (size_t i = 5; i < 10; ++i) EXPECT_LE(std::abs(l[i] - lref[i]), 1e-5 * lref[i]) << to << " step " << i + 1;
         EXPECT_EQ(metrics_column(dir / name, "/moe/expert_load"), metrics_column(dir / "ref", "/moe/expert_load")) << to;
     }
+    // train.global_batch across an ep change: the ep4 resume names no batch key and keeps 16.
+    auto first = train(2, "gb", "--parallel.ep=2 --train.global_batch=16 --train.exit_after=5");
+    ASSERT_EQ(first.status, 0) << first.output;
+    auto second = train(4, "gb", "--parallel.ep=4");
+    ASSERT_EQ(second.status, 0) << second.output;
+    const auto l = col("gb");
+    ASSERT_EQ(l.size(), 10u);
+    for (size_t i = 5; i < 10; ++i) EXPECT_LE(std::abs(l[i] - lref[i]), 1e-5 * lref[i]) << "global_batch ep2 -> ep4 step " << i + 1;
+    EXPECT_EQ(metrics_column(dir / "gb", "/moe/expert_load"), metrics_column(dir / "ref", "/moe/expert_load"));
 }
 
 // Writes `value` into every element e of each layer's aux-free bias in a checkpoint where

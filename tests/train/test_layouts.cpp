@@ -196,6 +196,52 @@ TEST_F(Layouts, CheckpointsReshardOnResume) {
     }
 }
 
+// train.global_batch fixes the samples per step: every layout derives its microbatches from it,
+// and a resume on another layout keeps the checkpoint's batch (the same curve) unless the deck
+// sets another one -- also for a run that never set the key (its dp x microbatches x B).
+TEST_F(Layouts, GlobalBatchIsTheDecksOnEveryLayout) {
+    auto ref = train(1, "ref", "--parallel.microbatches=8");  // 16 samples per step
+    ASSERT_EQ(ref.status, 0) << ref.output;
+    const auto lref = losses("ref");
+    ASSERT_EQ(lref.size(), 10u);
+    auto close = [&](const std::vector<double>& l, const std::vector<double>& r, size_t from, const std::string& what) {
+        ASSERT_EQ(l.size(), r.size()) << what;
+        for (size_t i = from; i < l.size(); ++i) EXPECT_LE(std::abs(l[i] - r[i]), 1e-5 * r[i]) << what << " step " << i + 1;
+    };
+    // dp 4 with the global batch (and a parallel.microbatches it overrides, said so).
+    auto gb = train(4, "gb", "--train.global_batch=16 --parallel.microbatches=8");
+    ASSERT_EQ(gb.status, 0) << gb.output;
+    EXPECT_NE(gb.output.find("parallel.microbatches = 2, not 8"), std::string::npos) << gb.output;
+    close(losses("gb"), lref, 0, "dp4 global_batch 16");
+    // tp2 x dp2 for 5 steps, then pp2 on 2 ranks with no batch key: the checkpoint's 16 stays.
+    auto a = train(4, "mv", "--parallel.tp=2 --train.global_batch=16 --train.exit_after=5");
+    ASSERT_EQ(a.status, 0) << a.output;
+    auto b = train(2, "mv", "--parallel.pp=2");
+    ASSERT_EQ(b.status, 0) << b.output;
+    close(losses("mv"), lref, 5, "tp2 dp2 -> pp2");
+    // A run without the key: dp 4 x 1 microbatch x 2 = 8 samples, resumed on one rank.
+    auto r8 = train(1, "ref8", "--parallel.microbatches=4");
+    ASSERT_EQ(r8.status, 0) << r8.output;
+    auto c = train(4, "legacy", "--parallel.microbatches=1 --train.exit_after=5");
+    ASSERT_EQ(c.status, 0) << c.output;
+    auto d = train(1, "legacy", "--parallel.microbatches=8");
+    ASSERT_EQ(d.status, 0) << d.output;
+    EXPECT_NE(d.output.find("the global batch stays the checkpoint's 8 samples per step"), std::string::npos) << d.output;
+    close(losses("legacy"), losses("ref8"), 5, "dp4 (8 samples) -> 1 rank");
+    // A global batch this layout cannot split, given or inherited: exit 2 before any work.
+    auto bad = train(4, "bad", "--train.global_batch=12");
+    EXPECT_EQ(bad.status, 2) << bad.output;
+    for (const char* piece : {"train.global_batch", "'12'", "dp x data.micro_batch_size", "4 x 2 = 8"})
+        EXPECT_NE(bad.output.find(piece), std::string::npos) << piece << "\n" << bad.output;
+    auto e = train(1, "odd", "--train.global_batch=4 --train.exit_after=2");
+    ASSERT_EQ(e.status, 0) << e.output;
+    auto f = train(4, "odd", "");
+    EXPECT_EQ(f.status, 2) << f.output;
+    EXPECT_NE(f.output.find("4 samples per step, not a multiple of dp x data.micro_batch_size = 8"), std::string::npos)
+        << f.output;
+    EXPECT_FALSE(fs::exists(dir / "odd/checkpoints/step_00000003.h5"));
+}
+
 TEST_F(Layouts, FailedOrStuckStageEndsTheJobWithAMessage) {
     // A stage that throws: its message names the rank; MPI_Abort ends the others.
     setenv("QUINTET_INJECT_FAULT", "rank=1,step=2,mode=fail", 1);

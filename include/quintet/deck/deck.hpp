@@ -30,6 +30,15 @@ Deck deck_load(const std::string& deck_path, const std::vector<std::string>& ove
 // weights and optimizer state cannot fit this machine (the planner plans for other machines).
 void deck_validate(const Deck& deck, int world_size, bool check_host_memory = true);
 
+// train.global_batch > 0 fixes the samples per step: sets parallel.microbatches to
+// global_batch / (dp x data.micro_batch_size) for this world size where that divides (else
+// deck_validate says so). Returns a note when a parallel.microbatches the user gave was replaced,
+// else "".
+std::string deck_resolve_global_batch(Deck& deck, int world_size);
+// The samples per step: train.global_batch, or dp x microbatches x micro_batch_size with dp
+// resolved for `world_size`.
+int64_t deck_global_batch(const Deck& deck, int world_size);
+
 // The value of `key` as the user wrote it, else as the deck prints it (for messages).
 std::string deck_value(const Deck& deck, const std::string& key);
 

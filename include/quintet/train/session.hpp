@@ -41,7 +41,11 @@ public:
     const MpiCommunicator& world;
 
 private:
+    // Resume: the checkpoint's samples per step, unless the deck sets train.global_batch; then
+    // the number goes into the resolved deck. ConfigError where this layout cannot run it.
+    void keep_global_batch();
     std::unique_ptr<ProcessGrid> grid_;
+    std::string batch_note_;  // deck_resolve_global_batch's, shown with the source's warnings
 };
 
 }  // namespace quintet

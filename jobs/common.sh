@@ -117,6 +117,9 @@ quintet_run() {
     QUINTET_TRAPPED=0
     trap 'quintet_on_signal USR1' USR1
     trap 'quintet_on_signal TERM' TERM
+    trap 'quintet_on_signal INT' INT
+    local started
+    started=$(date +%s)
     "${launch[@]}" "$bin" "${QUINTET_ARGS[@]}" &
     QUINTET_PID=$!
     # A trapped signal interrupts `wait` with status 128+n while the run goes on (it is
@@ -128,9 +131,21 @@ quintet_run() {
         rc=0
         wait "$QUINTET_PID" || rc=$?
     done
-    trap - USR1 TERM
+    trap - USR1 TERM INT
     QUINTET_PID=
     echo "quintet job: $(date '+%F %T') quintet exited with status $rc${QUINTET_SIGNAL:+ after SIG$QUINTET_SIGNAL}"
+    # Open MPI's mpirun returns 1 when it was sent SIGTERM or SIGINT itself (scancel and qdel
+    # signal every process of the job), even though every rank checkpointed and exited 0. Rank 0
+    # leaves run_dir/stopped in that case: then the stop was clean, and the status is 0.
+    if ((rc != 0)) && [[ -n $QUINTET_SIGNAL ]]; then
+        local run_dir stamp
+        run_dir=$("$bin" deck --get output.run_dir "${QUINTET_ARGS[@]:1}" 2>/dev/null) || run_dir=
+        stamp=$(stat -c %Y "$run_dir/stopped" 2>/dev/null) || stamp=0
+        if [[ -n $run_dir ]] && ((stamp >= started)); then
+            echo "quintet job: the launcher's status $rc follows the signal; quintet stopped cleanly ($(head -n 1 "$run_dir/stopped"), $run_dir/stopped): status 0"
+            rc=0
+        fi
+    fi
     # A rank that died (killed by a signal, the node lost) makes the launcher return 128+n or
     # another status of its own; like a missed deadline that is a transient fault: status 4,
     # requeue (docs/reliability.md, "Exit statuses").

@@ -114,6 +114,7 @@ DECK_DEFAULTS = {
     "moe.experts": "0", "moe.top_k": "2", "moe.shared_experts": "0", "moe.ffn_dim": "0",
     "moe.layers": "all", "moe.norm_topk": "true", "moe.balance": "aux_loss",
     "moe.aux_coef": "0.01", "moe.bias_rate": "0.001", "moe.capacity_factor": "0",
+    "moe.bias_update": "sign",  # decks from before the key (and its 0.01 / proportional default)
     "parallel.dp": "0", "parallel.microbatches": "1",
     "data.path": "", "data.seq_len": "128", "data.micro_batch_size": "8", "data.order": "random",
     "data.val_fraction": "0.05",
@@ -210,7 +211,7 @@ class ModelConfig:
                  kv_lora_rank=0, q_lora_rank=0, qk_nope_dim=0, qk_rope_dim=0, v_head_dim=0,
                  moe_experts=0, moe_top_k=2, moe_shared=0, moe_ffn_dim=0, moe_layers="all",
                  moe_norm_topk=True, moe_balance="aux_loss", moe_aux_coef=0.01,
-                 moe_bias_rate=0.001, moe_capacity_factor=0.0):
+                 moe_bias_rate=0.001, moe_capacity_factor=0.0, moe_bias_update="sign"):
         self.vocab = vocab
         self.d_model = d_model
         self.n_layers = n_layers
@@ -240,6 +241,7 @@ class ModelConfig:
             self.moe_balance = moe_balance
             self.moe_aux_coef = moe_aux_coef
             self.moe_bias_rate = moe_bias_rate
+            self.moe_bias_update = moe_bias_update
             self.moe_capacity_factor = moe_capacity_factor
         self.norm_eps = norm_eps
         self.tie_embeddings = tie_embeddings
@@ -365,7 +367,7 @@ def moe_kwargs_from_deck(deck):
                 moe_shared=deck.int("moe.shared_experts"), moe_ffn_dim=deck.int("moe.ffn_dim"),
                 moe_layers=deck.str("moe.layers"), moe_norm_topk=deck.bool("moe.norm_topk"),
                 moe_balance=deck.str("moe.balance"), moe_aux_coef=deck.float("moe.aux_coef"),
-                moe_bias_rate=deck.float("moe.bias_rate"),
+                moe_bias_rate=deck.float("moe.bias_rate"), moe_bias_update=deck.str("moe.bias_update"),
                 moe_capacity_factor=deck.float("moe.capacity_factor"))
 
 
@@ -884,7 +886,8 @@ def cmd_bench(args):
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
         opt.step()
         if model.moe_blocks and cfg.moe_balance == "aux_free":
-            update_moe_biases(model, [m.load for _, m in model.moe_blocks], cfg.moe_bias_rate)
+            update_moe_biases(model, [m.load for _, m in model.moe_blocks], cfg.moe_bias_rate,
+                              cfg.moe_bias_update == "proportional")
         return loss.item()
 
     for _ in range(args.warmup_steps):
@@ -956,14 +959,25 @@ def load_moe_biases(ck, path, model, cfg):
               file=sys.stderr)
 
 
-def update_moe_biases(model, loads, bias_rate):
-    """Aux-loss-free balancing after a step: bias_e += rate * sign(mean_load - load_e), loads
-    over the whole global batch; sign(mean - load_e) = sign(sum(load) - E load_e) exactly."""
+def update_moe_biases(model, loads, bias_rate, proportional=False):
+    """Aux-loss-free balancing after a step, loads over the whole global batch. sign:
+    bias_e += rate * sign(mean_load - load_e), where sign(mean - load_e) = sign(sum(load) - E load_e)
+    exactly. proportional: bias_e += rate * (mean_load - load_e) / mean_load, worked out in double
+    (the mean summed as load_e / E in expert order) and rounded once to the bias's type."""
     import torch
     with torch.no_grad():
         for ld, (_, m) in zip(loads, model.moe_blocks):
-            sgn = torch.sign((int(ld.sum()) - ld.numel() * ld).to(m.bias.dtype))
-            m.bias.add_(sgn * bias_rate)
+            if proportional:
+                counts = [float(x) for x in ld.tolist()]
+                E = len(counts)
+                mean = 0.0
+                for c in counts:
+                    mean += c / E
+                step = [bias_rate * (mean - c) / mean if mean > 0 else 0.0 for c in counts]
+                m.bias.add_(torch.tensor(step, dtype=torch.float64).to(m.bias.dtype))
+            else:
+                sgn = torch.sign((int(ld.sum()) - ld.numel() * ld).to(m.bias.dtype))
+                m.bias.add_(sgn * bias_rate)
 
 
 def cmd_check(args):
@@ -1135,7 +1149,7 @@ def cmd_check(args):
                 [p.grad.detach().norm(2) for p in model.parameters() if p.grad is not None]), 2))
         opt.step()
         if aux_free:
-            update_moe_biases(model, loads, cfg.moe_bias_rate)
+            update_moe_biases(model, loads, cfg.moe_bias_rate, cfg.moe_bias_update == "proportional")
         line = f"step {s} loss {loss:.8g}"
         if args.print_grad_norm:
             line += f" grad_norm {gnorm:.8g}"

@@ -180,6 +180,13 @@ int eval_main(int argc, char** argv, MPI_Comm world_handle) {
                 if (d.key == key) d.set(val);
         }
     }
+    // Evaluation has no training batch: the checkpoint's train.global_batch must not constrain
+    // the layout. MoE layers under tp need sequence parallelism; it changes no number, so eval
+    // turns it on itself unless the command line says otherwise.
+    deck.train.global_batch = 0;
+    bool sp_given = false;
+    for (const auto& o : overrides) sp_given = sp_given || o.rfind("--parallel.sequence_parallel", 0) == 0;
+    if (deck.model.moe.experts > 0 && deck.parallel.tp > 1 && !sp_given) deck.parallel.sequence_parallel = true;
     deck.data.path = data;
     deck.checkpoint.resume = "none";
     deck.checkpoint.init_from = ckpt;  // for the trained-context rule of rope.original_max_position

@@ -23,10 +23,27 @@ int deck_main(int argc, char** argv) {
     std::string what = argc > 1 ? argv[1] : "--reference";
     if (what == "--reference") std::cout << deck_reference_text();
     else if (what == "--markdown") std::cout << deck_markdown_table();
-    else {
-        std::cout << "usage: quintet deck [--reference | --markdown]\n"
+    else if (what == "--get" && argc > 2) {
+        // For scripts: a key's value after the deck file and the overrides, as quintet train sees it.
+        const std::string key = argv[2];
+        std::string path;
+        std::vector<std::string> overrides;
+        for (int i = 3; i < argc; ++i) {
+            const std::string a = argv[i];
+            if (a.rfind("--", 0) == 0) overrides.push_back(a);
+            else if (path.empty()) path = a;
+            else throw ConfigError("quintet deck --get: one deck file, got '" + path + "' and '" + a + "'");
+        }
+        Deck deck = deck_load(path, overrides);
+        bool known = false;
+        for (const auto& o : deck_options(deck)) known = known || o.key == key;
+        if (!known) throw ConfigError("quintet deck --get: '" + key + "' is not a deck key (see quintet deck --reference)");
+        std::cout << deck_value(deck, key) << "\n";
+    } else {
+        std::cout << "usage: quintet deck [--reference | --markdown | --get KEY [DECK] [--section.key=value ...]]\n"
                      "  --reference  every key with its default and meaning, as a deck file\n"
-                     "  --markdown   the same as a Markdown table (docs/deck.md)\n";
+                     "  --markdown   the same as a Markdown table (docs/deck.md)\n"
+                     "  --get KEY    the value of KEY after DECK and the overrides (for scripts)\n";
         return what == "--help" || what == "-h" ? 0 : 2;
     }
     return 0;

@@ -28,6 +28,22 @@ void write_fault_file(const std::string& run_dir, const std::string& kind, int64
     fs::rename(tmp, path, ec);
 }
 
+void write_stop_file(const std::string& run_dir, int64_t step, const std::string& checkpoint) {
+    namespace fs = std::filesystem;
+    const fs::path path = fs::path(run_dir) / "stopped", tmp = path.string() + ".tmp" + std::to_string(getpid());
+    {
+        std::ofstream f(tmp);
+        f << "step=" << step << "\n" << checkpoint << "\n";
+    }
+    std::error_code ec;
+    fs::rename(tmp, path, ec);
+}
+
+void remove_stop_file(const std::string& run_dir) {
+    std::error_code ec;
+    std::filesystem::remove(std::filesystem::path(run_dir) / "stopped", ec);
+}
+
 void arm_watchdog(const ProcessGrid& grid, const std::string& run_dir, const std::atomic<int64_t>* steps_done) {
     Watchdog* w = grid.watchdog();
     if (!w) return;

@@ -170,6 +170,7 @@ int Trainer::run_steps() {
         telemetry_.log("warning: train.warmup = " + std::to_string(t.warmup) + " (the default) exceeds train.steps = " +
                        std::to_string(t.steps) + ": the learning rate never reaches train.lr; set train.warmup");
     start_step_ = checkpoints_.start(&tokens_seen_);
+    if (grid_.rank() == 0) remove_stop_file(deck_.output.run_dir);  // it speaks of an earlier start
     if (checkpoints_.source().resume && t.steps > 0 && start_step_ >= t.steps) {
         // A finished run: nothing to do, and nothing is written (its metrics stay as they are).
         telemetry_.log("the run is complete: " + checkpoints_.source().path + " is step " + std::to_string(start_step_) +
@@ -207,6 +208,7 @@ int Trainer::run_steps() {
             if (!stop) stop = stop_agreed(grid_.world());
         }
         if ((stop || exit_now) && s < t.steps) {
+            if (stop && grid_.rank() == 0) write_stop_file(deck_.output.run_dir, s, checkpoints_.last());
             telemetry_.log(std::string(stop ? "stop signal received" : "train.exit_after reached") +
                            ": checkpointed step " + std::to_string(s) + "; resume with checkpoint.resume=auto");
             break;

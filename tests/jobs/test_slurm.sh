@@ -12,6 +12,8 @@
 #    Slurm) bit for bit.
 # c. QUINTET_LAUNCHER="srun --mpi=pmix": srun starts the ranks (PMIx wire-up, one MPI world).
 # d. `quintet study --submit slurm`: one job array per world size, then `--collect` gathers them.
+# e. scancel mid-run: quintet checkpoints, leaves run_dir/stopped, the script returns 0 (its
+#    "stopped cleanly" rule when mpirun returns its own 1) and does not requeue.
 #
 # Needs root to install and start Slurm (exit 77 = skipped otherwise), and python3-h5py.
 # QUINTET_KEEP_TMP=1 keeps the temporary folder (it is kept anyway when a check fails).
@@ -305,10 +307,46 @@ EOF
     fi
 }
 
+# e. scancel: SIGTERM to every process of the job (the batch script, mpirun, the ranks) --------
+test_scancel() {
+    t0=$SECONDS
+    local -a big=(--train.steps=100000 --train.threads=1 --model.d_model=256 --model.ffn_dim=512
+                  --data.seq_len=256 --output.log_every=1)
+    local out=$tmp/e.out jid st i
+    jid=$(sbatch --parsable -n 2 -c 1 -J quintet-e -o "$out" jobs/slurm/train.sbatch "$tmp/tiny.deck" \
+        --output.run_dir="$tmp/e" "${big[@]}" 2>"$tmp/e.sbatch") || {
+        cat "$tmp/e.sbatch"
+        fail "e. sbatch (scancel job) was refused"
+        return
+    }
+    for ((i = 0; i < 600; i++)); do
+        grep -Eq '^step +3/' "$out" 2>/dev/null && break
+        sleep 0.2
+    done
+    scancel "$jid"
+    for ((i = 0; i < 600; i++)); do
+        st=$(job_state "$jid")
+        case $st in
+            RUNNING* | PENDING* | COMPLETING*) sleep 0.2 ;;
+            *) break ;;
+        esac
+    done
+    local step
+    step=$(sed -n 's/^step=//p' "$tmp/e/stopped" 2>/dev/null)
+    if [[ -n $step && -f $tmp/e/checkpoints/$(printf 'step_%08d.h5' "$step") ]] &&
+        grep -q 'status 0\|exited with status 0' "$out" && ! grep -q 'requeueing' "$out"; then
+        pass "e. scancel: checkpoint of step $step, run_dir/stopped, the script's status 0, no requeue ($(grep -o 'quintet exited with status [0-9]*' "$out"))"
+    else
+        show "$out"
+        fail "e. scancel: state $(job_state "$jid"), stopped step '${step:-none}'"
+    fi
+}
+
 test_sbatch_wait
 test_requeue
 test_srun_pmix
 test_study_array
+test_scancel
 
 echo "test_slurm: $failures failure(s), $((SECONDS - t_start)) s in all"
 ((failures == 0))

@@ -7,6 +7,8 @@
 
 #include <sstream>
 #include <signal.h>
+#include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -210,6 +212,74 @@ TEST_F(Fixture, StopSignalCheckpointsAndExitsCleanly) {
     char name[32];
     std::snprintf(name, sizeof name, "step_%08d.h5\n", int(steps.back()));
     EXPECT_EQ(latest, name);
+}
+
+// How each way of stopping a job ends (docs/reliability.md, "Signals"): SIGUSR1 to a bare mpirun,
+// and SIGINT or SIGTERM to it and its ranks (Ctrl-C in a terminal; scancel and qdel), all
+// checkpoint and leave run_dir/stopped naming that step; mpirun reports 0 after USR1 but its own
+// 1 after TERM and INT. Through the job scripts (jobs/common.sh),
+// a signal to every process of the job -- what scancel, a time limit's SIGTERM, qdel and Ctrl-C
+// do -- ends with status 0.
+TEST_F(Fixture, EveryStopPathCheckpointsAndTheJobScriptsReturnZero) {
+    const std::string base = " train " + deck.string() + " --data.path=" + data.string() +
+                             " --train.steps=100000 --eval.every=0";
+    // Runs `cmd` (bash) in a session and process group of its own, with SIGINT and SIGTERM at
+    // their defaults (a shell's `cmd &` would start it with SIGINT ignored, which no trap can
+    // undo), output into dir/log. Signals it (the leader only, or every process of the group, as
+    // scancel and qdel do) once the run has written its metrics; returns its exit status.
+    auto run = [&](const std::string& name, const std::string& cmd, int sig, bool whole_group) {
+        const fs::path run_dir = dir / name;
+        fs::remove_all(run_dir);
+        const std::string log_path = (dir / "log").string();
+        const pid_t pid = fork();
+        if (pid == 0) {
+            signal(SIGINT, SIG_DFL);
+            signal(SIGTERM, SIG_DFL);
+            setsid();
+            const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            dup2(fd, 1);
+            dup2(fd, 2);
+            execl("/bin/bash", "bash", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+            _exit(127);
+        }
+        for (int i = 0; i < 600 && !fs::exists(run_dir / "metrics.h5"); ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        kill(whole_group ? -pid : pid, sig);
+        int status = 0;
+        waitpid(pid, &status, 0);
+        const std::string log = read_file(dir / "log");
+        const std::string latest = read_file(run_dir / "checkpoints" / "latest");
+        const std::string stopped = read_file(run_dir / "stopped");
+        EXPECT_FALSE(latest.empty()) << name << "\n" << log;
+        // run_dir/stopped names the step of the checkpoint the run stopped at.
+        const size_t at = latest.find("step_");
+        EXPECT_NE(at, std::string::npos) << name;
+        if (at != std::string::npos)
+            EXPECT_EQ(stopped.rfind("step=" + std::to_string(std::stoll(latest.substr(at + 5))) + "\n", 0), 0u)
+                << name << ": " << stopped << "\n" << log;
+        EXPECT_TRUE(WIFEXITED(status)) << name << " ended by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+        return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1, log);
+    };
+    const std::string mpirun = "exec " + std::string(QUINTET_MPIEXEC) + " --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 -n 2 " + QUINTET_BINARY;
+    auto [usr1, l1] = run("usr1", mpirun + base + " --output.run_dir=" + (dir / "usr1").string(), SIGUSR1, false);
+    EXPECT_EQ(usr1, 0) << l1;
+    // Ctrl-C in a terminal: SIGINT to mpirun and its ranks (the foreground process group); the
+    // same with SIGTERM, as scancel and qdel send it to every process of the job.
+    auto [intr, l3] = run("int", mpirun + base + " --output.run_dir=" + (dir / "int").string(), SIGINT, true);
+    EXPECT_EQ(intr, 1) << "Open MPI's mpirun after SIGINT (docs/reliability.md says 1)\n" << l3;
+    auto [term, l2] = run("term", mpirun + base + " --output.run_dir=" + (dir / "term").string(), SIGTERM, true);
+    EXPECT_EQ(term, 1) << "Open MPI's mpirun after SIGTERM (docs/reliability.md says 1)\n" << l2;
+    // The job scripts' launcher, signalled with every process of the job.
+    const std::string job = "cd " + std::string(QUINTET_SOURCE_DIR) + " && exec env QUINTET_BIN=" + QUINTET_BINARY +
+                            " QUINTET_MPIRUN_FLAGS=--oversubscribe OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 bash -c \"source jobs/common.sh && quintet_env 1 && "
+                            "quintet_args " + deck.string() + " --data.path=" + data.string() +
+                            " --train.steps=100000 --eval.every=0 --output.run_dir=";
+    for (const auto& [name, sig] : std::vector<std::pair<std::string, int>>{{"job_term", SIGTERM}, {"job_int", SIGINT}}) {
+        auto [rc, log] = run(name, job + (dir / name).string() + " && quintet_run 2\"", sig, true);
+        EXPECT_EQ(rc, 0) << name << "\n" << log;
+        EXPECT_NE(log.find("quintet stopped cleanly"), std::string::npos) << name << "\n" << log;
+    }
 }
 
 TEST_F(Fixture, GenerateSamplesFromACheckpoint) {

@@ -193,4 +193,27 @@ TEST_F(Moe, CollapsingRouterWarnsOncePerLayer) {
     EXPECT_EQ(count(quiet.output, "warning: MoE layer"), 0u) << quiet.output;
 }
 
+// quintet eval of a MoE checkpoint under tp: sequence parallelism is turned on by eval itself
+// (MoE layers need it under tp), and the loss is the one rank's.
+TEST_F(Moe, EvalUnderTpNeedsNoSequenceParallelFlag) {
+    auto t = train(1, "ev", "--train.steps=2 --parallel.microbatches=8");
+    ASSERT_EQ(t.status, 0) << t.output;
+    const std::string ckpt = (dir / "ev/checkpoints/step_00000002.h5").string();
+    auto loss = [](const std::string& out) {
+        const auto at = out.find("val_loss=");
+        return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 9));
+    };
+    auto one = run_quintet(1, "eval --checkpoint " + ckpt + " --data " + data.string());
+    auto two = run_quintet(2, "eval --checkpoint " + ckpt + " --data " + data.string() + " --parallel.tp=2");
+    ASSERT_EQ(one.status, 0) << one.output;
+    ASSERT_EQ(two.status, 0) << two.output;
+    ASSERT_GT(loss(one.output), 0) << one.output;
+    EXPECT_NEAR(loss(two.output), loss(one.output), 1e-5 * loss(one.output)) << two.output;
+    // Said explicitly, the flag is respected: false is refused with the key named.
+    auto no = run_quintet(2, "eval --checkpoint " + ckpt + " --data " + data.string() +
+                                 " --parallel.tp=2 --parallel.sequence_parallel=false");
+    EXPECT_EQ(no.status, 2) << no.output;
+    EXPECT_NE(no.output.find("parallel.sequence_parallel"), std::string::npos) << no.output;
+}
+
 }  // namespace

@@ -32,8 +32,8 @@ struct MoeConfig {
     LayerSet layers;  // the layers with MoE (moe.layers)
     bool norm_topk = true;
     std::string balance = "aux_loss";  // aux_loss | aux_free | none
-    double aux_coef = 0.01, bias_rate = 0.001;
-    std::string bias_update = "sign";  // aux_free: sign (DeepSeek-V3) | proportional (to the load gap)
+    double aux_coef = 0.01, bias_rate = 0.01;  // bias_rate, bias_update: measured, docs/math.md §9
+    std::string bias_update = "proportional";  // aux_free: sign (DeepSeek-V3) | proportional (to the load gap)
     double capacity_factor = 0;  // > 0: each expert takes at most ceil(cf * k * N / E) of a rank's N rows
     int dead_after = 10;         // an expert with no tokens for this many steps counts as dead
 };

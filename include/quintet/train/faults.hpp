@@ -21,6 +21,13 @@ namespace quintet {
 void write_fault_file(const std::string& run_dir, const std::string& kind, int64_t step, int rank,
                       const std::string& what);
 
+// run_dir/stopped: "step=S" and the checkpoint's path, written by rank 0 when a stop signal ended
+// the run after that checkpoint, and removed when a run starts. A launcher that reports its own
+// status after forwarding SIGTERM or SIGINT (Open MPI's mpirun returns 1) can be told apart from a
+// failure by it: jobs/common.sh does.
+void write_stop_file(const std::string& run_dir, int64_t step, const std::string& checkpoint);
+void remove_stop_file(const std::string& run_dir);
+
 // Prepares the grid's watchdog (if any) for this run: ranks publish where they wait under
 // run_dir/.ranks, and a deadline that passes writes run_dir/fault (kind=transient, the step
 // being run: *steps_done + 1) before the process ends with exit status 4.

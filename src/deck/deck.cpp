@@ -179,8 +179,10 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("parallel.microbatches", &p.microbatches, 1, 1 << 20, "microbatches per DP replica per step"),
         opt_int("parallel.zero", &p.zero, 0, 1, "1 = shard the AdamW state over each replica group (ZeRO-1: dp x cp for dense tensors, the expert-data-parallel group for experts)"),
         opt_bool("parallel.sequence_parallel", &p.sequence_parallel, "shard norm/residual activations over tp (reduce-scatter + all-gather)"),
-        opt_enum("parallel.schedule", &p.schedule, {"1f1b", "interleaved", "gpipe"}, "pipeline schedule"),
-        opt_int("parallel.virtual_stages", &p.virtual_stages, 1, 1 << 20, "layer chunks per stage (interleaved)"),
+        opt_enum("parallel.schedule", &p.schedule, {"1f1b", "interleaved", "gpipe", "zb_h1", "zbv"},
+                 "pipeline schedule; zb_h1 and zbv split each backward into its input and weight parts and "
+                 "fill the bubble with the latter (zbv: parallel.virtual_stages = 2, in a V)"),
+        opt_int("parallel.virtual_stages", &p.virtual_stages, 1, 1 << 20, "layer chunks per stage (interleaved; 2 for zbv)"),
         opt_counts("parallel.pp_layers", &p.pp_layers, "layers per stage as a comma list; empty = even split"),
         opt_double("parallel.bucket_mb", &p.bucket_mb, 0, 1e6, "DP gradient bucket size in MiB", true),
         opt_enum("parallel.cp_mla_kv", &p.cp_mla_kv, {"ring", "latent"},

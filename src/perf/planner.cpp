@@ -48,7 +48,8 @@ ShardPlan plan_for(const Deck& deck, int stage, int edp) {
     sp.tp_rank = 0;
     sp.sequence_parallel = p.sequence_parallel;
     sp.pp = p.pp;
-    sp.chunks = stage_chunks(deck.model.n_layers, p.pp, p.virtual_stages, stage, p.pp_layers);
+    sp.chunks = stage_chunks(deck.model.n_layers, p.pp, p.virtual_stages, stage, p.pp_layers,
+                             schedule_placement(p.schedule));
     sp.ep = p.ep;
     sp.ep_rank = 0;
     sp.pad[int(Replicas::dense)] = p.dp * p.cp;
@@ -136,7 +137,7 @@ PlanRow plan_layout(const Deck& deck_in, int world, const MachineModel& mm) {
         for (const auto& [t0, t1, op, mbi, chunk] : sim.stages[size_t(stage)].slots) {
             const size_t c = size_t(chunk) < now.size() ? size_t(chunk) : 0;
             if (op == Op::forward) peak[c] = std::max(peak[c], ++now[c]);
-            else if (op == Op::backward) --now[c];
+            else if (op == Op::backward || op == Op::backward_weight) --now[c];  // W frees what F kept
         }
         // Activations: what the blocks declare, laid out as each chunk lays it out
         // (model/transformer.hpp chunk_buffers) -- the trainer's own accounting.
@@ -148,6 +149,7 @@ PlanRow plan_layout(const Deck& deck_in, int world, const MachineModel& mm) {
         bs.bf16 = s.bf16, bs.sp = s.sp, bs.recompute = s.recompute;
         bs.cp = p.cp, bs.mla_latent = p.cp > 1 && p.cp_mla_kv == "latent", bs.ep = p.ep;
         bs.max_positions = deck.data.seq_len;
+        bs.split_bw = schedule_splits_backward(p.schedule);
         double act_bytes = 0, stage_layers = 0, stage_moe = 0;
         size_t ring_kv = 0, ring_out = 0, ring_lse = 0, exchange = 0;
         bool last = false;
@@ -165,7 +167,10 @@ PlanRow plan_layout(const Deck& deck_in, int world, const MachineModel& mm) {
         mem.activations = act_bytes;
         // Buffers: the pipeline's receive staging; the cp ring's K/V, dK/dV and partial outputs;
         // the ep exchange's staging (all reserved while the model is built, as declared).
-        mem.buffers = double(bs.Nr) * s.C * sizeof(float);
+        // (and zbv's turn of the V: the messages a stage sends itself, staged locally)
+        const int locals = self_messages_in_flight(make_schedule(p.schedule, p.pp, stage, p.microbatches, p.virtual_stages),
+                                                   p.pp, p.virtual_stages, stage, schedule_placement(p.schedule));
+        mem.buffers = double(1 + locals) * double(bs.Nr) * s.C * sizeof(float);
         if (p.cp > 1) mem.buffers += double(ContextParallel::buffer_bytes(ring_kv, ring_out, ring_lse));
         if (p.ep > 1 && exchange > 0) mem.buffers += double(ExpertParallel::buffer_bytes(exchange));
         mem.runtime = mm.runtime_base_bytes + mm.data_bytes;

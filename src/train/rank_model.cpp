@@ -17,7 +17,7 @@ ShardPlan shard_plan(const Deck& deck, const ProcessGrid& grid) {
     p.sequence_parallel = deck.parallel.sequence_parallel;
     p.pp = grid.pp().size();
     p.chunks = stage_chunks(deck.model.n_layers, p.pp, deck.parallel.virtual_stages, grid.coord(kPP),
-                            deck.parallel.pp_layers);
+                            deck.parallel.pp_layers, schedule_placement(deck.parallel.schedule));
     p.ep = grid.ep().size();
     p.ep_rank = grid.layout().group_rank(Group::ep, grid.rank());
     p.pad[int(Replicas::dense)] = grid.dp_cp().size();
@@ -52,10 +52,12 @@ RankModel::RankModel(const Deck& deck, const ProcessGrid& grid, Backend& be)
     opt.recompute = deck.train.recompute == "full"        ? Recompute::full
                     : deck.train.recompute == "selective" ? Recompute::selective
                                                           : Recompute::none;
+    opt.split_bw = schedule_splits_backward(deck.parallel.schedule);
     if (opt.precision == Precision::bf16) params_bf16_ = be_.alloc_bf16(table_.total);
     const int pp = grid.pp().size(), stage = grid.coord(kPP);
+    const Placement placement = schedule_placement(deck.parallel.schedule);
     for (const auto& plan : stage_chunks(deck.model.n_layers, pp, deck.parallel.virtual_stages, stage,
-                                         deck.parallel.pp_layers)) {
+                                         deck.parallel.pp_layers, placement)) {
         chunks_.push_back(std::make_unique<ModelChunk>(be_, deck.model, deck.rope, table_, plan, tp_,
                                                        dc.micro_batch_size, dc.seq_len, opt));
         if (params_bf16_) chunks_.back()->set_bf16_weights(params_, params_bf16_);
@@ -67,7 +69,7 @@ RankModel::RankModel(const Deck& deck, const ProcessGrid& grid, Backend& be)
     exec_ = std::make_unique<PipelineExecutor>(
         std::move(stages), be_, comms_.group(Group::pp), stage, deck.parallel.virtual_stages,
         make_schedule(deck.parallel.schedule, pp, stage, deck.parallel.microbatches, deck.parallel.virtual_stages),
-        deck.parallel.microbatches, dc.micro_batch_size, dc.seq_len);
+        deck.parallel.microbatches, dc.micro_batch_size, dc.seq_len, placement);
     // Layout-invariant init: each element is a function of (seed, name, logical index) only.
     std::vector<float> host(table_.total);
     init_params(host.data(), table_, deck.model, deck.init, uint64_t(deck.train.seed), 0, table_.total);

@@ -139,12 +139,14 @@ StepStats Trainer::step(int64_t s, bool locate) {
         st.ep_combine = ep->combine_counters;
         // Every rank's bytes against the theory from the routed counts (docs/math.md §9): each
         // row routed to another rank crosses four times (dispatch and combine, forward and
-        // backward), six under full recomputation, C fp32 values each.
+        // backward), six under full recomputation -- eight when a zero-bubble schedule's W
+        // recomputes the forward once more -- C fp32 values each.
         st.ep_bytes_all = st.ep_dispatch.bytes + st.ep_combine.bytes;
         grid_.world().all_reduce_sum(&st.ep_bytes_all, 1);
         double foreign = 0;
         for (int l = 0; l < deck_.model.n_layers; ++l) foreign += moe_.sent_away(l);
-        const double crossings = deck_.train.recompute == "full" ? 6 : 4;
+        const double crossings =
+            deck_.train.recompute == "full" ? (schedule_splits_backward(deck_.parallel.schedule) ? 8 : 6) : 4;
         st.ep_bytes_theory = foreign * crossings * double(deck_.model.d_model) * sizeof(float);
     }
     return st;

@@ -105,6 +105,12 @@ TEST_F(PlannerTest, PipelineSchedules) {
     check(2, "pp2", "--parallel.pp=2 --parallel.microbatches=4");
     check(2, "pp2_gpipe", "--parallel.pp=2 --parallel.microbatches=4 --parallel.schedule=gpipe");
     check(2, "pp2_int", "--parallel.pp=2 --parallel.microbatches=4 --parallel.schedule=interleaved --parallel.virtual_stages=2");
+    // The zero-bubble schedules: W's operands kept per slot, slots held from F to W, zbv's
+    // local staging of the V's turn.
+    check(2, "pp2_zbh1", "--parallel.pp=2 --parallel.microbatches=4 --parallel.schedule=zb_h1");
+    check(2, "pp2_zbv", "--parallel.pp=2 --parallel.microbatches=4 --parallel.schedule=zbv --parallel.virtual_stages=2");
+    check(2, "pp2_zbv_moe_bf16_full", std::string(kMoe) + " --parallel.pp=2 --parallel.microbatches=4 --parallel.schedule=zbv"
+                                       " --parallel.virtual_stages=2 --train.precision=bf16 --train.recompute=full");
 }
 
 TEST_F(PlannerTest, ContextParallel) { check(2, "cp2", "--parallel.cp=2"); }

@@ -123,6 +123,9 @@ const std::vector<std::pair<int, std::string>> kLayouts = {
     {4, "--parallel.ep=2 --parallel.microbatches=2 --parallel.zero=1"},          // ZeRO over edp2
     {2, "--parallel.ep=2 --parallel.microbatches=4 --train.recompute=full"},
     {8, "--parallel.ep=2 --parallel.tp=2 --parallel.sequence_parallel=true --parallel.microbatches=2"},
+    {4, "--parallel.ep=2 --parallel.pp=2 --parallel.microbatches=4 --parallel.schedule=zb_h1"},
+    {4, "--parallel.ep=2 --parallel.pp=2 --parallel.microbatches=4 --parallel.schedule=zbv "
+        "--parallel.virtual_stages=2 --train.recompute=full"},
 };
 
 TEST_F(ExpertParallel, EveryLayoutMatchesOneRank) { compare("", kLayouts); }

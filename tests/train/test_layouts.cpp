@@ -86,6 +86,45 @@ TEST_F(Layouts, PipelineParallelMatchesSingleRank) {
     });
 }
 
+// The zero-bubble schedules (backwards split into B and W, the W's filling the bubble): zb_h1 on
+// pp2 and pp4, zbv (two chunks per stage in a V) on pp2 and -- with 8 layers -- pp4 (also with
+// fewer microbatches than the V's 2pp-1), under tp+SP, full and selective recomputation, dp with
+// the overlapped reduction (buckets of 1024 floats, so most start during the last W's) and tied
+// embeddings (zbv holds both ends on stage 0).
+TEST_F(Layouts, ZeroBubbleSchedulesMatchSingleRank) {
+    const std::string zb = " --parallel.schedule=zb_h1", zv = " --parallel.schedule=zbv --parallel.virtual_stages=2";
+    compare("", {
+        {2, "--parallel.pp=2 --parallel.microbatches=8" + zb},
+        {4, "--parallel.pp=4 --parallel.microbatches=8" + zb},
+        {2, "--parallel.pp=2 --parallel.microbatches=8" + zv},
+        {4, "--parallel.pp=2 --parallel.tp=2 --parallel.sequence_parallel=true --parallel.microbatches=8" + zb},
+        {4, "--parallel.pp=2 --parallel.tp=2 --parallel.sequence_parallel=true --parallel.microbatches=8" + zv},
+        {2, "--parallel.pp=2 --parallel.microbatches=8 --train.recompute=full" + zb},
+        {2, "--parallel.pp=2 --parallel.microbatches=8 --train.recompute=full" + zv},
+        {2, "--parallel.pp=2 --parallel.microbatches=8 --train.recompute=selective" + zv},
+        {4, "--parallel.pp=2 --parallel.microbatches=4 --parallel.bucket_mb=0.001" + zb},  // dp2
+        {4, "--parallel.pp=2 --parallel.microbatches=4 --parallel.bucket_mb=0.001" + zv},
+    });
+}
+
+TEST_F(Layouts, ZeroBubbleSchedulesOnFourStages) {
+    const std::string zb = " --parallel.schedule=zb_h1", zv = " --parallel.schedule=zbv --parallel.virtual_stages=2";
+    compare("--model.n_layers=8", {
+        {4, "--parallel.pp=4 --parallel.microbatches=8" + zv},
+        {4, "--parallel.pp=4 --parallel.microbatches=8" + zb},
+        {8, "--parallel.pp=4 --parallel.microbatches=4" + zv},  // dp2; fewer microbatches than the V's 2pp-1
+    });
+}
+
+TEST_F(Layouts, ZeroBubbleSchedulesWithTiedEmbeddings) {
+    const std::string zb = " --parallel.schedule=zb_h1", zv = " --parallel.schedule=zbv --parallel.virtual_stages=2";
+    compare("--model.tie_embeddings=true", {
+        {2, "--parallel.pp=2 --parallel.microbatches=8" + zb},
+        {2, "--parallel.pp=2 --parallel.microbatches=8" + zv},
+        {4, "--parallel.pp=2 --parallel.microbatches=4 --parallel.bucket_mb=0.001" + zv},
+    });
+}
+
 TEST_F(Layouts, PipelineWithTiedEmbeddings) {
     compare("--model.tie_embeddings=true", {
         {2, "--parallel.pp=2 --parallel.microbatches=8"},
@@ -123,6 +162,8 @@ TEST_F(Layouts, Bf16LayoutsMatchSingleRankBf16) {
         {4, "--parallel.tp=4 --parallel.microbatches=8"},
         {2, "--parallel.pp=2 --parallel.microbatches=8"},
         {4, "--parallel.pp=2 --parallel.microbatches=4 --parallel.zero=1"},  // dp=2
+        {2, "--parallel.pp=2 --parallel.microbatches=8 --parallel.schedule=zb_h1"},
+        {2, "--parallel.pp=2 --parallel.microbatches=8 --parallel.schedule=zbv --parallel.virtual_stages=2"},
     }, 1e-3);
 }
 

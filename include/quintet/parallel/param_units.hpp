@@ -30,7 +30,7 @@ public:
     virtual void prefetch(int unit) = 0;
     virtual void release(int unit) = 0;
     // Where the unit's buffers (tensors that are not trained: MoE's aux-free bias) live, to be
-    // changed in place (base pointer).
+    // changed in place (base pointer; null when the unit has none).
     virtual float* buffers(int unit) = 0;
     // A zeroed window for the unit's gradients of one microbatch (base pointer), then: they are
     // complete -- start reducing them into this rank's shard (non-blocking), the window is

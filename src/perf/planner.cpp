@@ -54,7 +54,14 @@ ShardPlan plan_for(const Deck& deck, int stage, int edp) {
     sp.ep_rank = 0;
     sp.pad[int(Replicas::dense)] = p.dp * p.cp;
     sp.pad[int(Replicas::expert)] = edp;
+    sp.zero = p.zero;
     return sp;
+}
+
+// The ZeRO-2/3 slices of a rank of `t` (their sizes are every rank's: rank 0 stands for all).
+ZeroLayout zero_layout_for(const ParamTable& t, int dense_group, int expert_group) {
+    const int size[kNumRegions] = {dense_group, expert_group, 1}, rank[kNumRegions] = {0, 0, 0};
+    return zero_layout(t, size, rank);
 }
 
 struct StageFigures {
@@ -131,6 +138,12 @@ PlanRow plan_layout(const Deck& deck_in, int world, const MachineModel& mm) {
         }
         mem.grads = double(t.total) * 4 + shards * 4;
         mem.optimizer = 2 * std::max(state, 1.0) * 4;
+        if (p.zero >= 2) {  // this rank's slices of every unit, and the windows (train/zero_state)
+            const ZeroLayout z = zero_layout_for(t, p.dp * p.cp, edp);
+            mem.params = zero_param_bytes(t, z, p.zero, s.bf16);
+            mem.grads = zero_grad_bytes(z);
+            mem.optimizer = 2 * double(std::max<size_t>(z.trainable, 1)) * 4;
+        }
         // Each chunk keeps as many slots as it had microbatches in flight at once (the executor
         // allocates them on demand): replay this stage's simulated compute order per chunk.
         std::vector<int> now(sp.chunks.size(), 0), peak(sp.chunks.size(), 0);
@@ -202,15 +215,32 @@ PlanRow plan_layout(const Deck& deck_in, int world, const MachineModel& mm) {
     // repeats the forward's.
     const double tp_layer = 8 * rowbytes * g_tp * (s.bf16 && s.sp ? 0.75 : 1.0);
     row.comm_bytes.tp = p.tp > 1 ? mb * L_stage * tp_layer * (s.recompute == Recompute::full ? 1.5 : 1.0) : 0;
-    // Gradients: dense over dp x cp, experts over edp (all-reduce; ZeRO: reduce-scatter plus the
-    // parameters' all-gather, the same bytes).
+    // Gradients: dense over dp x cp, experts over edp (all-reduce; ZeRO-1: reduce-scatter plus the
+    // parameters' all-gather, the same bytes). ZeRO-2/3 reduce-scatter every unit's gradient once
+    // per microbatch; zero 2 all-gathers the updated parameters once per step, zero 3 gathers each
+    // unit before its forward and each layer again before its backward (and before the W of a
+    // split schedule under full recomputation), per microbatch -- an upper bound: a unit still in
+    // a window is not gathered again.
     {
         const ShardPlan sp = plan_for(deck, row.stage, edp);
         const ParamTable t = make_param_table(m, sp);
         const double gd = p.dp * p.cp, ge = edp;
         double b = 0;
-        if (gd > 1) b += 2 * double(t.region_used[int(Replicas::dense)]) * 4 * (gd - 1) / gd;
-        if (ge > 1) b += 2 * double(t.region_used[int(Replicas::expert)]) * 4 * (ge - 1) / ge;
+        if (p.zero >= 2) {
+            const bool split_full = schedule_splits_backward(p.schedule) && s.recompute == Recompute::full;
+            for (const auto& u : t.units) {
+                const bool layer = u.name.rfind("layers.", 0) == 0;
+                const double gathers = p.zero == 3 ? mb * (1 + (layer ? 1 : 0) + (layer && split_full ? 1 : 0)) : 1;
+                for (int r = 0; r < kNumRegions; ++r) {
+                    const double g = r == int(Replicas::dense) ? gd : r == int(Replicas::expert) ? ge : 1;
+                    if (g <= 1) continue;
+                    b += (mb + gathers) * double(u.part[r].size()) * 4 * (g - 1) / g;
+                }
+            }
+        } else {
+            if (gd > 1) b += 2 * double(t.region_used[int(Replicas::dense)]) * 4 * (gd - 1) / gd;
+            if (ge > 1) b += 2 * double(t.region_used[int(Replicas::expert)]) * 4 * (ge - 1) / ge;
+        }
         row.comm_bytes.dp = b;
     }
     // Context ring: forward sends this rank's K/V block cp-1 times; the backward sends K/V and
@@ -236,7 +266,8 @@ PlanRow plan_layout(const Deck& deck_in, int world, const MachineModel& mm) {
     // Bucketed gradient reductions overlap the backward when parallel.overlap_dp: the last
     // bucket's share stays exposed.
     const double dp_t = t_of(row.comm_bytes.dp, 2 * (p.dp * p.cp - 1));
-    row.comm_s.dp = (p.overlap_dp && !p.zero) ? std::max(dp_t * 0.5, dp_t - 0.6 * row.compute_s) : dp_t;
+    // (ZeRO-2/3 reduce and gather unit by unit while the next unit computes.)
+    row.comm_s.dp = ((p.overlap_dp && !p.zero) || p.zero >= 2) ? std::max(dp_t * 0.5, dp_t - 0.6 * row.compute_s) : dp_t;
     row.comm_s.ep = t_of(row.comm_bytes.ep, mb * 4 * m.n_layers / p.pp);
     row.comm_s.pp = t_of(row.comm_bytes.pp, mb * 2);
     const double busy_s = row.compute_s + row.comm_s.tp + row.comm_s.cp + row.comm_s.ep + row.comm_s.pp;

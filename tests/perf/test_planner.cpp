@@ -96,6 +96,20 @@ TEST_F(PlannerTest, OneRankAndDataParallel) {
     check(2, "dp2_zero", "--parallel.zero=1");
 }
 
+// ZeRO-2/3: the gradient shard and windows, the parameter slices and gather windows (bf16
+// copies included), the moments of the slices -- on dense and expert groups, with buffers (the
+// aux-free bias), a pipeline under zbv, tensor parallelism.
+TEST_F(PlannerTest, ZeroTwoAndThree) {
+    check(2, "dp2_zero2", "--parallel.zero=2");
+    check(2, "dp2_zero3", "--parallel.zero=3");
+    check(2, "dp2_zero3_bf16", "--parallel.zero=3 --train.precision=bf16");
+    check(4, "tp2_dp2_zero3", "--parallel.tp=2 --parallel.sequence_parallel=true --parallel.zero=3");
+    check(4, "pp2_dp2_zero3_zbv", "--parallel.pp=2 --parallel.microbatches=4 --parallel.zero=3 --parallel.schedule=zbv"
+                                  " --parallel.virtual_stages=2");
+    check(4, "moe_ep2_zero3", std::string(kMoe) + " --parallel.ep=2 --parallel.zero=3 --moe.balance=aux_free");
+    check(4, "moe_ep2_zero2_bf16", std::string(kMoe) + " --parallel.ep=2 --parallel.zero=2 --train.precision=bf16");
+}
+
 TEST_F(PlannerTest, TensorAndSequenceParallel) {
     check(2, "tp2", "--parallel.tp=2");
     check(2, "tp2sp", "--parallel.tp=2 --parallel.sequence_parallel=true");

@@ -24,6 +24,7 @@
 # environment): BASELINE=build/quintet BASELINE_GEMM=blas QUINTET_CPU_GEMM=avx2 compares the two
 # GEMMs in one binary.
 #
+# BENCH_TORCH=0 leaves PyTorch out (a quintet-only A/B check with BASELINE; the torch columns read nan).
 # Environment: REPEATS (3), BENCH_DECKS ("small medium"; "medium_mha", "mla", "moe" for inputs/bench_{medium_mha,mla,moe}.deck), BENCH_THREADS (2), BASELINE, BASELINE_GEMM,
 #   BENCH_CORPUS (text for `quintet prepare`; default ../shared/data/tinyshakespeare.txt if
 #   present, else data/quickstart.txt), PYTHON (an interpreter with torch, numpy and h5py).
@@ -147,8 +148,11 @@ field() { tr ' ' '\n' <<< "$1" | sed -n "s/^$2=//p"; }
 for deck in $DECKS; do
     deckfile=inputs/bench_$deck.deck
     [[ -f "$deckfile" ]] || { echo "bench.sh: $deckfile not found" >&2; exit 1; }
-    targs_line=$(torch_args "$deckfile")
-    read -r -a targs <<< "$targs_line"
+    targs=()
+    if [[ ${BENCH_TORCH:-1} != 0 ]]; then
+        targs_line=$(torch_args "$deckfile")
+        read -r -a targs <<< "$targs_line"
+    fi
     : > "$OUT/torch_${deck}.log"
     for ((r = 1; r <= REPEATS; r++)); do
         echo "== $deck round $r/$REPEATS: quintet" >&2
@@ -175,6 +179,7 @@ for deck in $DECKS; do
         fi
 
         for policy in PASSIVE default blis; do
+            [[ ${BENCH_TORCH:-1} != 0 ]] || continue
             echo "== $deck round $r/$REPEATS: torch ($policy)" >&2
             if [[ $policy == default ]]; then
                 line=$(env -u OMP_WAIT_POLICY OMP_NUM_THREADS="$THREADS" \

@@ -68,11 +68,39 @@ def read_run(run_dir):
         with h5py.File(path, "r") as f:
             names = ["/train/step", "/train/loss", "/train/lr", "/train/grad_norm",
                      "/train/tokens_per_s", "/train/mfu", "/train/mfu_matmul",
-                     "/eval/step", "/eval/loss", "/moe/expert_load"]
+                     "/eval/step", "/eval/loss", "/moe/expert_load",
+                     "/runs/start_step", "/runs/tp", "/runs/cp", "/runs/dp", "/runs/pp", "/runs/ep"]
             data = {name: read_dataset(f, name) for name in names}
     except (OSError, KeyError, ValueError, TypeError, RuntimeError) as e:
         raise MetricsError(f"{path}: cannot be read as HDF5 ({e})") from e
     return {k: v for k, v in data.items() if v is not None}
+
+
+def resumes(run):
+    """[(step, text)] for every start of the run after the first: a resume, and the layout it
+    moved to when that changed (/runs, one row per start)."""
+    starts = run.get("/runs/start_step")
+    if starts is None:
+        return []
+    axes = ["tp", "cp", "dp", "pp", "ep"]
+    layouts = [tuple(int(run[f"/runs/{a}"][i]) if f"/runs/{a}" in run and i < len(run[f"/runs/{a}"]) else 1
+                     for a in axes) for i in range(len(starts))]
+    out = []
+    for i in range(1, len(starts)):
+        text = "resumed"
+        if layouts[i] != layouts[i - 1]:
+            text += " on " + " ".join(f"{a}={v}" for a, v in zip(axes, layouts[i]) if v > 1 or a == "dp")
+        out.append((float(starts[i]), text))
+    return out
+
+
+def mark_resumes(ax, runs):
+    """A dotted vertical line at every resume of every run, labelled at the top of the panel."""
+    for label, run, style in runs:
+        for step, text in resumes(run):
+            ax.axvline(step, color=style.get("color", "0.4"), linestyle=":", linewidth=1)
+            ax.annotate(text, xy=(step, 1.0), xycoords=("data", "axes fraction"), rotation=90,
+                        va="top", ha="right", fontsize=7, color=style.get("color", "0.3"))
 
 
 def aligned(run, key, step_key="/train/step"):
@@ -117,6 +145,7 @@ def line_panel(ax, runs, key, title, ylabel, step_key="/train/step", scale=1.0, 
         decorate(ax, title, ylabel)
         if logy and wide_positive_range(ax):
             ax.set_yscale("log")
+        mark_resumes(ax, runs)
     return drew
 
 
@@ -184,7 +213,11 @@ def moe_heatmap_panel(fig, ax, label, run):
     ax.set_xlabel("expert")
     ax.set_ylabel("layer")
     ax.set_xticks(range(experts) if experts <= 16 else np.linspace(0, experts - 1, 9).astype(int))
-    ax.set_yticks(range(layers) if layers <= 16 else np.linspace(0, layers - 1, 9).astype(int))
+    ticks = list(range(layers)) if layers <= 16 else list(np.linspace(0, layers - 1, 9).astype(int))
+    ax.set_yticks(ticks)
+    # A layer with no routing at all is a dense layer (moe.layers leaves it out): say so.
+    dense = [not np.any(shares[l] > 0) for l in range(layers)]
+    ax.set_yticklabels([f"{l} (dense)" if dense[l] else str(l) for l in ticks], fontsize=8)
     ax.set_title(f"expert share at the last step\n{label}", fontsize=9)
     return True
 

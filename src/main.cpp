@@ -1,5 +1,5 @@
 // quintet: one MPI program, subcommands train | eval | prepare | generate | deck | peak | schedule,
-// and plan | study | plot, which run without MPI. kSubcommands below is the one list: the
+// and plan | study | plot | tokenize, which run without MPI. kSubcommands below is the one list: the
 // dispatch and the usage text are both made from it, so a new subcommand is one row.
 // Errors (exit statuses: docs/reliability.md): ConfigError (the same on every rank) ends the job
 // cleanly with status 2 after rank 0 prints it; any other failure prints "rank N: ..." and
@@ -43,9 +43,12 @@ constexpr Subcommand kSubcommands[] = {
     {"eval", nullptr, "--checkpoint CKPT --data DATA",
      "validation loss of a checkpoint, any layout/seq_len", Runs::collective,
      [](int c, char** v, MPI_Comm w) { return quintet::eval_main(c, v, w); }},
-    {"prepare", nullptr, "--input TXT --tokenizer byte|bpe --output DATA.h5",
-     "make a token file", Runs::on_rank0,
-     [](int c, char** v, MPI_Comm) { return quintet::prepare_main(c, v); }},
+    {"prepare", nullptr, "--input TXT --tokenizer SPEC --output DATA.h5",
+     "make a token file", Runs::collective,
+     [](int c, char** v, MPI_Comm w) { return quintet::prepare_main(c, v, w); }},
+    {"tokenize", nullptr, "--tokenizer SPEC [--whole] [--decode]",
+     "text on stdin <-> token ids", Runs::without_mpi,
+     [](int c, char** v, MPI_Comm) { return quintet::tokenize_main(c, v); }},
     {"generate", nullptr, "--checkpoint CKPT.h5 --prompt TEXT",
      "sample text from a checkpoint", Runs::on_rank0,
      [](int c, char** v, MPI_Comm) { return quintet::generate_main(c, v); }},
@@ -71,6 +74,9 @@ constexpr Subcommand kSubcommands[] = {
     {"plot", nullptr, "RUN_DIR... [-o FILE.png]",
      "plot metrics.h5 of one or several runs", Runs::without_mpi,
      [](int c, char** v, MPI_Comm) { return quintet::plot_main(c, v); }},
+    {"metrics", nullptr, "RUN_DIR [--csv|--jsonl] [--group G]",
+     "a run's metrics as CSV or JSON Lines, for tools without HDF5", Runs::without_mpi,
+     [](int c, char** v, MPI_Comm) { return quintet::metrics_main(c, v); }},
 };
 
 // The row for `quintet argv[1] argv[2] ...`, or nullptr for an unknown (or missing) command.

@@ -72,7 +72,7 @@ std::string passkey_corpus(const Tokenizer& tok, int n, int length, uint64_t see
         out += p.prompt + p.key;
         // Byte-exact documents: pad with spaces to `length` (the bisection can fall short by a
         // character where a sentence boundary moved).
-        if (tok.kind == "byte")
+        if (tok.kind() == "byte")
             while (int(out.size()) % length != 0) out += ' ';
     }
     return out;

@@ -109,9 +109,9 @@ DeckOption opt_counts(const std::string& key, std::vector<int>* field, std::stri
                     field->clear();
                     return;
                 }
-                const auto list = parse_int_list(v);
+                const auto list = parse_int_list(v, /*ranges=*/true);
                 if (!list || std::any_of(list->begin(), list->end(), [](int c) { return c < 1; }))
-                    config_fail(key, v, "expected a comma list of positive layer counts, e.g. 3,5");
+                    config_fail(key, v, "expected a comma list of positive layer counts with ranges, e.g. 3,5 or 7,8-8,7");
                 *field = *list;
             },
             [=] {
@@ -140,6 +140,9 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("model.n_kv_heads", &m.n_kv_heads, 0, 65536, "key/value heads NKV for GQA; 0 = n_heads"),
         opt_int("model.ffn_dim", &m.ffn_dim, 0, big, "SwiGLU hidden width; 0 = 8/3*d_model rounded up to 64"),
         opt_double("model.norm_eps", &m.norm_eps, 0, 1, "RMSNorm epsilon", true),
+        opt_int("model.vocab_size", &m.vocab_size, 0, big,
+                "vocabulary size V; 0 = the token file's (data.path); when set it must equal the token file's "
+                "(`quintet plan` needs no token file when it is set)"),
         opt_bool("model.tie_embeddings", &m.tie_embeddings, "LM head shares the token embedding"),
         opt_enum("model.attention", &m.attention, {"mha", "mla"}, "attention kind: mha = grouped-query attention, mla = DeepSeek-V2 Multi-head Latent Attention"),
         opt_int("model.kv_lora_rank", &m.kv_lora_rank, 0, big, "MLA: rank of the compressed KV latent c_kv (> 0 with mla)"),
@@ -166,6 +169,9 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_enum("moe.balance", &e.balance, {"aux_loss", "aux_free", "none"}, "load balancing"),
         opt_double("moe.aux_coef", &e.aux_coef, 0, 1e3, "weight of the load-balancing loss"),
         opt_double("moe.bias_rate", &e.bias_rate, 0, 1e3, "aux-free bias update rate"),
+        opt_enum("moe.bias_update", &e.bias_update, {"sign", "proportional"},
+                 "aux-free bias rule: sign = bias_rate * sign(mean load - load) (DeepSeek-V3); "
+                 "proportional = bias_rate * (mean load - load) / mean load"),
         opt_double("moe.capacity_factor", &e.capacity_factor, 0, 1e6,
                    "0 = dropless; > 0: each expert takes at most ceil(cf*k*N/E) of a rank's N rows, the "
                    "lowest-weight choices beyond are dropped and counted"),
@@ -186,7 +192,9 @@ std::vector<DeckOption> deck_options(Deck& d) {
                  "pipeline schedule; zb_h1 and zbv split each backward into its input and weight parts and "
                  "fill the bubble with the latter (zbv: parallel.virtual_stages = 2, in a V)"),
         opt_int("parallel.virtual_stages", &p.virtual_stages, 1, 1 << 20, "layer chunks per stage (interleaved; 2 for zbv)"),
-        opt_counts("parallel.pp_layers", &p.pp_layers, "layers per stage as a comma list; empty = even split"),
+        opt_counts("parallel.pp_layers", &p.pp_layers,
+                   "layers per stage as a comma list; a range a-b stands for a, a+1, ..., b (the syntax of moe.layers); "
+                   "empty = even split"),
         opt_double("parallel.bucket_mb", &p.bucket_mb, 0, 1e6, "DP gradient bucket size in MiB", true),
         opt_enum("parallel.cp_mla_kv", &p.cp_mla_kv, {"ring", "latent"},
                  "MLA under cp: ring = per-head K/V round the ring; latent = all-gather the compressed "
@@ -202,6 +210,9 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("data.eos_id", &da.eos_id, -1, 1 << 30,
                 "the token that ends a document; -1 = the token file's eos_id (set by `quintet prepare --split-on` or several inputs)"),
         opt_int("train.steps", &t.steps, 0, big, "optimizer steps; 0 = write the step-0 checkpoint and stop"),
+        opt_int("train.global_batch", &t.global_batch, 0, big,
+                "samples per step; 0 = dp x parallel.microbatches x data.micro_batch_size; when set, each "
+                "layout's microbatches = global_batch / (dp x micro_batch_size), which must divide"),
         opt_double("train.lr", &t.lr, 0, 10, "peak learning rate"),
         opt_double("train.lr_min", &t.lr_min, 0, 10, "final learning rate of the cosine"),
         opt_int("train.warmup", &t.warmup, 0, big, "linear warm-up steps"),
@@ -241,6 +252,10 @@ std::vector<DeckOption> deck_options(Deck& d) {
                    "start from the weights of this checkpoint (any layout; seq_len and [rope] may "
                    "differ) at step 0 with a fresh optimizer; a checkpoint in run_dir (resume) wins"),
         opt_int("checkpoint.keep", &c.keep, 0, big, "complete checkpoints kept; 0 = all"),
+        opt_bool("checkpoint.allow_tokenizer_change", &c.allow_tokenizer_change,
+                 "resume or init_from on a token file whose tokenizer is not the checkpoint's; init_from may "
+                 "extend the vocabulary (new embedding and output rows start as the mean of the trained ones). "
+                 "`quintet train --allow-tokenizer-change` sets it; false: exit 2 naming both tokenizers"),
         opt_string("output.run_dir", &o.run_dir, "directory for metrics.h5 and checkpoints/"),
         opt_int("output.log_every", &o.log_every, 1, big, "progress line every N steps"),
     };
@@ -274,7 +289,8 @@ std::string keys_of_section(const std::vector<DeckOption>& opts, const std::stri
     throw ConfigError(where + ": '" + key + "': " + valid);
 }
 
-void apply(std::vector<DeckOption>& opts, const po::parsed_options& parsed, const std::string& where) {
+void apply(std::vector<DeckOption>& opts, const po::parsed_options& parsed, const std::string& where,
+           std::map<std::string, std::string>* given) {
     for (auto& o : parsed.options) {
         if (o.unregistered) unknown_key(opts, o.string_key, where);
         std::string v = o.value.empty() ? "" : o.value.back();
@@ -285,6 +301,33 @@ void apply(std::vector<DeckOption>& opts, const po::parsed_options& parsed, cons
         while (!v.empty() && std::isspace((unsigned char)v.front())) v.erase(0, 1);
         for (auto& d : opts)
             if (d.key == o.string_key) d.set(v);
+        if (given) (*given)[o.string_key] = v;
+    }
+}
+
+// A key given twice in one deck file is refused, naming both lines (Boost would keep the last
+// silently). Keys are "section.key" after [section] headers, as Boost reads them.
+void refuse_duplicate_keys(std::istream& in, const std::string& path) {
+    std::map<std::string, int> first;
+    std::string line, section;
+    for (int n = 1; std::getline(in, line); ++n) {
+        const size_t a = line.find_first_not_of(" \t");
+        if (a == std::string::npos || line[a] == '#' || line[a] == ';') continue;
+        if (line[a] == '[') {
+            const size_t b = line.find(']', a);
+            section = line.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
+            continue;
+        }
+        const size_t eq = line.find('=', a);
+        if (eq == std::string::npos) continue;
+        std::string key = line.substr(a, eq - a);
+        while (!key.empty() && std::isspace((unsigned char)key.back())) key.pop_back();
+        if (!section.empty()) key = section + "." + key;
+        const auto [it, fresh] = first.emplace(key, n);
+        if (!fresh)
+            throw ConfigError("deck file '" + path + "': key '" + key + "' is given twice, on lines " +
+                              std::to_string(it->second) + " and " + std::to_string(n) +
+                              " (only one value can hold: keep one of the lines)");
     }
 }
 
@@ -297,8 +340,11 @@ Deck deck_load(const std::string& deck_path, const std::vector<std::string>& ove
     if (!deck_path.empty()) {
         std::ifstream f(deck_path);
         if (!f) throw ConfigError("deck file '" + deck_path + "': cannot be opened (does it exist?)");
+        refuse_duplicate_keys(f, deck_path);
+        f.clear();
+        f.seekg(0);
         try {
-            apply(opts, po::parse_config_file(f, desc, true), "deck file '" + deck_path + "'");
+            apply(opts, po::parse_config_file(f, desc, true), "deck file '" + deck_path + "'", &deck.given);
         } catch (const po::error& e) {
             throw ConfigError("deck file '" + deck_path + "': " + e.what());
         }
@@ -312,11 +358,28 @@ Deck deck_load(const std::string& deck_path, const std::vector<std::string>& ove
     try {
         auto parsed = po::command_line_parser(args).options(desc).allow_unregistered().style(
             po::command_line_style::allow_long | po::command_line_style::long_allow_adjacent).run();
-        apply(opts, parsed, "command line");
+        apply(opts, parsed, "command line", &deck.given);
     } catch (const po::error& e) {
         throw ConfigError(std::string("command line: ") + e.what());
     }
     return deck;
+}
+
+std::string deck_value(const Deck& deck, const std::string& key) {
+    if (const auto it = deck.given.find(key); it != deck.given.end()) return it->second;
+    Deck copy = deck;
+    for (auto& o : deck_options(copy))
+        if (o.key == key) return o.get();
+    return "?";
+}
+
+std::vector<DeckChange> deck_diff(const Deck& before, const Deck& after) {
+    Deck a = before, b = after;
+    const auto oa = deck_options(a), ob = deck_options(b);
+    std::vector<DeckChange> out;
+    for (size_t i = 0; i < oa.size(); ++i)
+        if (oa[i].get() != ob[i].get()) out.push_back({oa[i].key, oa[i].get(), ob[i].get()});
+    return out;
 }
 
 std::string deck_to_text(const Deck& deck) {
@@ -456,7 +519,7 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
         config_fail("model.n_heads", S(m.n_heads),
                     "head_dim = d_model/n_heads = " + S(m.head_dim()) + " must be even for RoPE");
     if (d.rope.scaling == "yarn" && d.rope.factor <= 1.0)
-        config_fail("rope.factor", std::to_string(d.rope.factor), "YaRN needs a factor > 1");
+        config_fail("rope.factor", deck_value(d, "rope.factor"), "YaRN needs a factor > 1");
     if (d.data.seq_len < 2) config_fail("data.seq_len", S(d.data.seq_len), "must be at least 2");
     // Tensor parallelism: heads, kv heads and the ffn split evenly over tp.
     const int F = m.ffn_width();
@@ -529,9 +592,23 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
                         " GiB; make the model smaller (model.d_model, model.n_layers, moe.experts) or split it further");
     }
     // Layout (the world size, dp, ep): checked where the layout is made.
-    make_layout(world, p.tp, p.cp, p.pp, p.dp, p.ep);
+    const Layout layout = make_layout(world, p.tp, p.cp, p.pp, p.dp, p.ep);
+    if (d.train.global_batch > 0) {
+        const int64_t per = int64_t(layout.size[kDP]) * d.data.micro_batch_size;
+        if (d.train.global_batch % per != 0)
+            config_fail("train.global_batch", S(d.train.global_batch),
+                        "must be a multiple of dp x data.micro_batch_size = " + S(layout.size[kDP]) + " x " +
+                            S(d.data.micro_batch_size) + " = " + S(per) + " (each replica runs global_batch / (dp x "
+                            "micro_batch_size) microbatches)");
+    }
     if (d.train.lr_min > d.train.lr)
-        config_fail("train.lr_min", std::to_string(d.train.lr_min), "must not exceed train.lr");
+        config_fail("train.lr_min", deck_value(d, "train.lr_min"), "must not exceed train.lr = " + deck_value(d, "train.lr"));
+    // A warm-up longer than the run never reaches train.lr. The default (10) is let through
+    // with a warning by the trainer; a value the user gave is an error.
+    if (d.given.count("train.warmup") && d.train.steps > 0 && d.train.warmup > d.train.steps)
+        config_fail("train.warmup", deck_value(d, "train.warmup"),
+                    "must not exceed train.steps = " + S(d.train.steps) + " (valid: 0 to " + S(d.train.steps) +
+                        "; a longer warm-up never reaches train.lr)");
 }
 
 }  // namespace quintet

@@ -13,6 +13,8 @@
 #include "quintet/core/error.hpp"
 #include "quintet/comm/mpi_communicator.hpp"
 #include "quintet/io/h5.hpp"
+#include "quintet/io/tokenizer_store.hpp"
+#include "quintet/tokenizer/tokenizer_spec.hpp"
 
 namespace fs = std::filesystem;
 
@@ -181,6 +183,41 @@ void write_group(hid_t file, const std::string& group, const ParamTable& table, 
     }
 }
 
+// The tensors with a row per token id: a weights-only load into a larger vocabulary (training
+// on an extended tokenizer, checkpoint.allow_tokenizer_change) reads the rows the file has.
+bool is_vocab_tensor(const std::string& name) {
+    return name == "model.embed_tokens.weight" || name == "lm_head.weight";
+}
+
+// This rank's shard of a vocabulary tensor whose file has fewer rows (file_rows) than the model:
+// the rows the file has are read; the new rows are the mean of the file's rows, the usual start
+// for added tokens (an average token), the same on every backend and layout.
+void read_extended(hid_t ds, const std::string& path, const ParamSpec& s, hsize_t file_rows, float* dst) {
+    const hsize_t cols = hsize_t(s.lcols), row0 = hsize_t(s.row0), row1 = row0 + hsize_t(s.lrows);
+    auto read_rows = [&](hsize_t r0, hsize_t n, float* out) {
+        h5::Handle fs = h5::space(h5::check(H5Dget_space(ds), "dataspace of " + path));
+        hsize_t start[2] = {r0, hsize_t(s.col0)}, count[2] = {n, cols};
+        h5::check(H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, nullptr, count, nullptr), "select in " + path);
+        const hsize_t total = n * cols;
+        h5::Handle ms = h5::space(h5::check(H5Screate_simple(1, &total, nullptr), "memory dataspace"));
+        h5::check(H5Dread(ds, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, out), "read " + path);
+    };
+    if (row0 < file_rows) read_rows(row0, std::min(row1, file_rows) - row0, dst);
+    if (row1 <= file_rows) return;
+    std::vector<double> sum(cols, 0.0);
+    std::vector<float> block;
+    constexpr hsize_t kBlock = 1024;
+    for (hsize_t r = 0; r < file_rows; r += kBlock) {
+        const hsize_t n = std::min(kBlock, file_rows - r);
+        block.resize(n * cols);
+        read_rows(r, n, block.data());
+        for (hsize_t i = 0; i < n; ++i)
+            for (hsize_t c = 0; c < cols; ++c) sum[c] += block[i * cols + c];
+    }
+    for (hsize_t r = std::max(row0, file_rows); r < row1; ++r)
+        for (hsize_t c = 0; c < cols; ++c) dst[(r - row0) * cols + c] = float(sum[c] / double(file_rows));
+}
+
 // Reads the local elements in `ranges` (all of the arena for params) of every shard held here.
 void read_group(hid_t file, const std::string& group, const ParamTable& table, float* data,
                 bool moments, const std::vector<ArenaRange>& ranges) {
@@ -191,6 +228,13 @@ void read_group(hid_t file, const std::string& group, const ParamTable& table, f
             if (a >= b) continue;
             const std::string path = group + "/" + s.name;
             h5::Handle ds = h5::dataset(h5::check(H5Dopen2(file, path.c_str(), H5P_DEFAULT), "open " + path));
+            if (!moments && is_vocab_tensor(s.name) && a == s.offset && b == s.offset + s.numel()) {
+                const std::vector<hsize_t> shape = h5::dataset_shape(ds);
+                if (!shape.empty() && shape[0] < hsize_t(s.rows)) {
+                    read_extended(ds, path, s, shape[0], data + a);
+                    continue;
+                }
+            }
             h5::Handle fs = h5::space(h5::check(H5Dget_space(ds), "dataspace of " + path));
             select_local(fs, s, a - s.offset, b - s.offset);
             hsize_t n = b - a;
@@ -239,6 +283,7 @@ std::string checkpoint_save(const MpiCommunicator& comm, const std::string& run_
         double bytes = 0;
         for (const auto& lt : table.logical) bytes += double(lt.numel()) * 4 * (lt.trainable ? 3 : 1);
         bytes = bytes * 1.02 + 65536 + 1024.0 * double(table.logical.size());
+        bytes += double(meta.tokenizer.file.size() + 8 * meta.tokenizer.merges.size());  // the tokenizer group
         const fs::space_info sp = fs::space(dir, ec);
         if (!ec && double(sp.available) < bytes)
             std::snprintf(full, sizeof full,
@@ -287,6 +332,8 @@ std::string save(const MpiCommunicator& comm, const std::string& run_dir, const 
     h5::write_attr_i64(file, "format_version", kCheckpointFormatVersion);
     h5::write_attr_string(file, "layout", meta.layout);
     h5::write_attr_i64(file, "trained_context", meta.trained_context);
+    // Every rank creates the group (collective metadata); rank 0 writes its bytes.
+    if (!meta.tokenizer.empty()) tokenizer_store_write(file, "tokenizer", meta.tokenizer, rank == 0);
     for (const char* g : {"/params", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq"})
         h5::group(h5::check(H5Gcreate2(file, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), g));
     // Every tensor's checksum, completed over the ranks before the datasets (and their
@@ -368,13 +415,14 @@ h5::Handle open_checkpoint(const std::string& path) {
     return file;
 }
 
-CheckpointMeta read_meta(hid_t file) {
+CheckpointMeta read_meta(hid_t file, const std::string& path) {
     CheckpointMeta meta;
     meta.step = h5::read_attr_i64(file, "step");
     meta.tokens_seen = h5::read_attr_i64(file, "tokens_seen");
     meta.deck = h5::read_attr_string(file, "deck");
     meta.layout = h5::read_attr_string(file, "layout");
     if (h5::has_attr(file, "trained_context")) meta.trained_context = h5::read_attr_i64(file, "trained_context");
+    meta.tokenizer = tokenizer_store_read(file, "tokenizer", "checkpoint '" + path + "'");
     return meta;
 }
 
@@ -382,7 +430,7 @@ CheckpointMeta read_meta(hid_t file) {
 
 CheckpointMeta checkpoint_read_meta(const std::string& path) {
     h5::Handle file = open_checkpoint(path);
-    return read_meta(file);
+    return read_meta(file, path);
 }
 
 CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& table,
@@ -399,7 +447,10 @@ CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& tab
             h5::Handle ds = h5::dataset(h5::check(H5Dopen2(file, p.c_str(), H5P_DEFAULT), "open " + p));
             auto have = h5::dataset_shape(ds);
             auto want = logical_shape(s.rows, s.cols, s.ndim);
-            if (have != want) {
+            // Weights only into a larger vocabulary: fewer rows are read, the rest start anew.
+            const bool extension = !with_optimizer && is_vocab_tensor(s.name) && have.size() == 2 &&
+                                   want.size() == 2 && have[1] == want[1] && have[0] < want[0];
+            if (have != want && !extension) {
                 auto str = [](const std::vector<hsize_t>& v) {
                     std::string r = "[";
                     for (size_t i = 0; i < v.size(); ++i) r += (i ? ", " : "") + std::to_string(v[i]);
@@ -411,12 +462,14 @@ CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& tab
             }
         }
     }
-    return read_meta(file);
+    return read_meta(file, path);
 }
 
 namespace {
 herr_t list_datasets(hid_t, const char* name, const H5O_info_t* info, void* op) {
-    if (info->type == H5O_TYPE_DATASET) static_cast<std::vector<std::string>*>(op)->push_back(std::string("/") + name);
+    // The tensors (the tokenizer group holds bytes, not floats: it is checked when it is read).
+    if (info->type == H5O_TYPE_DATASET && std::strncmp(name, "tokenizer", 9) != 0)
+        static_cast<std::vector<std::string>*>(op)->push_back(std::string("/") + name);
     return 0;
 }
 }  // namespace
@@ -503,6 +556,94 @@ void checkpoint_load(const std::string& path, const ParamTable& table, float* pa
     read_group(file, "/params", table, params, false, {ArenaRange{Range{0, table.total}, 0}});
     if (m) read_group(file, "/optim/exp_avg", table, m, true, state);
     if (v) read_group(file, "/optim/exp_avg_sq", table, v, true, state);
+}
+
+std::string tokenizer_change(const CheckpointMeta& meta, const Tokenizer& data_tok) {
+    if (meta.tokenizer.empty()) return "";
+    if (meta.tokenizer == data_tok.state()) return "";
+    std::string theirs;
+    int their_vocab = -1;
+    try {
+        const Tokenizer t = tokenizer_from_state(meta.tokenizer, "the checkpoint's tokenizer");
+        theirs = t.describe();
+        their_vocab = t.vocab_size();
+    } catch (const ConfigError& e) {
+        theirs = meta.tokenizer.kind + " (unreadable: " + e.what() + ")";
+    }
+    std::string why = "the token file's tokenizer, " + data_tok.describe() + ", is not the checkpoint's, " + theirs;
+    if (their_vocab >= 0 && their_vocab != data_tok.vocab_size())
+        why += " (vocabulary " + std::to_string(data_tok.vocab_size()) + " against the checkpoint's " +
+               std::to_string(their_vocab) + ")";
+    return why;
+}
+
+int64_t checkpoint_vocab_size(const std::string& path) {
+    h5::Handle file = open_checkpoint(path);
+    const std::string emb = "/params/model.embed_tokens.weight";
+    if (!h5::exists(file, emb)) return -1;
+    h5::Handle ds = h5::dataset(H5Dopen2(file, emb.c_str(), H5P_DEFAULT));
+    if (!ds.valid()) return -1;
+    const std::vector<hsize_t> shape = h5::dataset_shape(ds);
+    return shape.empty() ? -1 : int64_t(shape[0]);
+}
+
+std::string weights_tokenizer_check(const std::string& checkpoint, const Tokenizer& data_tok,
+                                    const std::string& data_path, bool allow, bool resume) {
+    const CheckpointMeta meta = checkpoint_read_meta(checkpoint);
+    const int64_t rows = checkpoint_vocab_size(checkpoint), vocab = data_tok.vocab_size();
+    const std::string data = "data.path '" + data_path + "'";
+    const bool vocab_differs = rows >= 0 && rows != vocab;
+    std::string why = tokenizer_change(meta, data_tok);
+    if (why.empty() && !vocab_differs)
+        return meta.tokenizer.empty() ? tokenizer_source_note(checkpoint, data + ", which cannot be compared with it")
+                                      : "";
+    why = why.empty() ? data + " has vocabulary " + std::to_string(vocab) + " (" + data_tok.describe() +
+                            ") but checkpoint '" + checkpoint + "' was trained with vocabulary " + std::to_string(rows) +
+                            " (it stores no tokenizer: written before tokenizers travelled with checkpoints)"
+                      : data + ": " + why;
+    if (!allow)
+        throw ConfigError(why + "; training on it would give the weights' token ids another meaning. To change the "
+                          "tokenizer anyway (an extended vocabulary, other special tokens), pass "
+                          "--allow-tokenizer-change (checkpoint.allow_tokenizer_change = true)");
+    if (!vocab_differs) return "checkpoint.allow_tokenizer_change = true: " + why + "; proceeding, the ids keep their rows";
+    if (resume)
+        throw ConfigError(why + "; a resumed run keeps its vocabulary: start a new run from these weights with "
+                          "checkpoint.init_from");
+    if (vocab < rows)
+        throw ConfigError(why + "; the vocabulary would shrink from " + std::to_string(rows) + " to " +
+                          std::to_string(vocab) + " tokens: only an extension (more rows) is supported");
+    // Which of the old ids still stand for the same bytes: an extension keeps them all.
+    std::string kept;
+    if (!meta.tokenizer.empty()) {
+        try {
+            const Tokenizer old = tokenizer_from_state(meta.tokenizer, "the checkpoint's tokenizer");
+            int64_t changed = 0;
+            for (int64_t id = 0; id < rows && id < old.vocab_size(); ++id) {
+                std::string a, b;
+                try {
+                    a = old.token_bytes(uint32_t(id));
+                } catch (const ConfigError&) {
+                }
+                try {
+                    b = data_tok.token_bytes(uint32_t(id));
+                } catch (const ConfigError&) {
+                }
+                changed += a != b;
+            }
+            kept = changed == 0 ? "; ids 0 .. " + std::to_string(rows - 1) + " keep their tokens (an extension)"
+                                : "; warning: " + std::to_string(changed) + " of the ids 0 .. " + std::to_string(rows - 1) +
+                                      " stand for other tokens than in the checkpoint";
+        } catch (const ConfigError&) {
+        }
+    }
+    return "checkpoint.allow_tokenizer_change = true: " + why + "; the vocabulary grows from " + std::to_string(rows) +
+           " to " + std::to_string(vocab) + ": rows " + std::to_string(rows) + " .. " + std::to_string(vocab - 1) +
+           " of the embedding and the output layer are new, each the mean of the trained rows" + kept;
+}
+
+std::string tokenizer_source_note(const std::string& checkpoint, const std::string& taken_from) {
+    return "checkpoint '" + checkpoint + "' has no tokenizer (written before tokenizers travelled with "
+           "checkpoints); the tokenizer is taken from " + taken_from;
 }
 
 }  // namespace quintet

@@ -11,6 +11,9 @@
 #include <utility>
 
 #include "quintet/core/error.hpp"
+#include "quintet/io/tokenizer_store.hpp"
+#include "quintet/tokenizer/byte_bpe.hpp"
+#include "quintet/tokenizer/tokenizer_spec.hpp"
 
 namespace quintet {
 namespace {
@@ -125,7 +128,7 @@ H5Id open_token_file(const std::string& path) {
     std::error_code ec;
     if (!std::filesystem::exists(path, ec))
         bad_file(path, "does not exist; make one with "
-                       "`quintet prepare --input TEXT --tokenizer byte|bpe --output FILE`");
+                       "`quintet prepare --input TEXT --tokenizer SPEC --output FILE`");
     if (std::filesystem::is_directory(path, ec))
         bad_file(path, "is a directory; expected an HDF5 token file");
     if (H5Fis_hdf5(path.c_str()) <= 0)
@@ -144,109 +147,109 @@ H5Id open_tokens(const std::string& path, hid_t file) {
     return ds;
 }
 
-// Header + tokenizer; `tokens` (may be -1) is only searched for attributes.
-Tokenizer read_tokenizer(const std::string& path, hid_t file, hid_t tokens, int& vocab_size) {
-    bool found = false;
-    int64_t version = read_int_attr(path, file, tokens, "format_version", found);
-    if (found && version != kTokenFileFormatVersion)
-        bad_file(path, "format_version = " + std::to_string(version) + "; this build reads " +
-                           std::to_string(kTokenFileFormatVersion) + " (re-run quintet prepare)");
-
-    int64_t vocab = read_int_attr(path, file, tokens, "vocab_size", found);
-    if (!found)
-        bad_file(path, "has no 'vocab_size' attribute (on / or /tokens); expected an integer "
-                       "> 0 written by `quintet prepare`");
-    std::string kind = read_string_attr(path, file, tokens, "tokenizer", found);
-    if (!found)
-        bad_file(path, "has no 'tokenizer' attribute (on / or /tokens); expected \"byte\" or "
-                       "\"bpe\"");
-    if (kind != "byte" && kind != "bpe")
-        bad_file(path, "attribute tokenizer = '" + kind + "'; valid: \"byte\" or \"bpe\"");
-
-    Tokenizer tok;
-    tok.kind = kind;
+// Format 1 (before the tokenizer group): "byte" or "bpe" with /tokenizer/merges. Its bpe keeps
+// the format-1 split it was made with.
+Tokenizer read_tokenizer_v1(const std::string& path, hid_t file, hid_t tokens, const std::string& kind,
+                            int64_t vocab, int& eos_id) {
+    bool has_eos = false;
+    const int64_t eos = read_int_attr(path, file, tokens, "eos_id", has_eos);
     if (kind == "byte") {
         if (vocab != 256)
             bad_file(path, "vocab_size = " + std::to_string(vocab) +
                                " with tokenizer \"byte\"; a byte tokenizer has vocab_size 256");
-        bool has_eos = false;
-        const int64_t eos = read_int_attr(path, file, tokens, "eos_id", has_eos);
-        if (has_eos) {
-            if (eos < 0 || eos > 255)
-                bad_file(path, "eos_id = " + std::to_string(eos) + " with tokenizer \"byte\"; valid: a byte 0 .. 255");
-            tok.eos_id = int(eos);
-        }
-    } else {
-        if (vocab <= 256 || vocab > INT32_MAX)
-            bad_file(path, "vocab_size = " + std::to_string(vocab) +
-                               " with tokenizer \"bpe\"; valid: 257 .. 2147483647");
-        if (H5Lexists(file, "tokenizer", H5P_DEFAULT) <= 0 ||
-            H5Lexists(file, "tokenizer/merges", H5P_DEFAULT) <= 0)
+        if (has_eos && (eos < 0 || eos > 255))
+            bad_file(path, "eos_id = " + std::to_string(eos) + " with tokenizer \"byte\"; valid: a byte 0 .. 255");
+        eos_id = has_eos ? int(eos) : -1;
+        return tokenizer_byte();
+    }
+    if (vocab <= 256 || vocab > INT32_MAX)
+        bad_file(path, "vocab_size = " + std::to_string(vocab) + " with tokenizer \"bpe\"; valid: 257 .. 2147483647");
+    const TokenizerState st = [&] {
+        TokenizerState s;
+        if (H5Lexists(file, "tokenizer", H5P_DEFAULT) <= 0 || H5Lexists(file, "tokenizer/merges", H5P_DEFAULT) <= 0)
             bad_file(path, "tokenizer is \"bpe\" but there is no /tokenizer/merges dataset");
         H5Id ds(H5Dopen2(file, "tokenizer/merges", H5P_DEFAULT), H5Dclose);
         H5Id type(ds.ok() ? H5Dget_type(ds.get()) : -1, H5Tclose);
         H5Id space(ds.ok() ? H5Dget_space(ds.get()) : -1, H5Sclose);
-        if (!type.ok() || !space.ok())
-            bad_file(path, "/tokenizer/merges cannot be opened (corrupt file?)");
+        if (!type.ok() || !space.ok()) bad_file(path, "/tokenizer/merges cannot be opened (corrupt file?)");
         hsize_t dims[2] = {0, 0};
-        int rank = H5Sget_simple_extent_ndims(space.get());
+        const int rank = H5Sget_simple_extent_ndims(space.get());
         if (H5Tget_class(type.get()) != H5T_INTEGER || rank != 2 ||
             (H5Sget_simple_extent_dims(space.get(), dims, nullptr), dims[1] != 2))
-            bad_file(path, "/tokenizer/merges is " + describe_type(type.get()) + " of rank " +
-                               std::to_string(rank) + "; expected uint32 [n_merges, 2]");
+            bad_file(path, "/tokenizer/merges is " + describe_type(type.get()) + " of rank " + std::to_string(rank) +
+                               "; expected uint32 [n_merges, 2]");
         // A BPE file with an end-of-document token has one id after the merges.
-        bool has_eos = false;
-        const int64_t eos = read_int_attr(path, file, tokens, "eos_id", has_eos);
         const int64_t expected = vocab - 256 - (has_eos ? 1 : 0);
         if (has_eos && eos != vocab - 1)
-            bad_file(path, "eos_id = " + std::to_string(eos) + " with tokenizer \"bpe\"; the "
-                           "end-of-document token is the id after the merges, vocab_size - 1 = " +
-                           std::to_string(vocab - 1));
-        if (has_eos) tok.eos_id = int(eos);
+            bad_file(path, "eos_id = " + std::to_string(eos) + " with tokenizer \"bpe\"; the end-of-document token "
+                           "is the id after the merges, vocab_size - 1 = " + std::to_string(vocab - 1));
         if (int64_t(dims[0]) != expected)
-            bad_file(path, "/tokenizer/merges has " + std::to_string(dims[0]) +
-                               " merges but vocab_size = " + std::to_string(vocab) +
-                               " needs vocab_size - 256 = " + std::to_string(expected));
+            bad_file(path, "/tokenizer/merges has " + std::to_string(dims[0]) + " merges but vocab_size = " +
+                               std::to_string(vocab) + " needs vocab_size - 256 = " + std::to_string(expected));
         std::vector<uint32_t> flat(2 * dims[0]);
-        if (!flat.empty() && H5Dread(ds.get(), H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                                     flat.data()) < 0)
+        if (!flat.empty() &&
+            H5Dread(ds.get(), H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, flat.data()) < 0)
             bad_file(path, "/tokenizer/merges cannot be read (corrupt file?)");
-        tok.merges.resize(dims[0]);
-        // Bytes of each token: a merge never crosses a pre-split chunk, so no token is longer
-        // than kTokenizerMaxChunk (a chain of self-merges would otherwise double it each time).
-        std::vector<uint32_t> len(256 + dims[0], 1);
-        for (size_t i = 0; i < dims[0]; ++i) {
-            uint32_t a = flat[2 * i], b = flat[2 * i + 1], id = 256 + uint32_t(i);
-            if (a >= id || b >= id)
-                bad_file(path, "/tokenizer/merges[" + std::to_string(i) + "] = (" +
-                                   std::to_string(a) + ", " + std::to_string(b) +
-                                   "): merge i may only use tokens < 256 + i = " +
-                                   std::to_string(id));
-            len[id] = len[a] + len[b];
-            if (len[id] > kTokenizerMaxChunk)
-                bad_file(path, "/tokenizer/merges[" + std::to_string(i) + "] makes a token of " + std::to_string(len[id]) +
-                                   " bytes, longer than a pre-split chunk (" + std::to_string(kTokenizerMaxChunk) +
-                                   "): not a merge this tokenizer can have learned");
-            tok.merges[i] = {a, b};
-        }
+        for (size_t i = 0; i < dims[0]; ++i) s.merges.emplace_back(flat[2 * i], flat[2 * i + 1]);
+        return s;
+    }();
+    eos_id = has_eos ? int(eos) : -1;
+    return tokenizer_bpe(st.merges, has_eos, "", "token file '" + path + "': /tokenizer/merges");
+}
+
+// Header + tokenizer; `tokens` (may be -1) is only searched for attributes.
+Tokenizer read_tokenizer(const std::string& path, hid_t file, hid_t tokens, int& vocab_size, int& eos_id,
+                         int& bos_id, int64_t& format_version) {
+    bool found = false;
+    int64_t version = read_int_attr(path, file, tokens, "format_version", found);
+    if (!found) version = 1;  // the first files had no version
+    if (version != 1 && version != kTokenFileFormatVersion)
+        bad_file(path, "format_version = " + std::to_string(version) + "; this build reads 1 and " +
+                           std::to_string(kTokenFileFormatVersion) + " (re-run quintet prepare)");
+    format_version = version;
+    const int64_t vocab = read_int_attr(path, file, tokens, "vocab_size", found);
+    if (!found)
+        bad_file(path, "has no 'vocab_size' attribute (on / or /tokens); expected an integer "
+                       "> 0 written by `quintet prepare`");
+    const std::string kind = read_string_attr(path, file, tokens, "tokenizer", found);
+    if (!found)
+        bad_file(path, "has no 'tokenizer' attribute (on / or /tokens); expected \"byte\", \"bpe\", \"tiktoken\", "
+                       "\"hf\" or \"spm\"");
+    bos_id = -1;
+    if (version == 1) {
+        if (kind != "byte" && kind != "bpe")
+            bad_file(path, "attribute tokenizer = '" + kind + "'; valid in a format-1 file: \"byte\" or \"bpe\"");
+        Tokenizer tok = read_tokenizer_v1(path, file, tokens, kind, vocab, eos_id);
+        vocab_size = int(vocab);
+        return tok;
     }
-    tok.build_tables();
+    const TokenizerState st = tokenizer_store_read(file, "tokenizer", "token file '" + path + "'");
+    if (st.empty()) bad_file(path, "has no /tokenizer group; expected the tokenizer that made the tokens");
+    if (st.kind != kind)
+        bad_file(path, "attribute tokenizer = '" + kind + "' but /tokenizer holds a '" + st.kind + "' tokenizer");
+    Tokenizer tok = tokenizer_from_state(st, "token file '" + path + "': /tokenizer");
+    if (vocab != tok.vocab_size())
+        bad_file(path, "vocab_size = " + std::to_string(vocab) + " but its tokenizer, " + tok.describe() +
+                           ", has vocab_size " + std::to_string(tok.vocab_size()));
+    for (const char* name : {"eos_id", "bos_id"}) {
+        const int64_t v = read_int_attr(path, file, tokens, name, found);
+        if (found && (v < 0 || v >= vocab))
+            bad_file(path, std::string(name) + " = " + std::to_string(v) + "; valid: 0 .. " + std::to_string(vocab - 1));
+        (name[0] == 'e' ? eos_id : bos_id) = found ? int(v) : -1;
+    }
     vocab_size = int(vocab);
     return tok;
 }
 
 }  // namespace
 
-void token_file_write(const std::string& path, const std::vector<uint32_t>& tokens,
-                      const Tokenizer& tok) {
-    const int eos_id = tok.eos_id;
+void token_file_write(const std::string& path, const std::vector<uint32_t>& tokens, const Tokenizer& tok,
+                      int eos_id, int bos_id) {
     const int64_t vocab = tok.vocab_size();
-    QUINTET_CHECK(tok.kind == "byte" || tok.kind == "bpe",
-                  "token_file_write: tokenizer kind '" + tok.kind + "' is not byte or bpe");
     for (size_t i = 0; i < tokens.size(); ++i)
         QUINTET_CHECK(tokens[i] < vocab, "token_file_write: token[" + std::to_string(i) + "] = " +
-                                             std::to_string(tokens[i]) + " >= vocab_size " +
-                                             std::to_string(vocab));
+                                             std::to_string(tokens[i]) + " >= vocab_size " + std::to_string(vocab));
+    QUINTET_CHECK(eos_id < vocab && bos_id < vocab, "token_file_write: eos_id or bos_id >= vocab_size");
     silence_hdf5();
     const std::string tmp = path + ".tmp";
     auto fail = [&](const std::string& what) { rank_fail("token file '" + path + "': " + what); };
@@ -258,59 +261,35 @@ void token_file_write(const std::string& path, const std::vector<uint32_t>& toke
         // Header attributes on the root group.
         auto write_int = [&](const char* name, int64_t v) {
             H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
-            H5Id attr(H5Acreate2(file.get(), name, H5T_STD_I64LE, space.get(), H5P_DEFAULT,
-                                 H5P_DEFAULT),
-                      H5Aclose);
+            H5Id attr(H5Acreate2(file.get(), name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
             if (!attr.ok() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &v) < 0)
                 fail(std::string("cannot write attribute ") + name);
         };
         write_int("format_version", kTokenFileFormatVersion);
         write_int("vocab_size", vocab);
-        if (eos_id >= 0) {
-            QUINTET_CHECK(eos_id < vocab, "token_file_write: eos_id >= vocab_size");
-            write_int("eos_id", eos_id);
-        }
+        if (eos_id >= 0) write_int("eos_id", eos_id);
+        if (bos_id >= 0) write_int("bos_id", bos_id);
         {
+            const std::string& kind = tok.kind();
             H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
-            H5Tset_size(type.get(), tok.kind.size());
+            H5Tset_size(type.get(), kind.size());
             H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
             H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
-            H5Id attr(H5Acreate2(file.get(), "tokenizer", type.get(), space.get(), H5P_DEFAULT,
-                                 H5P_DEFAULT),
-                      H5Aclose);
-            if (!attr.ok() || H5Awrite(attr.get(), type.get(), tok.kind.data()) < 0)
-                fail("cannot write attribute tokenizer");
+            H5Id attr(H5Acreate2(file.get(), "tokenizer", type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+            if (!attr.ok() || H5Awrite(attr.get(), type.get(), kind.data()) < 0) fail("cannot write attribute tokenizer");
         }
 
         // Contiguous, uncompressed: any reader (serial or MPI-IO) can take hyperslabs of it.
         hsize_t n = tokens.size();
         H5Id space(H5Screate_simple(1, &n, nullptr), H5Sclose);
         hid_t file_type = vocab <= 65536 ? H5T_STD_U16LE : H5T_STD_U32LE;
-        H5Id ds(H5Dcreate2(file.get(), "tokens", file_type, space.get(), H5P_DEFAULT,
-                           H5P_DEFAULT, H5P_DEFAULT),
+        H5Id ds(H5Dcreate2(file.get(), "tokens", file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
                 H5Dclose);
         if (!ds.ok()) fail("cannot create /tokens");
-        if (n > 0 && H5Dwrite(ds.get(), H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                              tokens.data()) < 0)
+        if (n > 0 && H5Dwrite(ds.get(), H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, tokens.data()) < 0)
             fail("cannot write /tokens (disk full?)");
 
-        if (tok.kind == "bpe") {
-            H5Id group(H5Gcreate2(file.get(), "tokenizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-                       H5Gclose);
-            if (!group.ok()) fail("cannot create /tokenizer");
-            hsize_t dims[2] = {tok.merges.size(), 2};
-            std::vector<uint32_t> flat;
-            flat.reserve(2 * tok.merges.size());
-            for (auto [a, b] : tok.merges) flat.insert(flat.end(), {a, b});
-            H5Id mspace(H5Screate_simple(2, dims, nullptr), H5Sclose);
-            H5Id mds(H5Dcreate2(group.get(), "merges", H5T_STD_U32LE, mspace.get(), H5P_DEFAULT,
-                                H5P_DEFAULT, H5P_DEFAULT),
-                     H5Dclose);
-            if (!mds.ok()) fail("cannot create /tokenizer/merges");
-            if (!flat.empty() && H5Dwrite(mds.get(), H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL,
-                                          H5P_DEFAULT, flat.data()) < 0)
-                fail("cannot write /tokenizer/merges");
-        }
+        tokenizer_store_write(file.get(), "tokenizer", tok.state());
         if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) fail("cannot flush '" + tmp + "'");
     } catch (...) {
         // Handles are closed by now; drop the partial file so no half file is left behind.
@@ -330,8 +309,8 @@ TokenFile token_file_read(const std::string& path) {
     H5Id file = open_token_file(path);
     H5Id ds = open_tokens(path, file.get());
     TokenFile out;
-    out.tokenizer = read_tokenizer(path, file.get(), ds.get(), out.vocab_size);
-    out.eos_id = out.tokenizer.eos_id;
+    out.tokenizer = read_tokenizer(path, file.get(), ds.get(), out.vocab_size, out.eos_id, out.bos_id,
+                                   out.format_version);
 
     H5Id type(H5Dget_type(ds.get()), H5Tclose);
     H5Id space(H5Dget_space(ds.get()), H5Sclose);
@@ -364,18 +343,29 @@ TokenFile token_file_read(const std::string& path) {
     return out;
 }
 
-Tokenizer token_file_read_tokenizer(const std::string& path) {
+Tokenizer token_file_read_tokenizer(const std::string& path, int& eos_id) {
     H5Id file = open_token_file(path);
     H5Id ds = open_tokens(path, file.get());
-    int vocab = 0;
-    return read_tokenizer(path, file.get(), ds.get(), vocab);
+    int vocab = 0, bos = -1;
+    int64_t version = 0;
+    return read_tokenizer(path, file.get(), ds.get(), vocab, eos_id, bos, version);
+}
+
+Tokenizer token_file_read_tokenizer(const std::string& path) {
+    int eos = -1;
+    return token_file_read_tokenizer(path, eos);
 }
 
 TokenFileInfo token_file_info(const std::string& path) {
     H5Id file = open_token_file(path);
     H5Id ds = open_tokens(path, file.get());
     TokenFileInfo info;
-    read_tokenizer(path, file.get(), ds.get(), info.vocab_size);
+    bool found = false;
+    const int64_t vocab = read_int_attr(path, file.get(), ds.get(), "vocab_size", found);
+    if (!found || vocab <= 0 || vocab > INT32_MAX)
+        bad_file(path, "has no valid 'vocab_size' attribute (on / or /tokens); expected an integer > 0 written by "
+                       "`quintet prepare`");
+    info.vocab_size = int(vocab);
     hid_t sp = H5Dget_space(ds.get());
     hsize_t n = 0;
     H5Sget_simple_extent_dims(sp, &n, nullptr);

@@ -57,7 +57,7 @@ public:
         : c_(ctx), ep_(ctx.ep), E_(m.moe.experts), El_(ep_ ? ep_->local_experts() : m.moe.experts),
           e0_(ep_ ? ep_->first_expert() : 0), k_(m.moe.top_k), F_(m.expert_ffn_width()),
           Fs_(m.moe.shared_experts * m.expert_ffn_width()), balance_(m.moe.balance), coef_(m.moe.aux_coef),
-          rate_(m.moe.bias_rate), router_(ctx.be, m.moe, ctx.Nr), dispatch_(ctx.be, ep_, m.moe, ctx.Nr, ctx.d.C),
+          rate_(m.moe.bias_rate), proportional_(m.moe.bias_update == "proportional"), router_(ctx.be, m.moe, ctx.Nr), dispatch_(ctx.be, ep_, m.moe, ctx.Nr, ctx.d.C),
           experts_(ctx, table, prefix(layer), e0_, El_, F_),
           Rx_(MoeDispatcher::expert_rows(m.moe, ctx.Nr, ep_ ? ep_->size() : 1)) {
         QUINTET_CHECK(c_.tp.size() == 1 || c_.Nr < c_.N, "MoE with tp > 1 needs sequence parallelism");
@@ -276,7 +276,7 @@ public:
         for (int e = 0; e < E_; ++e) load_[size_t(e)] = step.routed(layer, e);
         std::vector<float>& b = host_e_;
         c_.be.to_host(b.data(), params + bias_, size_t(E_));
-        MoeRouter::update_bias(b.data(), load_.data(), E_, rate_);
+        MoeRouter::update_bias(b.data(), load_.data(), E_, rate_, proportional_);
         c_.be.from_host(params + bias_, b.data(), size_t(E_));
     }
 
@@ -310,6 +310,7 @@ private:
     const int E_, El_, e0_, k_, F_, Fs_;
     const std::string balance_;
     const double coef_, rate_;
+    const bool proportional_;
     MoeRouter router_;
     MoeDispatcher dispatch_;
     MoeExperts experts_;

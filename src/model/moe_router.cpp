@@ -50,12 +50,13 @@ void MoeRouter::backward(float* dlogits, const float* dweight, const MoeRouting&
     be_.moe_route_backward(dlogits, dweight, r.probs, r.expert, r.weight, daux, rows_, E_, k_, norm_);
 }
 
-void MoeRouter::update_bias(float* bias, const double* load, int E, double rate) {
+void MoeRouter::update_bias(float* bias, const double* load, int E, double rate, bool proportional) {
     double mean = 0;
     for (int e = 0; e < E; ++e) mean += load[e] / E;
     for (int e = 0; e < E; ++e) {
         const double d = mean - load[e];
-        bias[e] += float(rate) * float((d > 0) - (d < 0));
+        if (proportional) bias[e] += mean > 0 ? float(rate * d / mean) : 0.0f;
+        else bias[e] += float(rate) * float((d > 0) - (d < 0));
     }
 }
 

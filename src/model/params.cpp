@@ -302,9 +302,9 @@ ParamTable make_param_table(const ModelConfig& m, const ShardPlan& plan) {
     return t;
 }
 
-double zero_param_bytes(const ParamTable& table, const ZeroLayout& z, int zero, bool bf16) {
+double zero_param_bytes(double arena_floats, const ZeroLayout& z, int zero, bool bf16) {
     const double per = 4.0 + (bf16 ? 2.0 : 0.0);
-    if (zero == 2) return double(table.total) * per;
+    if (zero == 2) return arena_floats * per;
     return double(std::max<size_t>(z.trainable + z.buffers, 1)) * 4 +
            double(kZeroGatherWindows) * double(std::max<size_t>(z.largest_unit, 1)) * per;
 }

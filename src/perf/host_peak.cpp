@@ -202,13 +202,19 @@ double job_sgemm_flops(const MpiCommunicator& world, double measured_gflops, int
         // The best node-wide measurement seen on this host for this arrangement of ranks and
         // threads: contention only ever makes a measurement lower.
         const std::string kind = kSgemmKind + "_r" + std::to_string(ranks) + "t" + std::to_string(max_threads);
+        // A rate above the FMA peak of the cores the node's ranks use is a measurement error (a
+        // clock that jumped, a reading taken while ranks were idle): it is neither cached nor used.
+        const double ceiling = host_fma_peak().gflops_per_core * std::min(host_cores(), ranks * max_threads);
+        const bool impossible = node_measured > ceiling;
         double best = 0;
-        if (!read_pair(kind, "gflops=%lf", &best, nullptr) || node_measured > best) {
+        if (read_pair(kind, "gflops=%lf", &best, nullptr) && best > ceiling) best = 0;  // an impossible cached one
+        if (!impossible && (best == 0 || node_measured > best)) {
             std::ostringstream o;
             o << "gflops=" << node_measured;
             write_line(kind, o.str());
         }
-        mine[0] = std::max(best, node_measured), mine[1] = node_measured;
+        const double measured = impossible ? (best > 0 ? best : ceiling) : node_measured;
+        mine[0] = std::max(best, measured), mine[1] = measured;
     }
     world.all_reduce_sum(mine, 2);
     if (measured_flops) *measured_flops = mine[1] * 1e9;

@@ -104,7 +104,7 @@ std::string greedy_digits(Decoder& dec, const Tokenizer& tok, const std::string&
 
 int eval_main(int argc, char** argv, MPI_Comm world_handle) {
     const MpiCommunicator world(world_handle, "world");
-    const int rank = world.rank(), size = world.size();
+    const int rank = world.rank();
     std::string ckpt, data, by_position, passkey_out, passkey_lengths, corpus_out;
     int passkey = 0;
     std::vector<std::string> overrides, tool_args;
@@ -185,6 +185,16 @@ int eval_main(int argc, char** argv, MPI_Comm world_handle) {
     deck.checkpoint.init_from = ckpt;  // for the trained-context rule of rope.original_max_position
     if (deck.eval.batches < 1) deck.eval.batches = 1;
     Session job(std::move(deck), world);
+    // The data must be tokenized as the weights were trained (the checkpoint's tokenizer; a
+    // checkpoint from before has none, and then at least the vocabulary sizes must agree).
+    if (const std::string why = tokenizer_change(meta, job.data.tokenizer); !why.empty())
+        throw ConfigError("eval: --data '" + data + "': " + why + "; evaluate on data made with the checkpoint's tokenizer");
+    if (const int64_t v = checkpoint_vocab_size(ckpt); v >= 0 && v != job.data.vocab_size)
+        throw ConfigError("eval: --data '" + data + "' has vocabulary " + std::to_string(job.data.vocab_size) + " (" +
+                          job.data.tokenizer.describe() + ") but checkpoint '" + ckpt + "' was trained with vocabulary " +
+                          std::to_string(v));
+    if (meta.tokenizer.empty() && rank == 0)
+        std::fprintf(stderr, "quintet eval: %s\n", tokenizer_source_note(ckpt, "--data '" + data + "'").c_str());
     // Every passkey length is checked on every rank before any work (a prompt must fit).
     const std::vector<int> passkey_lens =
         passkey > 0 ? parse_lengths(passkey_lengths, job.deck.data.seq_len) : std::vector<int>{};

@@ -42,16 +42,17 @@ int generate_main(int argc, char** argv) {
     std::string kv_cache = "compact";
     po::options_description desc(
         "usage: quintet generate --checkpoint CKPT.h5 --prompt TEXT [options]\n\n"
-        "Samples text from a checkpoint with a KV cache. The tokenizer is read from the token\n"
-        "file named by the checkpoint's deck (data.path), or from --data.\n\noptions");
+        "Samples text from a checkpoint with a KV cache, with the tokenizer stored in the checkpoint\n"
+        "(a checkpoint from before: the token file --data, else its deck's data.path).\n\noptions");
     desc.add_options()("help,h", "this text")(
         "checkpoint", po::value(&ckpt), "checkpoint file (run_dir/checkpoints/step_*.h5)")(
         "prompt", po::value(&prompt)->default_value(""), "text to continue")(
         "tokens", po::value(&tokens)->default_value(200), "tokens to generate")(
-        "temperature", po::value(&temperature)->default_value(0.8), "softmax temperature; 0 = greedy")(
+        "temperature", po::value(&temperature)->default_value(0.8, "0.8"), "softmax temperature; 0 = greedy")(
         "top-k", po::value(&top_k)->default_value(40), "sample among the k most likely; 0 = all")(
         "seed", po::value(&seed)->default_value(1), "sampling seed")(
-        "data", po::value(&data), "token file whose tokenizer to use (default: the deck's data.path)")(
+        "data", po::value(&data), "checkpoints without a tokenizer: the token file whose tokenizer to use "
+        "(default: the deck's data.path); with one, checked to agree")(
         "kv-cache", po::value(&kv_cache)->default_value("compact"),
         "compact: what each attention kind needs (MLA: the latent [c_kv | k_rope], kv_b absorbed); "
         "full: per-head K and V as training computes them (for comparison)");
@@ -75,7 +76,17 @@ int generate_main(int argc, char** argv) {
         throw ConfigError("generate: --checkpoint '" + ckpt + "' is unusable: " + why);
     const std::string& deck_text = meta.deck;
     Deck deck = deck_parse_text(deck_text);
-    Tokenizer tok = token_file_read_tokenizer(data.empty() ? deck.data.path : data);
+    // The checkpoint's own tokenizer; a checkpoint from before has the data's (--data, else its deck's).
+    std::string note;
+    const Tokenizer tok = checkpoint_tokenizer(ckpt, meta, data, note);
+    if (!note.empty()) std::fprintf(stderr, "generate: %s\n", note.c_str());
+    if (!meta.tokenizer.empty() && !data.empty())
+        if (const std::string why = tokenizer_change(meta, token_file_read_tokenizer(data)); !why.empty())
+            throw ConfigError("generate: --data '" + data + "': " + why);
+    if (const int64_t v = checkpoint_vocab_size(ckpt); v >= 0 && v != tok.vocab_size())
+        throw ConfigError("generate: the tokenizer (" + tok.describe() + ") has vocabulary " +
+                          std::to_string(tok.vocab_size()) + " but checkpoint '" + ckpt + "' was trained with vocabulary " +
+                          std::to_string(v) + ": the token file is from another tokenizer");
     deck.model.vocab_size = tok.vocab_size();
     ParamTable table = make_param_table(deck.model);
     checkpoint_inspect(ckpt, table);
@@ -96,6 +107,8 @@ int generate_main(int argc, char** argv) {
     const std::vector<float>* logits = nullptr;
     for (size_t i = 0; i < ids.size(); ++i) logits = &dec.step(int(ids[i]), int(i));
     std::vector<int> order(deck.model.vocab_size);
+    const size_t prompt_len = ids.size();
+    size_t shown = 0;
     for (int n = 0; n < tokens; ++n) {
         const auto& z = *logits;
         int next;
@@ -111,12 +124,15 @@ int generate_main(int argc, char** argv) {
             std::discrete_distribution<int> pick(w.begin(), w.end());
             next = order[pick(rng)];
         }
-        uint32_t u = uint32_t(next);
-        std::cout << tok.decode(&u, 1) << std::flush;
-        ids.push_back(u);
+        // What the new token adds to the decoded text (SentencePiece decodes a sequence, not
+        // token by token: a piece's leading space depends on its place).
+        ids.push_back(uint32_t(next));
+        const std::string text = tok.decode(ids.data() + prompt_len, ids.size() - prompt_len);
+        std::cout << text.substr(std::min(shown, text.size())) << std::flush;
+        shown = text.size();
         logits = &dec.step(next, int(ids.size()) - 1);
     }
-    std::cout << "\n";
+    std::cout << std::endl;  // the sample's last line ends before the statistics (stderr) begin
     const double el = (now_s() - t0);
     std::fprintf(stderr, "generate: %zu tokens (%zu prompt + %d new) in %.3f s: %.1f tokens/s\n", ids.size(),
                  ids.size() - size_t(tokens), tokens, el, double(ids.size()) / std::max(el, 1e-9));

@@ -1,26 +1,29 @@
 // `quintet plan DECK [--section.key=value ...] --world N [--json]`: every layout of N ranks with
 // its memory, traffic, bubble and predicted speed (docs/planner.md; the model in
-// train/planner.cpp).
+// perf/planner.cpp, perf/gpu_cost.cpp).
 // Runs without MPI (no mpirun): --measure launches `mpirun -n 2 quintet peak --links` itself.
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "quintet/core/error.hpp"
 #include "quintet/core/lists.hpp"
+#include "quintet/deck/deck.hpp"
 #include "quintet/io/token_data.hpp"
 #include "quintet/kernels/backend.hpp"
-#include "quintet/tools/commands.hpp"
-#include "quintet/deck/deck.hpp"
+#include "quintet/perf/hardware.hpp"
 #include "quintet/perf/host_peak.hpp"
 #include "quintet/perf/planner.hpp"
+#include "quintet/tools/commands.hpp"
 
 namespace quintet {
 
@@ -32,15 +35,26 @@ const char* kPlanUsage =
     "Every (tp, cp, dp, pp, ep) of N ranks for the deck's model and batch: memory per rank by\n"
     "category (the largest rank), bytes per step on each axis, the pipeline bubble and the\n"
     "predicted step time and tokens/s, sorted by tokens/s; invalid layouts are listed with the\n"
-    "reason. Microbatches, ZeRO and recompute are the deck's unless --sweep lists them. Runs\n"
-    "without mpirun. docs/planner.md derives every term.\n"
+    "reason. Microbatches, ZeRO and recompute are the deck's unless --sweep lists them (with\n"
+    "train.global_batch set, each layout's microbatches follow from its dp). A --parallel.KEY=V\n"
+    "(tp, cp, dp, pp, ep) on the command line keeps only the layouts with that value. Runs without\n"
+    "mpirun. docs/planner.md derives every term.\n"
     "\n"
     "options:\n"
-    "  --world N              ranks (required)\n"
+    "  --world N              ranks (required; a positive integer up to 10000000)\n"
+    "  --hardware NAME|FILE   host (this machine, measured; the default), a100-sxm-80g, h100-sxm,\n"
+    "                         h200, or a hardware file (docs/planner.md §6)\n"
+    "  --vocab-size V         the vocabulary size, instead of the token file's (model.vocab_size)\n"
     "  --json                 stdout is only a JSON list, one object per row (docs/planner.md)\n"
+    "  --top K                show the K fastest layouts (table default 20; JSON default all;\n"
+    "                         0 = all)\n"
     "  --sweep KEY=V1,V2,...  also vary parallel.microbatches, parallel.zero or train.recompute\n"
     "                         (repeatable)\n"
-    "  --device-memory GiB    mark layouts whose peak resident set exceeds it\n"
+    "  --device-memory GiB    the memory a layout must fit in (default: the device's; host: none)\n"
+    "  --overlap LIST         GPU: the axes whose collectives overlap compute (tp, cp, dp, ep, pp or\n"
+    "                         none; default quintet's: dp buckets, cp ring, ep exchange)\n"
+    "  --attention KIND       GPU: flash (default, quintet's) or unfused (scores materialised)\n"
+    "host only:\n"
     "  --matmul-gflops G      one core's sgemm rate (default: `quintet peak`'s, cached per host)\n"
     "  --cores C              cores per node (default: this host's)\n"
     "  --ranks-per-node R     (default: all ranks on one node)\n"
@@ -53,9 +67,19 @@ const char* kPlanUsage =
 double parse_number(const std::string& key, const std::string& v) {
     char* end = nullptr;
     const double x = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end || !(x > 0))
+    if (v.empty() || *end || !(x > 0) || !std::isfinite(x))
         throw ConfigError("plan: " + key + " = '" + v + "': expected a positive number");
     return x;
+}
+
+int parse_count(const std::string& key, const std::string& v, long lo, long hi) {
+    size_t pos = 0;
+    long x = 0;
+    try { x = std::stol(v, &pos); } catch (...) { pos = 0; }
+    if (pos == 0 || pos != v.size() || x < lo || x > hi || std::to_string(x) != v)
+        throw ConfigError("plan: " + key + " = '" + v + "': expected an integer in [" + std::to_string(lo) + ", " +
+                          std::to_string(hi) + "]");
+    return int(x);
 }
 
 // This executable's path, for launching it under mpirun.
@@ -83,19 +107,46 @@ LinkFigures measure_links() {
     return l;
 }
 
-std::string mib(double b) {
-    char s[32];
-    std::snprintf(s, sizeof s, "%.0f", b / 1048576);
-    return s;
+// Human units, 3 significant digits: nothing prints as 0 or 1 that is not.
+std::string si(double v, const char* unit = "") {
+    if (!std::isfinite(v)) return "-";
+    static const char* prefixes[] = {"", "k", "M", "G", "T", "P", "E"};
+    int i = 0;
+    double a = std::fabs(v);
+    while (a >= 999.5 && i < 6) a /= 1000, v /= 1000, ++i;
+    char b[32];
+    if (a == 0) std::snprintf(b, sizeof b, "0%s", unit);
+    else if (a < 1 && i == 0) std::snprintf(b, sizeof b, "%.3g%s", v, unit);
+    else std::snprintf(b, sizeof b, a < 10 ? "%.2f%s%s" : a < 100 ? "%.1f%s%s" : "%.0f%s%s", v, prefixes[i], unit);
+    return b;
+}
+std::string bytes(double v) {
+    static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    int i = 0;
+    while (std::fabs(v) >= 1023.5 && i < 5) v /= 1024, ++i;
+    char b[32];
+    std::snprintf(b, sizeof b, std::fabs(v) < 10 && i > 0 ? "%.2f %s" : std::fabs(v) < 100 && i > 0 ? "%.1f %s" : "%.0f %s",
+                  v, units[i]);
+    return b;
+}
+std::string seconds(double s) {
+    char b[32];
+    if (!std::isfinite(s)) return "-";
+    if (s == 0) return "0";
+    if (s >= 100) std::snprintf(b, sizeof b, "%.0f s", s);
+    else if (s >= 1) std::snprintf(b, sizeof b, "%.3g s", s);
+    else if (s >= 1e-3) std::snprintf(b, sizeof b, "%.3g ms", s * 1e3);
+    else std::snprintf(b, sizeof b, "%.3g us", s * 1e6);
+    return b;
 }
 
 }  // namespace
 
 int plan_main(int argc, char** argv) {
     runtime_base_estimate();  // this process's size before it plans anything
-    std::string deck_path;
+    std::string deck_path, hardware_name = "host", overlap_list, attention = "flash";
     std::vector<std::string> overrides;
-    int world = 0;
+    int world = 0, top = -1, vocab = 0;
     bool json = false, measure = false;
     PlanSweep sweep;
     MachineModel mm;
@@ -115,12 +166,18 @@ int plan_main(int argc, char** argv) {
             return 0;
         } else if (is("--world")) {
             v = value("--world");
-            world = std::atoi(v.c_str());
-            if (world < 1 || std::to_string(world) != v)
-                throw ConfigError("plan: --world = '" + v + "': expected a positive integer");
+            world = parse_count("--world", v, 1, 10000000);
         } else if (a == "--json") json = true;
         else if (a == "--measure") measure = true;
-        else if (is("--sweep")) {
+        else if (is("--hardware")) hardware_name = value("--hardware");
+        else if (is("--vocab-size")) vocab = parse_count("--vocab-size", value("--vocab-size"), 1, 1 << 30);
+        else if (is("--top")) top = parse_count("--top", value("--top"), 0, 1 << 30);
+        else if (is("--overlap")) overlap_list = value("--overlap");
+        else if (is("--attention")) {
+            attention = value("--attention");
+            if (attention != "flash" && attention != "unfused")
+                throw ConfigError("plan: --attention = '" + attention + "': expected flash or unfused");
+        } else if (is("--sweep")) {
             v = value("--sweep");
             const auto eq = v.find('=');
             const std::string key = v.substr(0, eq);
@@ -131,8 +188,8 @@ int plan_main(int argc, char** argv) {
             for (const auto& x : vals) {  // each value checked as the deck would check it
                 for (auto& o : opts)
                     if (o.key == key) o.set(x);
-                if (key == "parallel.microbatches") sweep.microbatches.push_back(std::atoi(x.c_str()));
-                else if (key == "parallel.zero") sweep.zero.push_back(std::atoi(x.c_str()));
+                if (key == "parallel.microbatches") sweep.microbatches.push_back(probe.parallel.microbatches);
+                else if (key == "parallel.zero") sweep.zero.push_back(probe.parallel.zero);
                 else if (key == "train.recompute") sweep.recompute.push_back(x);
                 else
                     throw ConfigError("plan: --sweep key '" + key +
@@ -140,9 +197,9 @@ int plan_main(int argc, char** argv) {
             }
         } else if (is("--device-memory")) device_gib = parse_number("--device-memory", value("--device-memory"));
         else if (is("--matmul-gflops")) mm.matmul_gflops_per_core = parse_number("--matmul-gflops", value("--matmul-gflops")), have_matmul = true;
-        else if (is("--cores")) mm.cores = int(parse_number("--cores", value("--cores")));
-        else if (is("--ranks-per-node")) mm.ranks_per_node = int(parse_number("--ranks-per-node", value("--ranks-per-node")));
-        else if (is("--threads")) mm.threads_per_rank = int(parse_number("--threads", value("--threads")));
+        else if (is("--cores")) mm.cores = parse_count("--cores", value("--cores"), 1, 1 << 20);
+        else if (is("--ranks-per-node")) mm.ranks_per_node = parse_count("--ranks-per-node", value("--ranks-per-node"), 1, 1 << 20);
+        else if (is("--threads")) mm.threads_per_rank = parse_count("--threads", value("--threads"), 1, 1 << 20);
         else if (is("--link-gbs")) mm.link_gbs = parse_number("--link-gbs", value("--link-gbs")), have_link = true;
         else if (is("--latency-us")) mm.link_latency_s = parse_number("--latency-us", value("--latency-us")) * 1e-6, have_latency = true;
         else if (is("--runtime-mib")) runtime_mib = parse_number("--runtime-mib", value("--runtime-mib"));
@@ -153,67 +210,136 @@ int plan_main(int argc, char** argv) {
     }
     if (deck_path.empty()) throw ConfigError(std::string("plan: no DECK given\n") + kPlanUsage);
     if (world == 0) throw ConfigError("plan: --world N is required (the number of ranks to plan for)");
+    PlanTarget target;
+    target.hardware = hardware_load(hardware_name);
+    if (!overlap_list.empty()) target.framework = parse_overlap(overlap_list, target.framework);
+    target.framework.unfused_attention = attention == "unfused";
     Deck deck = deck_load(deck_path, overrides);
-    const TokenFileInfo data = token_file_info(deck.data.path);
-    deck.model.vocab_size = data.vocab_size;
-    mm.data_bytes = double(data.n_tokens) * 4;
-    mm.runtime_base_bytes = runtime_mib >= 0 ? runtime_mib * 1048576 : runtime_base_estimate();
+    if (!sweep.microbatches.empty() && deck.train.global_batch > 0)
+        throw ConfigError("plan: --sweep parallel.microbatches with train.global_batch = " +
+                          std::to_string(deck.train.global_batch) +
+                          ": each layout's microbatches follow from the global batch (set train.global_batch = 0 to sweep them)");
+    // A --parallel.KEY=V given on the command line keeps the layouts with that value.
+    PlanOnly only;
+    for (const auto& o : overrides) {
+        auto given = [&](const char* key) { return o.rfind(std::string("--") + key + "=", 0) == 0; };
+        if (given("parallel.tp")) only.tp = deck.parallel.tp;
+        if (given("parallel.cp")) only.cp = deck.parallel.cp;
+        if (given("parallel.pp")) only.pp = deck.parallel.pp;
+        if (given("parallel.ep")) only.ep = deck.parallel.ep;
+        if (given("parallel.dp")) only.dp = deck.parallel.dp;
+    }
+    // The vocabulary: --vocab-size, model.vocab_size, or the token file's header.
     std::string notes;
-    if (!have_matmul) {
-        double g = 0;
-        if (!read_sgemm_cache(&g)) {
-            auto be = make_cpu_backend(1);
-            g = cpu_measure_sgemm_gflops(*be, 1024, 5);
-            write_sgemm_cache(g);
-            notes += "sgemm measured now (1 thread): " + std::to_string(g) + " GFLOP/s; ";
+    if (vocab > 0) deck.model.vocab_size = vocab;
+    if (deck.model.vocab_size == 0) {
+        const TokenFileInfo data = token_file_info(deck.data.path);
+        deck.model.vocab_size = data.vocab_size;
+        mm.data_bytes = double(data.n_tokens) * 4;
+    }
+    if (device_gib > 0) target.device_memory_bytes = device_gib * 1073741824.0;
+    if (target.hardware.host) {
+        mm.runtime_base_bytes = runtime_mib >= 0 ? runtime_mib * 1048576 : runtime_base_estimate();
+        if (!have_matmul) {
+            double g = 0;
+            if (!read_sgemm_cache(&g)) {
+                auto be = make_cpu_backend(1);
+                g = cpu_measure_sgemm_gflops(*be, 1024, 5);
+                write_sgemm_cache(g);
+                notes += "sgemm measured now (1 thread): " + std::to_string(g) + " GFLOP/s; ";
+            }
+            mm.matmul_gflops_per_core = g;
         }
-        mm.matmul_gflops_per_core = g;
+        LinkFigures link;
+        if (measure) {
+            link = measure_links();
+            write_link_cache(link);
+        }
+        if (measure || read_link_cache(&link)) {
+            if (!have_link) mm.link_gbs = link.gbs;
+            if (!have_latency) mm.link_latency_s = link.latency_s;
+        } else if (!have_link) {
+            notes += "link bandwidth assumed " + std::to_string(mm.link_gbs) + " GB/s (measure it with --measure); ";
+        }
+        target.machine = mm;
     }
-    LinkFigures link;
-    if (measure) {
-        link = measure_links();
-        write_link_cache(link);
-    }
-    if (measure || read_link_cache(&link)) {
-        if (!have_link) mm.link_gbs = link.gbs;
-        if (!have_latency) mm.link_latency_s = link.latency_s;
-    } else if (!have_link) {
-        notes += "link bandwidth assumed " + std::to_string(mm.link_gbs) + " GB/s (measure it with --measure); ";
-    }
-    const auto rows = plan_all(deck, world, mm, sweep, device_gib * 1073741824.0);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<PlanRow> rows = plan_all(deck, world, target, sweep, only);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (json) {
+        if (top > 0 && size_t(top) < rows.size()) rows.resize(size_t(top));
         std::cout << plan_json(rows);
         return 0;
     }
-    std::printf("quintet plan %s for %d rank(s): %d cores/node, sgemm %.1f GFLOP/s per core, link %.1f GB/s, "
-                "latency %.1f us\n", deck_path.c_str(), world, mm.cores, mm.matmul_gflops_per_core, mm.link_gbs,
-                mm.link_latency_s * 1e6);
+    const Hardware& hw = target.hardware;
+    if (hw.host)
+        std::printf("quintet plan %s for %d rank(s) on this host: %d cores/node, sgemm %.1f GFLOP/s per core, link %.1f GB/s, "
+                    "latency %.1f us\n", deck_path.c_str(), world, mm.cores, mm.matmul_gflops_per_core, mm.link_gbs,
+                    mm.link_latency_s * 1e6);
+    else
+        std::printf("quintet plan %s for %d %s: %s peak %sFLOP/s, %s memory, %s/s HBM; %d per node, NVLink %s/s, network %s/s "
+                    "per device\n", deck_path.c_str(), world, hw.name.c_str(), deck.train.precision.c_str(),
+                    si(hw.peak_tflops(deck.train.precision == "bf16") * 1e12).c_str(), bytes(hw.memory_bytes()).c_str(),
+                    si(hw.memory_gbs * 1e9, "B").c_str(), hw.devices_per_node, si(hw.link_gbs * 1e9, "B").c_str(),
+                    si(hw.network_gbs * 1e9, "B").c_str());
+    size_t valid = 0, fitting = 0;
+    for (const auto& r : rows) valid += r.valid, fitting += r.valid && r.fits;
+    const PlanRow* any = nullptr;
+    for (const auto& r : rows)
+        if (r.valid) { any = &r; break; }
+    if (any)
+        std::printf("model: %s parameters (%s active per token), %s tokens per sample; %zu layouts, %zu valid, %zu fit; "
+                    "planned in %.2f s\n", si(any->params_total).c_str(), si(any->params_active).c_str(),
+                    si(deck.data.seq_len).c_str(), rows.size(), valid, fitting, took);
     if (!notes.empty()) std::printf("note: %s\n", notes.c_str());
-    std::printf("\n%-4s %-4s %-4s %-4s %-4s %4s %4s %-9s | %7s %7s %7s %7s %7s %7s %8s | %9s %9s %9s %9s %9s | %6s %8s %9s\n",
-                "tp", "cp", "dp", "pp", "ep", "mb", "zero", "recompute", "params", "grads", "optim", "activ",
-                "buffers", "runtime", "total", "tp MiB", "cp MiB", "dp MiB", "ep MiB", "pp MiB", "bubble",
-                "step s", "tokens/s");
-    int invalid = 0;
+    const size_t show = top == 0 ? rows.size() : size_t(top < 0 ? 20 : top);
+    std::printf("\n%4s %4s %5s %4s %4s %5s %4s %-9s %6s | %9s %9s %9s %9s %9s %9s %9s | %5s %8s %8s %8s %8s %8s | %6s %8s %8s %7s %5s\n",
+                "tp", "cp", "dp", "pp", "ep", "mb", "zero", "recompute", "gbs", "params", "grads", "optim", "activ",
+                "buffers", "runtime", "total", "links", "tp s", "cp s", "dp s", "ep s", "pp s", "bubble", "step", "tokens/s",
+                "TFLOP/s", "MFU");
+    size_t shown = 0, invalid = 0;
     for (const auto& r : rows) {
         if (!r.valid) {
             ++invalid;
             continue;
         }
+        if (shown >= show) continue;
+        ++shown;
         const MemoryBytes& m = r.memory;
-        std::printf("%-4d %-4d %-4d %-4d %-4d %4d %4d %-9s | %7s %7s %7s %7s %7s %7s %8s | %9s %9s %9s %9s %9s | %6.3f %8.3f %9.0f%s\n",
-                    r.tp, r.cp, r.dp, r.pp, r.ep, r.microbatches, r.zero, r.recompute.c_str(), mib(m.params).c_str(),
-                    mib(m.grads).c_str(), mib(m.optimizer).c_str(), mib(m.activations).c_str(), mib(m.buffers).c_str(),
-                    mib(m.runtime).c_str(), mib(m.total).c_str(), mib(r.comm_bytes.tp).c_str(), mib(r.comm_bytes.cp).c_str(),
-                    mib(r.comm_bytes.dp).c_str(), mib(r.comm_bytes.ep).c_str(), mib(r.comm_bytes.pp).c_str(), r.bubble,
-                    r.step_time_s, r.tokens_per_s, r.fits ? "" : "  (does not fit --device-memory)");
+        std::string links;
+        for (const auto& l : r.link) links += l == "nvlink" ? 'N' : l == "network" ? 'W' : l == "host" ? 'h' : '-';
+        std::printf("%4d %4d %5d %4d %4d %5d %4d %-9s %6s | %9s %9s %9s %9s %9s %9s %9s | %5s %8s %8s %8s %8s %8s | %6.3f %8s %8s %7s %4.1f%%%s\n",
+                    r.tp, r.cp, r.dp, r.pp, r.ep, r.microbatches, r.zero, r.recompute.c_str(),
+                    si(double(r.global_batch)).c_str(), bytes(m.params).c_str(), bytes(m.grads).c_str(),
+                    bytes(m.optimizer).c_str(), bytes(m.activations).c_str(), bytes(m.buffers).c_str(),
+                    bytes(m.runtime).c_str(), bytes(m.total).c_str(), links.c_str(), seconds(r.comm_s.tp).c_str(),
+                    seconds(r.comm_s.cp).c_str(), seconds(r.comm_s.dp).c_str(), seconds(r.comm_s.ep).c_str(),
+                    seconds(r.comm_s.pp).c_str(), r.bubble, seconds(r.step_time_s).c_str(), si(r.tokens_per_s).c_str(),
+                    si(r.tflops_per_device).c_str(), r.mfu * 100,
+                    r.fits ? "" : hw.host ? "  (does not fit --device-memory)" : "  (does not fit the device's memory)");
     }
-    std::printf("(memory in MiB for the largest rank; traffic in MiB per step sent by one rank)\n");
+    std::printf("(memory of the largest rank; links: the link each of tp, cp, dp, ep, pp crosses: N NVLink, W network, "
+                "h this host, - none; comm: exposed seconds per step on each axis)\n");
+    if (valid > shown) std::printf("%zu more valid layout(s) not shown (--top K, --top 0 for all)\n", valid - shown);
     if (invalid) {
-        std::printf("\n%d invalid layout(s):\n", invalid);
+        // The reasons, most frequent first, with one example each.
+        std::map<std::string, std::pair<size_t, const PlanRow*>> why;
         for (const auto& r : rows)
-            if (!r.valid)
-                std::printf("  tp=%d cp=%d dp=%d pp=%d ep=%d mb=%d zero=%d recompute=%s: %s\n", r.tp, r.cp, r.dp, r.pp,
-                            r.ep, r.microbatches, r.zero, r.recompute.c_str(), r.reason.c_str());
+            if (!r.valid) {
+                std::string key = r.reason.substr(0, r.reason.find('\''  , r.reason.find('\'') + 1));
+                auto& w = why[key];
+                if (!w.second) w.second = &r;
+                ++w.first;
+            }
+        std::vector<std::pair<size_t, const PlanRow*>> sorted;
+        for (const auto& [k, w] : why) sorted.push_back(w);
+        std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+        std::printf("\n%zu invalid layout(s)%s:\n", invalid, sorted.size() > 10 ? " (the 10 most frequent reasons)" : "");
+        for (size_t i = 0; i < sorted.size() && i < 10; ++i) {
+            const PlanRow& r = *sorted[i].second;
+            std::printf("  %zu like tp=%d cp=%d dp=%d pp=%d ep=%d mb=%d zero=%d recompute=%s: %s\n", sorted[i].first, r.tp,
+                        r.cp, r.dp, r.pp, r.ep, r.microbatches, r.zero, r.recompute.c_str(), r.reason.c_str());
+        }
     }
     return 0;
 }

@@ -56,8 +56,8 @@ int schedule_main(int argc, char** argv) {
          "--virtual-stages > 1, else 1f1b")
         ("virtual-stages", po::value<int>(&v),
          "chunks per stage V (parallel.virtual_stages); default 2 for interleaved and zbv, else 1")
-        ("forward-cost", po::value<double>(&tf)->default_value(1.0), "forward time of one microbatch on one stage")
-        ("backward-cost", po::value<double>(&tb)->default_value(2.0), "backward time of one microbatch on one stage")
+        ("forward-cost", po::value<double>(&tf)->default_value(1.0, "1"), "forward time of one microbatch on one stage")
+        ("backward-cost", po::value<double>(&tb)->default_value(2.0, "2"), "backward time of one microbatch on one stage")
         ("weight-cost", po::value<double>(&tw),
          "zb_h1, zbv: the weight-gradient part W of the backward (default half of it)")
         ("width", po::value<int>(&width)->default_value(160),

@@ -1,4 +1,5 @@
-// `quintet train DECK [--section.key=value ...]`: the training job. Collective over the world.
+// `quintet train DECK [--section.key=value ...] [--allow-tokenizer-change]`: the training job.
+// Collective over the world.
 #include <mpi.h>
 
 #include <algorithm>
@@ -34,6 +35,10 @@ const char* kTrainUsage =
     "\n"
     "A job its batch system restarted (SLURM_RESTART_COUNT > 0, or QUINTET_RESUBMITS > 0 from\n"
     "jobs/pbs/train.pbs) resumes from its own checkpoints even under checkpoint.resume = none.\n"
+    "\n"
+    "The token file's tokenizer must be the one the checkpoint it resumes or starts from\n"
+    "(init_from) was trained with; --allow-tokenizer-change (= --checkpoint.allow_tokenizer_change=true)\n"
+    "accepts another one, and for init_from a larger vocabulary (new rows: the mean of the trained ones).\n"
     "\n";
 
 // "SLURM_RESTART_COUNT=1" when this process belongs to a job the batch system restarted, else "".
@@ -58,7 +63,8 @@ int train_main(int argc, char** argv, MPI_Comm world_handle) {
             if (rank == 0) std::cout << kTrainUsage << deck_reference_text();
             return 0;
         }
-        if (a.rfind("--", 0) == 0) overrides.push_back(a);
+        if (a == "--allow-tokenizer-change") overrides.push_back("--checkpoint.allow_tokenizer_change=true");
+        else if (a.rfind("--", 0) == 0) overrides.push_back(a);
         else if (deck_path.empty()) deck_path = a;
         else throw ConfigError("train: unexpected argument '" + a + "' (one DECK, then --section.key=value overrides)");
     }
@@ -88,7 +94,7 @@ int train_main(int argc, char** argv, MPI_Comm world_handle) {
     const ProcessGrid& grid = job.start_grid();
     install_stop_signals();
     RankModel model(job.deck, grid, *job.backend);
-    Trainer trainer(model, job.deck_text, job.data.tokens, job.source, &lock);
+    Trainer trainer(model, job.deck_text, job.data, job.source, &lock);
     return trainer.run();
 }
 

@@ -42,6 +42,7 @@ WeightsSource resolve_weights_source(Deck& deck, const MpiCommunicator& comm) {
         return src;
     }
     const CheckpointMeta meta = checkpoint_read_meta(src.path);
+    src.deck = meta.deck;
     const Deck theirs = deck_parse_text(meta.deck);
     src.trained_context = meta.trained_context > 0 ? meta.trained_context : theirs.data.seq_len;
     if (rope.scaling == "yarn" && rope.original_max_position == 0)
@@ -64,10 +65,59 @@ WeightsSource resolve_weights_source(Deck& deck, const MpiCommunicator& comm) {
     return src;
 }
 
+namespace {
+
+// Why a changed key may or may not change between the source checkpoint and this run.
+// Empty: refused (the key shapes the model's tensors).
+std::string verdict(const DeckChange& c, bool resume) {
+    const std::string& k = c.key;
+    auto in = [&](const char* section) { return k.rfind(std::string(section) + ".", 0) == 0; };
+    if (k == "moe.balance")  // the aux-free bias is a tensor of its own
+        return (c.before == "aux_free") == (c.after == "aux_free") ? "allowed: the balancing from now on" : "";
+    if (k == "moe.top_k" || k == "moe.aux_coef" || k == "moe.bias_rate" || k == "moe.bias_update" || k == "moe.norm_topk" ||
+        k == "moe.capacity_factor" || k == "moe.dead_after")
+        return "allowed: the routing from now on";
+    if (in("model") || in("moe")) return "";
+    if (in("parallel")) return "allowed: a checkpoint loads into any layout";
+    if (in("init")) return "ignored: the weights come from the checkpoint";
+    if (in("rope")) return "allowed: the positions are encoded as this run says";
+    if (in("train") || in("eval") || in("data"))
+        return resume ? "allowed: takes effect from the resumed step" : "allowed";
+    return "";  // checkpoint.*, output.*: not reported (see below)
+}
+
+}  // namespace
+
+std::vector<std::string> report_changes(const WeightsSource& source, const Deck& deck) {
+    std::vector<std::string> lines, refused;
+    if (source.path.empty() || source.deck.empty()) return lines;
+    const Deck theirs = deck_parse_text(source.deck);
+    for (const DeckChange& c : deck_diff(theirs, deck)) {
+        if (c.key.rfind("checkpoint.", 0) == 0 || c.key.rfind("output.", 0) == 0 || c.key == "train.threads" ||
+            c.key == "train.profile" || c.key == "train.collective_timeout_s")
+            continue;  // how this run is kept and watched, not what it computes
+        const std::string why = verdict(c, source.resume);
+        const std::string line = c.key + ": " + (c.before.empty() ? "(empty)" : c.before) + " -> " +
+                                 (c.after.empty() ? "(empty)" : c.after);
+        if (why.empty()) refused.push_back(line);
+        else lines.push_back(line + " (" + why + ")");
+    }
+    if (!refused.empty()) {
+        std::string list;
+        for (const auto& r : refused) list += "\n  " + r;
+        throw ConfigError(std::string(source.resume ? "checkpoint.resume" : "checkpoint.init_from") + " '" +
+                          source.path + "': the checkpoint holds another model than this deck describes:" + list +
+                          "\nthe checkpoint's tensors have the shapes of its deck; keep these keys as they were (or "
+                          "start a new run in another output.run_dir)");
+    }
+    return lines;
+}
+
 Checkpointing::Checkpointing(RankModel& model, const GradientSync& sync, AdamW& opt, std::string deck_text,
-                             WeightsSource source, const FaultInjection& faults,
+                             TokenizerState tokenizer, WeightsSource source, const FaultInjection& faults,
                              std::function<void(const std::string&)> log)
-    : model_(model), sync_(sync), opt_(opt), deck_text_(std::move(deck_text)), source_(std::move(source)),
+    : model_(model), sync_(sync), opt_(opt), deck_text_(std::move(deck_text)), tokenizer_(std::move(tokenizer)),
+      source_(std::move(source)),
       faults_(faults), log_(std::move(log)) {
     const ProcessGrid& grid = model.grid();
     io_comm_ = grid.world().split(0, grid.rank(), kCheckpointComm);
@@ -126,6 +176,7 @@ void Checkpointing::save(int64_t step, int64_t tokens_seen, MetricsFile* metrics
     meta.deck = deck_text_;
     meta.layout = grid.layout().describe() + " zero=" + std::to_string(deck.parallel.zero);
     meta.trained_context = std::max<int64_t>(source_.trained_context, deck.data.seq_len);
+    meta.tokenizer = tokenizer_;
     // On the CPU backend the arenas are host memory; a device backend stages them through host.
     const float *p = model_.params(), *m = opt_.exp_avg(), *v = opt_.exp_avg_sq();
     std::vector<float> hp, hm, hv;
@@ -173,6 +224,7 @@ int64_t Checkpointing::start(int64_t* tokens_seen) {
                         "' already holds checkpoints that a fresh run would overwrite; use "
                         "checkpoint.resume=auto to continue, or another output.run_dir");
     for (const auto& w : source_.warnings) log_("warning: " + w);
+    for (const auto& c : source_.changes) log_(std::string(source_.resume ? "resume" : "init_from") + ": " + c);
     if (source_.path.empty()) return 0;
     if (!source_.resume) {  // checkpoint.init_from: weights only, a fresh run from step 0
         CheckpointMeta meta = checkpoint_read_meta(source_.path);

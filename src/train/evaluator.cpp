@@ -10,7 +10,7 @@ namespace quintet {
 Evaluator::Evaluator(RankModel& model, const Sampler& sampler) : model_(model), sampler_(sampler) {
     const auto& dc = model.deck().data;
     if (sampler_.val_len() < size_t(dc.seq_len) + 1)
-        config_fail("data.val_fraction", std::to_string(dc.val_fraction),
+        config_fail("data.val_fraction", deck_value(model.deck(), "data.val_fraction"),
                     "eval.every > 0 but the validation split has only " +
                         std::to_string(sampler_.val_len()) + " tokens; need at least seq_len + 1");
     ids_.resize(size_t(dc.micro_batch_size) * dc.seq_len);

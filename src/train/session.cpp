@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "quintet/core/error.hpp"
+#include "quintet/io/checkpoint.hpp"
 #ifdef QUINTET_WITH_CUDA
 #include "quintet/comm/nccl_communicator.hpp"
 #endif
@@ -65,6 +66,10 @@ int threads_per_rank(const Deck& deck, const MpiCommunicator& world) {
 Session::Session(Deck d, const MpiCommunicator& w) : deck(std::move(d)), world(w) {
     // Every rank reads and checks the data header, so a bad file fails everywhere alike.
     data = token_file_read(deck.data.path);
+    if (deck.model.vocab_size > 0 && deck.model.vocab_size != data.vocab_size)
+        config_fail("model.vocab_size", std::to_string(deck.model.vocab_size),
+                    "must be 0 or the token file's vocab_size, " + std::to_string(data.vocab_size) + " ('" +
+                        deck.data.path + "')");
     deck.model.vocab_size = data.vocab_size;
     if (deck.data.eos_id < 0) deck.data.eos_id = data.eos_id;  // resolved into the deck text
     deck_validate(deck, world.size());
@@ -94,11 +99,18 @@ void Session::resolve(const std::string& warning) {
     // at: rope.original_max_position = 0 resolves to it, so the resolved deck says the number.
     source = resolve_weights_source(deck, world);
     if (!warning.empty()) source.warnings.insert(source.warnings.begin(), warning);
+    // The data must be tokenized as the weights were (docs/tokenizers.md, "Checkpoints").
+    if (!source.path.empty())
+        if (std::string w = weights_tokenizer_check(source.path, data.tokenizer, deck.data.path,
+                                                    deck.checkpoint.allow_tokenizer_change, source.resume);
+            !w.empty())
+            source.warnings.push_back(std::move(w));
     const auto& par = deck.parallel;
     const Layout layout = make_layout(world.size(), par.tp, par.cp, par.pp, par.dp, par.ep);
     // Store the resolved layout, not "auto", so a checkpoint says what it was written with.
     deck.parallel.dp = layout.size[kDP];
     deck_text = deck_to_text(deck);
+    source.changes = report_changes(source, deck);
 }
 
 const ProcessGrid& Session::start_grid() {

@@ -58,7 +58,11 @@ Telemetry::Telemetry(RankModel& model, std::string deck_text)
     const int pp = grid.pp().size();
     idle_.assign(size_t(pp), 0.0);
     act_mib_.assign(size_t(pp), 0.0);
-    if (model.moe()) moe_idle_.assign(size_t(deck_.model.n_layers) * deck_.model.moe.experts, 0);
+    if (model.moe()) {
+        moe_idle_.assign(size_t(deck_.model.n_layers) * deck_.model.moe.experts, 0);
+        moe_collapsed_.assign(size_t(deck_.model.n_layers), 0);
+        moe_warned_.assign(size_t(deck_.model.n_layers), 0);
+    }
 }
 
 Telemetry::~Telemetry() = default;
@@ -97,6 +101,11 @@ void Telemetry::begin(int64_t start_step, const std::string& resumed_from) {
         metrics_ = std::make_unique<MetricsFile>(deck_.output.run_dir, deck_text_, start_step,
                                                  resumed_from.empty() ? "" : checkpoint_metrics_path(resumed_from));
         for (const auto& w : metrics_->warnings) log("warning: " + w);
+        const Layout& lay = grid.layout();
+        metrics_->append(ms::kRuns, {{ms::kRunStartStep, double(start_step)}, {"world", double(lay.world())},
+                                     {"tp", double(lay.size[kTP])}, {"cp", double(lay.size[kCP])},
+                                     {"dp", double(lay.size[kDP])}, {"pp", double(lay.size[kPP])},
+                                     {"ep", double(grid.ep().size())}});
         if (!moe_idle_.empty() && start_step > 0) {
             // The dead-expert counters continue from the history up to the resumed step.
             const std::vector<double> h = metrics_->read_all(ms::kExpertLoad);
@@ -140,6 +149,26 @@ Telemetry::MoeFigures Telemetry::moe_figures(const MoeCounts& c) {
             if (idle >= deck_.model.moe.dead_after) f.dead[size_t(l)] += 1;
         }
         f.imbalance[size_t(l)] = sum > 0 ? max / (sum / E) : 0.0;
+        // A collapsing router: one expert chosen by more than half of the layer's tokens (and at
+        // least twice its balanced share) for moe.dead_after steps in a row -- said once per layer.
+        const double tokens = sum / deck_.model.moe.top_k;
+        const double threshold = std::max(0.5 * tokens, std::min(tokens, 2.0 * sum / E));
+        int64_t& run = moe_collapsed_[size_t(l)];
+        run = tokens > 0 && max >= threshold && max > 0.5 * tokens ? run + 1 : 0;
+        if (run >= deck_.model.moe.dead_after && !moe_warned_[size_t(l)]) {
+            moe_warned_[size_t(l)] = 1;
+            int busiest = 0;
+            for (int e = 1; e < E; ++e) busiest = c.routed(l, e) > c.routed(l, busiest) ? e : busiest;
+            char b[400];
+            std::snprintf(b, sizeof b,
+                          "warning: MoE layer %d: expert %d was chosen by %.0f%% of the layer's tokens for %lld steps "
+                          "in a row (the router is collapsing onto it); %s balances it",
+                          l, busiest, 100.0 * max / tokens, (long long)run,
+                          deck_.model.moe.balance == "aux_free" ? "a larger moe.bias_rate (or moe.bias_update = proportional)"
+                          : deck_.model.moe.balance == "aux_loss" ? "a larger moe.aux_coef"
+                                                                  : "moe.balance = aux_free or aux_loss");
+            log(b);
+        }
         f.worst_imbalance = std::max(f.worst_imbalance, f.imbalance[size_t(l)]);
         f.dropped[size_t(l)] = c.dropped(l);
         f.aux[size_t(l)] = c.aux_count(l) > 0 ? c.aux_sum(l) / c.aux_count(l) : 0.0;
@@ -189,8 +218,32 @@ void Telemetry::record_step(int64_t s, const StepStats& st, bool skipped, const 
         grid.pp().all_reduce_sum(act_mib_.data(), act_mib_.size());
     }
     const double tps = tokens_per_step / st.step_time;
-    const double mfu = tps * model_.flops_per_token() / peak_flops_;
-    const double mfu_matmul = tps * model_.flops_per_token() / matmul_flops_;  // share of the sgemm rate
+    // A step faster than a denominator says the denominator was measured low (a busy machine at
+    // the start): the larger figure is taken, once said, so no share reads above 100%.
+    const double achieved = tps * model_.flops_per_token();
+    auto gflops = [](double x) {
+        char b[32];
+        std::snprintf(b, sizeof b, "%.4g", x / 1e9);
+        return std::string(b);
+    };
+    if (achieved > matmul_flops_) {
+        if (!raised_matmul_)
+            log("note: step " + std::to_string(s) + " reached " + gflops(achieved) +
+                " GFLOP/s, above the sgemm rate measured at the start (" + gflops(matmul_flops_) +
+                "): that measurement was low (a busy machine); \"of sgemm\" reads against the fastest step from now on");
+        raised_matmul_ = true;
+        matmul_flops_ = achieved;
+    }
+    if (achieved > peak_flops_) {
+        if (!raised_peak_)
+            log("note: step " + std::to_string(s) + " reached " + gflops(achieved) + " GFLOP/s, above the peak MFU " +
+                "is measured against (" + gflops(peak_flops_) + ", " + peak_what_ +
+                "): that figure is too low; MFU reads against the fastest step from now on");
+        raised_peak_ = true;
+        peak_flops_ = achieved;
+    }
+    const double mfu = achieved / peak_flops_;
+    const double mfu_matmul = achieved / matmul_flops_;  // share of the sgemm rate
     const MoeFigures mf = moe_figures(moe);
     // Every rank's memory by category, for /memory/* (and the prediction check at the end).
     {

@@ -11,19 +11,19 @@
 
 namespace quintet {
 
-Trainer::Trainer(RankModel& model, const std::string& deck_text, const std::vector<uint32_t>& tokens,
-                 WeightsSource source, const RunLock* lock)
+Trainer::Trainer(RankModel& model, const std::string& deck_text, const TokenFile& data, WeightsSource source,
+                 const RunLock* lock)
     : model_(model), deck_(model.deck()), grid_(model.grid()), be_(model.backend()),
       // Under ZeRO-2/3 a rank keeps no whole gradient arena (ZeroState: shard and windows).
       grads_(be_.alloc(model.zero() ? 1 : model.table().total)),
       sync_(std::make_unique<GradientSync>(model.table(), be_, model.comms(), model.tp(), deck_.parallel.bucket_mb,
                                            deck_.parallel.zero == 1, deck_.parallel.overlap_dp, model.zero())),
       opt_(std::make_unique<AdamW>(model.table(), be_, *sync_, deck_.train)),
-      sampler_(tokens, deck_.data.val_fraction, deck_.data.seq_len, deck_.data.order == "random",
+      sampler_(data.tokens, deck_.data.val_fraction, deck_.data.seq_len, deck_.data.order == "random",
                uint64_t(deck_.train.seed)),
       faults_(grid_.rank()),
       telemetry_(model, deck_text),
-      checkpoints_(model, *sync_, *opt_, deck_text, std::move(source), faults_,
+      checkpoints_(model, *sync_, *opt_, deck_text, data.tokenizer.state(), std::move(source), faults_,
                    [this](const std::string& l) { telemetry_.log(l); }),
       nonfinite_(deck_.train, deck_.output.run_dir, grid_.rank(), [this](const std::string& l) { telemetry_.log(l); }),
       lock_(lock) {
@@ -192,7 +192,17 @@ int Trainer::run() {
 int Trainer::run_steps() {
     const auto& t = deck_.train;
     const int64_t tokens_per_step = global_batch() * deck_.data.seq_len;
+    if (!deck_.given.count("train.warmup") && t.steps > 0 && t.warmup > t.steps)
+        telemetry_.log("warning: train.warmup = " + std::to_string(t.warmup) + " (the default) exceeds train.steps = " +
+                       std::to_string(t.steps) + ": the learning rate never reaches train.lr; set train.warmup");
     start_step_ = checkpoints_.start(&tokens_seen_);
+    if (checkpoints_.source().resume && t.steps > 0 && start_step_ >= t.steps) {
+        // A finished run: nothing to do, and nothing is written (its metrics stay as they are).
+        telemetry_.log("the run is complete: " + checkpoints_.source().path + " is step " + std::to_string(start_step_) +
+                       " and train.steps = " + std::to_string(t.steps) + "; to continue it, raise train.steps (e.g. "
+                       "--train.steps=" + std::to_string(start_step_ + std::max<int64_t>(t.steps, 1)) + ")");
+        return 0;
+    }
     telemetry_.begin(start_step_, checkpoints_.source().resume ? checkpoints_.source().path : "");
     if (t.steps == 0 || start_step_ >= t.steps) {
         if (start_step_ == 0) checkpoints_.save(0, tokens_seen_, telemetry_.metrics());

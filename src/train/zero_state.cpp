@@ -242,7 +242,7 @@ void ZeroState::complete_reduce(GradWindow& w) {
 
 // ---- bytes ---------------------------------------------------------------------------------
 
-double ZeroState::param_bytes() const { return zero_param_bytes(table_, z_, zero_, bf16_); }
+double ZeroState::param_bytes() const { return zero_param_bytes(double(table_.total), z_, zero_, bf16_); }
 double ZeroState::grad_bytes() const { return gshard_ ? zero_grad_bytes(z_) : 0.0; }
 
 }  // namespace quintet

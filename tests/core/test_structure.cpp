@@ -16,8 +16,8 @@ namespace fs = std::filesystem;
 namespace {
 
 // Lowest first. A folder may include its own headers and those of every folder before it.
-const std::vector<std::string> kStack = {"core", "kernels", "comm", "parallel", "model",
-                                         "io",   "data",    "deck", "perf",     "train", "tools"};
+const std::vector<std::string> kStack = {"core", "tokenizer", "kernels", "comm",  "parallel", "model",
+                                         "io",   "data",      "deck",    "perf",  "train",    "tools"};
 
 int level(const std::string& folder) {
     const auto it = std::find(kStack.begin(), kStack.end(), folder);

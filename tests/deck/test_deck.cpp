@@ -95,6 +95,35 @@ TEST(Deck, LayoutAndShapeChecks) {
     EXPECT_NE(with({"--train.lr=1e-4", "--train.lr_min=1e-3"}, 1).find("train.lr_min"), std::string::npos);
 }
 
+// A key given twice in a file names both lines (Boost alone would keep the last); a warm-up the
+// user set longer than the run is refused with the valid range; values are echoed as written.
+TEST(Deck, DuplicateKeysWarmupAndValuesAsWritten) {
+    const fs::path dup = write_deck("[train]\nlr = 1e-3\nsteps = 5\n\n[train]\nlr = 2e-3\n");
+    const std::string e = error_of([&] { deck_load(dup.string(), {}); });
+    EXPECT_NE(e.find("'train.lr' is given twice, on lines 2 and 6"), std::string::npos) << e;
+    fs::remove(dup);
+    // The same key in two sections is two keys.
+    const fs::path two = write_deck("[train]\nsteps = 5\n[eval]\nbatches = 5\n");
+    EXPECT_EQ(error_of([&] { deck_load(two.string(), {}); }), "");
+    fs::remove(two);
+    Deck d = deck_load("", {"--train.steps=30", "--train.warmup=50"});
+    d.model.vocab_size = 256;
+    const std::string w = error_of([&] { deck_validate(d, 1, false); });
+    EXPECT_NE(w.find("'train.warmup' = '50'"), std::string::npos) << w;
+    EXPECT_NE(w.find("valid: 0 to 30"), std::string::npos) << w;
+    // The default warm-up (10) over a 2-step run is let through (the trainer warns).
+    Deck short_run = deck_load("", {"--train.steps=2"});
+    short_run.model.vocab_size = 256;
+    EXPECT_EQ(error_of([&] { deck_validate(short_run, 1, false); }), "");
+    // A value reads as written (1.0, not 1.000000) in a message about it.
+    Deck y = deck_load("", {"--rope.scaling=yarn", "--rope.factor=1.0"});
+    y.model.vocab_size = 256;
+    const std::string f = error_of([&] { deck_validate(y, 1, false); });
+    EXPECT_NE(f.find("'rope.factor' = '1.0'"), std::string::npos) << f;
+    EXPECT_EQ(deck_value(y, "rope.factor"), "1.0");
+    EXPECT_EQ(deck_value(y, "train.lr"), "0.0003") << "a key not given reads as the deck prints it";
+}
+
 TEST(Deck, ResolvedTextRoundTrips) {
     Deck d = deck_load("", {"--model.d_model=96", "--rope.factor=2.5", "--output.run_dir=runs/x y"});
     std::string text = deck_to_text(d);

@@ -133,7 +133,7 @@ ch --offline 'cd /root/quintet && source scripts/bundle_env.sh &&
     QUINTET_BUNDLE_UNPACK_ALL=1 bundle_activate .gpu-bundle /root/all-prefix > /dev/null 2>&1 &&
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 &&
     ldd build-gpu/quintet > /root/ldd-all.txt &&
-    mpiexec --oversubscribe -n 2 build-gpu/quintet train inputs/quickstart.deck --train.steps=3 --eval.every=0 \
+    mpiexec --oversubscribe -n 2 build-gpu/quintet train inputs/quickstart.deck --train.steps=3 --train.warmup=1 --eval.every=0 \
         --output.log_every=1 --output.run_dir=/root/all-run > /root/all-train.log 2>&1' ||
     fail "with every package unpacked: $(tail -5 "$root/root/all-train.log" 2>/dev/null)"
 grep -q "not found" "$root/root/ldd-all.txt" && fail "with every package unpacked, unresolved: $(grep 'not found' "$root/root/ldd-all.txt")"

@@ -1,14 +1,18 @@
 // Corrupt input, fuzzed in-process with deterministic seeds (docs/reliability.md): the deck
-// parser, the token-file reader, the checkpoint reader (verify, then load, as a resume does) and
-// the BPE merges, each fed >= 1000 mutated inputs. Every input must either load or fail with a
+// parser, the token-file reader, the checkpoint reader (verify, then load, as a resume does),
+// the BPE merges and `quintet plan`'s options and deck, each fed >= 1000 mutated inputs. Every input must either load or fail with a
 // ConfigError -- the clean error main() turns into exit status 2 -- never crash, hang or throw
 // anything else. Mutations: bit flips, random bytes, inserted/deleted/duplicated runs and
 // truncation, biased to the head of binary files where HDF5 keeps its superblock and headers.
 // ctest: labels=unit timeout=600
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <iostream>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -17,9 +21,10 @@
 #include "quintet/core/error.hpp"
 #include "quintet/io/checkpoint.hpp"
 #include "quintet/io/token_data.hpp"
-#include "quintet/io/tokenizer.hpp"
+#include "quintet/tokenizer/byte_bpe.hpp"
 #include "quintet/model/params.hpp"
 #include "quintet/deck/deck.hpp"
+#include "quintet/tools/commands.hpp"
 #include "support/run_support.hpp"
 
 namespace fs = std::filesystem;
@@ -92,7 +97,7 @@ TEST(Fuzz, DeckParser) {
                            "[bogus]", "= 3", "experts = 1048576\n[moe]\ntop_k = 1048576", "keep = 18446744073709551617"};
     for (int i = 0; i < kInputs; ++i) {
         std::string text = mutate(base, g, 0);
-        if (i % 4 == 0) text.insert(g() % text.size(), std::string("\n") + lines[g() % std::size(lines)] + "\n");
+        if (i % 4 == 0) text.insert(text.empty() ? 0 : g() % text.size(), std::string("\n") + lines[g() % std::size(lines)] + "\n");
         const fs::path p = dir / "d.deck";
         spit(p, text);
         t.run([&] {
@@ -102,6 +107,131 @@ TEST(Fuzz, DeckParser) {
         }, "deck input " + std::to_string(i));
     }
     t.report("deck parser");
+}
+
+// `quintet plan ARGS` in this process, its stdout thrown away.
+int plan_quietly(const std::vector<std::string>& args) {
+    std::vector<std::string> all = {"plan"};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::fflush(stdout);
+    std::cout.flush();
+    const int saved = dup(1), null = open("/dev/null", O_WRONLY);
+    dup2(null, 1);
+    close(null);
+    struct Restore {
+        int fd;
+        ~Restore() {
+            std::fflush(stdout);
+            std::cout.flush();
+            dup2(fd, 1);
+            close(fd);
+        }
+    } restore{saved};
+    return plan_main(int(all.size()), argv.data());
+}
+
+const char* kPlanDeck = R"([model]
+d_model = 256
+n_layers = 6
+n_heads = 8
+n_kv_heads = 4
+ffn_dim = 512
+[moe]
+experts = 4
+top_k = 2
+shared_experts = 1
+layers = 1,3-5
+[data]
+seq_len = 256
+micro_batch_size = 2
+[parallel]
+sequence_parallel = true
+microbatches = 4
+[train]
+precision = bf16
+recompute = selective
+global_batch = 0
+)";
+
+TEST(Fuzz, PlanCommandOptions) {
+    const fs::path dir = scratch("plan_options");
+    spit(dir / "p.deck", kPlanDeck);
+    spit(dir / "h.hw", "[device]\nbf16_tflops = 100\nfp32_tflops = 10\nmemory_gib = 16\nmemory_gbs = 900\n[node]\n"
+                       "devices = 4\nlink_gbs = 100\nnetwork_gbs = 12.5\nnetwork_latency_us = 5\n");
+    const std::vector<std::string> base = {(dir / "p.deck").string(), "--world", "16", "--hardware", "h100-sxm",
+                                           "--vocab-size", "1000", "--top", "5"};
+    // Options with values a mutation of the base would rarely reach, spliced in whole, and some
+    // lone words.
+    const std::vector<std::vector<std::string>> pool = {
+        {"--json"}, {"--world", "24"}, {"--world", "0"}, {"--world", "-3"}, {"--world", "1e3"}, {"--world", "4096"},
+        {"--hardware", "a100-sxm-80g"}, {"--hardware", "h200"}, {"--hardware", "host"}, {"--hardware", (dir / "h.hw").string()},
+        {"--hardware", (dir / "nothing.hw").string()}, {"--top", "0"}, {"--top=2"}, {"--overlap", "tp,dp,pp"},
+        {"--overlap", "none"}, {"--overlap", "tp,,dp"}, {"--attention", "unfused"}, {"--sweep", "train.recompute=full,none"},
+        {"--sweep", "parallel.zero=0,1"}, {"--sweep", "parallel.microbatches=1,4"}, {"--parallel.tp=2"}, {"--parallel.pp=3"},
+        {"--parallel.ep=4"}, {"--parallel.cp=2"}, {"--train.global_batch=96"}, {"--device-memory", "0.5"},
+        {"--model.vocab_size=7"}, {"--vocab-size"}, {"--cores", "2"}, {"--link-gbs", "nan"}, {"--parallel.pp_layers=1,2-3"},
+        {"--moe.layers=all"}, {"--data.seq_len=100"}, {"--parallel.virtual_stages=2", "--parallel.schedule=interleaved"},
+        {"--model.attention=mla"}, {"--parallel.zero=1"}, {"--train.recompute=full"}, {"--"}, {"="}, {"--x.y=1"}, {"0"}};
+    std::mt19937 g(5);
+    Tally t;
+    for (int i = 0; i < kInputs; ++i) {
+        std::vector<std::string> args = base;
+        const int n = 1 + int(g() % 4);
+        for (int k = 0; k < n; ++k) {
+            const size_t at = g() % (args.size() + 1);
+            switch (g() % 6) {
+            case 0: if (!args.empty()) args[std::min(at, args.size() - 1)] = mutate(args[std::min(at, args.size() - 1)], g, 0); break;
+            case 1: if (!args.empty()) args.erase(args.begin() + long(std::min(at, args.size() - 1))); break;
+            default: {
+                const auto& o = pool[g() % pool.size()];
+                args.insert(args.end(), o.begin(), o.end());
+                break;
+            }
+            }
+        }
+        // Host runs need a measured sgemm rate: give one rather than measure (and never --measure).
+        if (std::find(args.begin(), args.end(), "host") != args.end()) args.insert(args.end(), {"--matmul-gflops", "50"});
+        args.erase(std::remove(args.begin(), args.end(), "--measure"), args.end());
+        t.run([&] { plan_quietly(args); }, "plan options " + std::to_string(i));
+    }
+    t.report("plan options");
+}
+
+TEST(Fuzz, PlanCommandDeck) {
+    const fs::path dir = scratch("plan_deck");
+    std::mt19937 g(6);
+    Tally t;
+    const char* lines[] = {"[moe]\nexperts = 1048576", "[model]\nd_model = 1073741824", "[model]\nn_layers = 4096",
+                           "[data]\nseq_len = 16777216", "[parallel]\nmicrobatches = 1048576",
+                           "[parallel]\nvirtual_stages = 3\nschedule = interleaved", "[train]\nglobal_batch = 7",
+                           "[model]\nvocab_size = 3", "[parallel]\npp_layers = 1-6"};
+    // Half the inputs keep the syntax and change numbers, so the planner itself runs on odd
+    // shapes.
+    const char* values[] = {"0", "1", "2", "3", "5", "7", "12", "64", "1000", "65536", "1048576", "-1"};
+    for (int i = 0; i < kInputs; ++i) {
+        std::string text;
+        if (i % 2) {
+            std::istringstream in(kPlanDeck);
+            for (std::string line; std::getline(in, line);) {
+                const size_t eq = line.find(" = ");
+                const bool number = eq != std::string::npos && line.find_first_not_of("0123456789", eq + 3) == std::string::npos;
+                if (number && g() % 3 == 0) line = line.substr(0, eq + 3) + values[g() % std::size(values)];
+                text += line + "\n";
+            }
+        } else {
+            text = mutate(kPlanDeck, g, 0);
+        }
+        if (i % 4 == 0) text.insert(g() % (text.size() + 1), std::string("\n") + lines[g() % std::size(lines)] + "\n");
+        spit(dir / "p.deck", text);
+        const char* hw = i % 3 == 0 ? "a100-sxm-80g" : "h100-sxm";
+        t.run([&] { plan_quietly({(dir / "p.deck").string(), "--world", std::to_string(1 + g() % 32), "--hardware", hw,
+                                  "--vocab-size", "1000", i % 2 ? "--json" : "--top=3"}); },
+              "plan deck " + std::to_string(i));
+    }
+    t.report("plan deck");
 }
 
 TEST(Fuzz, ModelTooBigForMemoryStopsAtValidation) {
@@ -118,12 +248,12 @@ TEST(Fuzz, ModelTooBigForMemoryStopsAtValidation) {
 TEST(Fuzz, TokenFileReader) {
     const fs::path dir = scratch("tokens");
     // A BPE file (merges, eos) and a byte file as bases.
-    Tokenizer bpe = tokenizer_train_bpe("the cat sat on the mat; the cat ate the rat. " + std::string(200, 'a'), 300, {});
-    bpe.eos_id = bpe.vocab_size();
-    bpe.build_tables();
+    Tokenizer bpe = tokenizer_train_bpe("the cat sat on the mat; the cat ate the rat. " + std::string(200, 'a'), 300,
+                                        {}, true);
     std::vector<uint32_t> ids = bpe.encode("the cat sat on the mat and the rat ran");
-    ids.push_back(uint32_t(bpe.eos_id));
-    token_file_write((dir / "bpe.h5").string(), ids, bpe);
+    const int eos = bpe.special_id(quintet::kEndOfText);
+    ids.push_back(uint32_t(eos));
+    token_file_write((dir / "bpe.h5").string(), ids, bpe, eos);
     quintet::testing::make_token_file(dir / "byte.h5", 4000, 256, 3);
     const std::string bases[] = {slurp(dir / "bpe.h5"), slurp(dir / "byte.h5")};
     std::mt19937 g(2);
@@ -147,25 +277,21 @@ TEST(Fuzz, BpeMerges) {
     for (int i = 0; i < kInputs; ++i) {
         // A merges list as a token file would carry it: random pairs, mostly valid, some not,
         // some chains that would double a token's length every merge.
-        Tokenizer tok;
-        tok.kind = "bpe";
+        std::vector<std::pair<uint32_t, uint32_t>> merges;
         const int n = 1 + int(g() % 80);
         for (int m = 0; m < n; ++m) {
             const uint32_t id = 256 + uint32_t(m);
             uint32_t a = g() % id, b = g() % id;
             if (g() % 10 == 0) a = b = id - 1;         // self-chain
             if (g() % 25 == 0) a = id + g() % 5;       // a token not made yet
-            tok.merges.push_back({a, b});
+            merges.push_back({a, b});
         }
         // Through the token-file reader, which validates merges (the way they reach a run).
         const fs::path p = scratch("bpe_file") / "m.h5";
         t.run([&] {
             std::vector<uint32_t> ids = {104, 105};
-            try {
-                token_file_write(p.string(), ids, tok);
-            } catch (const RankError&) {
-                throw ConfigError("rejected by the writer");  // invalid merges cannot even be written
-            }
+            // Invalid merges cannot even make a tokenizer (ConfigError), so cannot be written.
+            token_file_write(p.string(), ids, quintet::tokenizer_bpe(merges, false, "gpt2", "fuzz"));
             TokenFile f = token_file_read(p.string());
             auto enc = f.tokenizer.encode("the quick brown fox; aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
             if (f.tokenizer.decode(enc.data(), enc.size()) != "the quick brown fox; aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")

@@ -91,6 +91,11 @@ TEST(MoeRouter, AuxFreeBiasMovesByTheSignOfTheLoadGap) {
     const double even[4] = {3, 3, 3, 3};
     MoeRouter::update_bias(bias.data(), even, 4, 0.01);
     EXPECT_FLOAT_EQ(bias[0], -0.01f);  // no gap: no move
+    // proportional: the move is rate x the relative gap (mean - load) / mean.
+    std::vector<float> p = {0, 0, 0, 0};
+    MoeRouter::update_bias(p.data(), load, 4, 0.01, /*proportional=*/true);
+    EXPECT_FLOAT_EQ(p[0], float(0.01 * (4.0 - 10.0) / 4.0));
+    EXPECT_FLOAT_EQ(p[1], float(0.01 * (4.0 - 2.0) / 4.0));
 }
 
 TEST(MoeDispatcher, CountingSortIsStableAndDropsTheLightestOverCapacity) {

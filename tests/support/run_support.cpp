@@ -116,14 +116,14 @@ void make_document_token_file(const fs::path& p, size_t n, uint32_t eos, uint32_
         x = (g() % 5 == 0) ? g() % 250 : (x * 7 + 3) % 250;
         t.push_back(x);
     }
-    Tokenizer tok;
-    tok.eos_id = int(eos);
-    token_file_write(p.string(), t, tok);
+    token_file_write(p.string(), t, Tokenizer{}, int(eos));
 }
 
 std::vector<std::string> TrainFixture::compare_layouts(const std::string& model,
                                                        const std::vector<std::pair<int, std::string>>& layouts,
                                                        double tol, double min_drop, size_t steps) {
+    // Each call starts afresh: a run dir left by an earlier call would be resumed, not re-run.
+    fs::remove_all(dir / "ref");
     auto ref = train(1, "ref", model + " --parallel.microbatches=8");
     EXPECT_EQ(ref.status, 0) << ref.output;
     if (ref.status != 0) return {};
@@ -135,6 +135,7 @@ std::vector<std::string> TrainFixture::compare_layouts(const std::string& model,
     for (const auto& [ranks, args] : layouts) {
         const std::string name = "l" + std::to_string(names.size());
         names.push_back(name);
+        fs::remove_all(dir / name);
         auto r = train(ranks, name, model + " " + args);
         EXPECT_EQ(r.status, 0) << args << "\n" << r.output;
         if (r.status != 0) continue;

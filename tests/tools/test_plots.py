@@ -71,7 +71,12 @@ def write_metrics(run_dir, steps=40, layers=3, experts=4, seed=0):
         f["/eval/loss"] = 5.0 * np.exp(-s[4::5] / 20.0) + 1.1
         load = rng.integers(0, 500, size=(steps, layers, experts)).astype(np.float64)
         load[3] = np.nan  # a row of a run resumed on another layout
+        load[:, 1, :] = 0.0  # layer 1 is dense (moe.layers leaves it out)
         f["/moe/expert_load"] = load
+        # Started at step 0 on dp=1, resumed at step 20 on dp=2 and at step 30 on the same layout.
+        f["/runs/start_step"] = np.array([0.0, 20.0, 30.0])
+        for axis, v in dict(tp=[1, 1, 1], cp=[1, 1, 1], dp=[1, 2, 2], pp=[1, 1, 1], ep=[1, 1, 1]).items():
+            f[f"/runs/{axis}"] = np.array(v, dtype=np.float64)
 
 
 def write_run(g, name, world, layout, status="done", seed=0):
@@ -130,6 +135,20 @@ def test_plot_metrics(tmp):
     check(rc == 0, f"plot_metrics one run exits 0 (rc={rc}, stderr={err.strip()!r})")
     check(out.strip().splitlines()[-1:] == [f"wrote {default}"], "plot_metrics prints `wrote PATH`")
     check_png(default)
+    # What the figure marks: the resumes (and the layout moved to), the dense layer of the heatmap.
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import plot_metrics
+    run_data = plot_metrics.read_run(a)
+    check(plot_metrics.resumes(run_data) == [(20.0, "resumed on dp=2"), (30.0, "resumed")],
+          f"resumes marked at 20 (on dp=2) and 30 ({plot_metrics.resumes(run_data)})")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots()
+    plot_metrics.moe_heatmap_panel(fig, ax, "a", run_data)
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    check(labels == ["0", "1 (dense)", "2"], f"the heatmap labels the dense layer ({labels})")
+    plt.close(fig)
     two = os.path.join(tmp, "two.png")
     rc, out, err = run(PLOT_METRICS, a, b, "-o", two)
     check(rc == 0, f"plot_metrics two runs exits 0 (rc={rc}, stderr={err.strip()!r})")

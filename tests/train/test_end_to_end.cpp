@@ -135,6 +135,38 @@ TEST_F(Fixture, ResumeGivesTheUnbrokenCurveBitForBit) {
             << ca[i].first;
 }
 
+// Resuming with deck values that differ from the checkpoint's says so, key by key, and what
+// is allowed; a key that changes the model's tensors stops before any work (exit 2); re-running
+// a finished run says it is complete, exits 0 and writes nothing.
+TEST_F(Fixture, ResumeReportsChangesAndAFinishedRunSaysSo) {
+    auto a = train(1, "changes", "--train.steps=4 --parallel.microbatches=2");
+    ASSERT_EQ(a.status, 0) << a.output;
+    const auto before = fs::last_write_time(dir / "changes" / "metrics.h5");
+    auto done = train(1, "changes", "--train.steps=4 --parallel.microbatches=2");
+    EXPECT_EQ(done.status, 0) << done.output;
+    EXPECT_NE(done.output.find("the run is complete"), std::string::npos) << done.output;
+    EXPECT_NE(done.output.find("raise train.steps"), std::string::npos) << done.output;
+    EXPECT_EQ(fs::last_write_time(dir / "changes" / "metrics.h5"), before) << "a finished run writes nothing";
+    auto more = train(2, "changes", "--train.steps=6 --train.lr=2e-2 --parallel.microbatches=1");
+    ASSERT_EQ(more.status, 0) << more.output;
+    EXPECT_NE(more.output.find("resume: train.lr: 0.01 -> 0.02 (allowed"), std::string::npos) << more.output;
+    EXPECT_NE(more.output.find("resume: parallel.dp: 1 -> 2 (allowed: a checkpoint loads into any layout)"),
+              std::string::npos) << more.output;
+    auto shape = train(1, "changes", "--train.steps=8 --model.ffn_dim=96");
+    EXPECT_EQ(shape.status, 2) << shape.output;
+    EXPECT_NE(shape.output.find("model.ffn_dim: 64 -> 96"), std::string::npos) << shape.output;
+}
+
+// A denominator measured below what a step reaches is raised, once said, so no share of the
+// progress line reads above 100% (a busy machine at the start, or a train.peak_tflops too low).
+TEST_F(Fixture, SharesNeverReadAbove100Percent) {
+    auto r = train(1, "shares", "--train.steps=3 --train.peak_tflops=0.0000001");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("note: step 1 reached"), std::string::npos) << r.output;
+    for (double m : metrics_column(dir / "shares", "/train/mfu")) EXPECT_LE(m, 1.0);
+    for (double m : metrics_column(dir / "shares", "/train/mfu_matmul")) EXPECT_LE(m, 1.0);
+}
+
 TEST_F(Fixture, CheckpointsMoveBetweenLayouts) {
     // Written at dp=2 with ZeRO-1, continued at dp=1 (and the reverse), against the unbroken dp=1 run.
     auto ref = train(1, "ref", "--train.steps=16 --parallel.microbatches=4");

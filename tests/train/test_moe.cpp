@@ -9,7 +9,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
 
+#include "quintet/io/token_data.hpp"
+#include "quintet/tokenizer/tokenizer.hpp"
 #include "support/run_support.hpp"
 
 namespace fs = std::filesystem;
@@ -153,6 +156,41 @@ TEST_F(Moe, BadInputNamesTheKey) {
         EXPECT_EQ(r.status, 2) << c.args << "\n" << r.output;
         EXPECT_NE(r.output.find(c.key), std::string::npos) << c.args << "\n" << r.output;
     }
+}
+
+// A router that collapses onto one expert is named once per layer (at most), with the key that
+// helps, once the collapse has lasted moe.dead_after steps -- and not before.
+TEST_F(Moe, CollapsingRouterWarnsOncePerLayer) {
+    auto count = [](const std::string& out, const std::string& what) {
+        size_t n = 0;
+        for (size_t at = out.find(what); at != std::string::npos; at = out.find(what, at + 1)) ++n;
+        return n;
+    };
+    // Words of English as bytes: without balancing, the router latches onto one expert.
+    std::mt19937 g(3);
+    const char* words[] = {"the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "was", "with", "be",
+                           "by", "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have",
+                           "an", "they", "you", "were", "her", "she", "there", "their", "one", "all", "we", "can"};
+    const size_t n_words = sizeof words / sizeof *words;
+    std::vector<uint32_t> text;
+    for (int line = 0; line < 2000; ++line)
+        for (int w = 0; w < 12; ++w) {
+            for (const char* c = words[g() % n_words]; *c; ++c) text.push_back(uint8_t(*c));
+            text.push_back(w == 11 ? '\n' : ' ');
+        }
+    data = dir / "words.h5";
+    quintet::token_file_write(data.string(), text, quintet::Tokenizer{});
+    const std::string run = "--train.steps=60 --parallel.microbatches=8 --moe.balance=none";
+    auto warned = train(1, "none", run + " --moe.dead_after=10");
+    ASSERT_EQ(warned.status, 0) << warned.output;
+    const size_t n = count(warned.output, "warning: MoE layer");
+    EXPECT_GE(n, 1u) << warned.output;
+    EXPECT_LE(n, 4u) << warned.output;  // once per layer at most
+    EXPECT_NE(warned.output.find("moe.balance = aux_free or aux_loss"), std::string::npos) << warned.output;
+    // The same run with a window longer than the run: the same collapse, no warning.
+    auto quiet = train(1, "none_long", run + " --moe.dead_after=61");
+    ASSERT_EQ(quiet.status, 0) << quiet.output;
+    EXPECT_EQ(count(quiet.output, "warning: MoE layer"), 0u) << quiet.output;
 }
 
 }  // namespace

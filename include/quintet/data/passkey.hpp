@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "quintet/io/tokenizer.hpp"
+#include "quintet/tokenizer/tokenizer.hpp"
 
 namespace quintet {
 

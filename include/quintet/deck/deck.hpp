@@ -30,6 +30,15 @@ Deck deck_load(const std::string& deck_path, const std::vector<std::string>& ove
 // weights and optimizer state cannot fit this machine (the planner plans for other machines).
 void deck_validate(const Deck& deck, int world_size, bool check_host_memory = true);
 
+// The value of `key` as the user wrote it, else as the deck prints it (for messages).
+std::string deck_value(const Deck& deck, const std::string& key);
+
+// The keys whose values differ between two decks, in the option table's order.
+struct DeckChange {
+    std::string key, before, after;
+};
+std::vector<DeckChange> deck_diff(const Deck& before, const Deck& after);
+
 // The resolved deck as a config file ("[section]" blocks), stored in checkpoints and metrics.
 std::string deck_to_text(const Deck& deck);
 // Parses deck_to_text's output back (a checkpoint's 'deck' attribute); keys it does not know

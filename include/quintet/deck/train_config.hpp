@@ -1,6 +1,7 @@
 // Run configuration: one struct per deck section, field name = key.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,7 @@ struct DataConfig {
 
 struct TrainConfig {
     int steps = 100;
+    int global_batch = 0;           // samples per step; 0 = dp x microbatches x micro_batch_size
     double lr = 3e-4, lr_min = 3e-5;
     int warmup = 10;
     double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, grad_clip = 1.0;
@@ -60,6 +62,7 @@ struct CheckpointConfig {
     std::string resume = "auto";   // auto | none | PATH
     std::string init_from = "";    // weights only from this checkpoint, then a fresh run
     int keep = 3;                  // complete checkpoints kept; 0 = all
+    bool allow_tokenizer_change = false;  // train on data whose tokenizer is not the checkpoint's
 };
 
 struct OutputConfig {
@@ -69,6 +72,9 @@ struct OutputConfig {
 
 // The whole resolved deck.
 struct Deck {
+    // The values as the user wrote them, by key (deck file or command line): what error
+    // messages echo (deck_value), so that 0.05 reads 0.05. Not part of the resolved deck.
+    std::map<std::string, std::string> given;
     ModelConfig model;
     RopeConfig rope;
     ParallelConfig parallel;

@@ -15,6 +15,7 @@
 #include "quintet/comm/mpi_communicator.hpp"
 #include "quintet/model/params.hpp"
 #include "quintet/parallel/layout.hpp"
+#include "quintet/tokenizer/tokenizer.hpp"
 
 namespace quintet {
 
@@ -28,7 +29,29 @@ struct CheckpointMeta {
     // The longest sequence the weights were trained at (their run and the runs they came from);
     // 0 in checkpoints older than the attribute (then the deck's data.seq_len stands in).
     int64_t trained_context = 0;
+    // The tokenizer of the data the weights were trained on (group /tokenizer, the same as in the
+    // token file, io/tokenizer_store.hpp); empty in checkpoints from before it travelled with them.
+    TokenizerState tokenizer;
 };
+
+// "" when a run on data tokenized by `data_tok` may take its weights from a checkpoint with
+// `meta`; else the problem, naming both tokenizers (and both vocabulary sizes when they differ).
+// A checkpoint without a tokenizer (older than the group) is accepted: the caller says where the
+// tokenizer is taken from (tokenizer_source_note).
+std::string tokenizer_change(const CheckpointMeta& meta, const Tokenizer& data_tok);
+// The check before a run takes its weights from `checkpoint` (resume, or init_from) and trains
+// on the token file `data_path` tokenized by `data_tok`. A tokenizer that is not the
+// checkpoint's, or (a checkpoint without one) another vocabulary size, is a ConfigError naming
+// both, unless `allow` (checkpoint.allow_tokenizer_change). Allowed, the vocabulary may grow for
+// init_from (vocabulary extension: the new rows start as the mean of the trained ones,
+// checkpoint_load), never shrink, nor change on resume. Returns a warning to print, or "".
+std::string weights_tokenizer_check(const std::string& checkpoint, const Tokenizer& data_tok,
+                                    const std::string& data_path, bool allow, bool resume);
+// The vocabulary the weights were trained with: the rows of the embedding
+// (/params/model.embed_tokens.weight), or -1 when it has none. ConfigError as checkpoint_read_meta.
+int64_t checkpoint_vocab_size(const std::string& path);
+// For a checkpoint without a tokenizer: "checkpoint X has no tokenizer (...); using the one of Y".
+std::string tokenizer_source_note(const std::string& checkpoint, const std::string& taken_from);
 
 // Collective over `comm` (every rank of the job). params: this rank's local arena; `writes`:
 // the ranges of it this rank writes, with their moments (tensors it holds as a non-writer replica
@@ -61,7 +84,9 @@ CheckpointMeta checkpoint_read_meta(const std::string& path);
 
 // Checks that `path` is a complete quintet checkpoint whose tensors have exactly the logical
 // shapes of `table`; throws ConfigError naming the first mismatch. Collective-safe (read-only).
-// with_optimizer = false: the parameters only (weights-only loads: init_from, eval, generate).
+// with_optimizer = false: the parameters only (weights-only loads: init_from, eval, generate);
+// then the embedding and lm_head may have fewer rows than `table` (a vocabulary extension,
+// allowed by weights_tokenizer_check: checkpoint_load starts the new rows as the mean of the rest).
 CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& table,
                                   bool with_optimizer = true);
 

@@ -18,6 +18,11 @@ inline constexpr const char* kMoe = "/moe";
 inline constexpr const char* kMemory = "/memory";       // <category>_bytes [step, rank]
 inline constexpr std::array<const char*, 7> kStepGroups = {kTrain, kEval, kTiming, kTimingOp, kPipeline, kMoe, kMemory};
 
+// One row per start of the run (a fresh start, then each resume): the step it started from and
+// its layout -- what `quintet plot` marks on the x axis. Not step-aligned: never trimmed.
+inline constexpr const char* kRuns = "/runs";
+inline constexpr const char* kRunStartStep = "start_step";
+
 // /train and /eval columns.
 inline constexpr const char* kStep = "step";
 inline constexpr const char* kLoss = "loss";

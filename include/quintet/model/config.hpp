@@ -33,6 +33,7 @@ struct MoeConfig {
     bool norm_topk = true;
     std::string balance = "aux_loss";  // aux_loss | aux_free | none
     double aux_coef = 0.01, bias_rate = 0.001;
+    std::string bias_update = "sign";  // aux_free: sign (DeepSeek-V3) | proportional (to the load gap)
     double capacity_factor = 0;  // > 0: each expert takes at most ceil(cf * k * N / E) of a rank's N rows
     int dead_after = 10;         // an expert with no tokens for this many steps counts as dead
 };
@@ -48,7 +49,7 @@ struct ModelConfig {
     std::string attention = "mha";  // mha | mla
     int kv_lora_rank = 0, q_lora_rank = 0, qk_nope_dim = 0, qk_rope_dim = 0, v_head_dim = 0;
     MoeConfig moe;       // the [moe] section (which layers are MoE, and how)
-    int vocab_size = 0;  // V: not a deck key; taken from the data file
+    int vocab_size = 0;  // V: model.vocab_size, or (0) the token file's
     int head_dim() const { return d_model / n_heads; }  // HD
     // F: the SwiGLU width, model.ffn_dim or by default 8/3 d_model rounded up to a multiple of 64.
     int ffn_width() const { return ffn_dim > 0 ? ffn_dim : ((8 * d_model / 3 + 63) / 64) * 64; }

@@ -51,8 +51,9 @@ public:
     double balance_loss(const float* stats, double coef, float* daux) const;
     // dlogits[Nr, E] from the weights' gradient and (aux_loss) the balance term's.
     void backward(float* dlogits, const float* dweight, const MoeRouting& r, const float* daux) const;
-    // aux_free: bias_e += rate · sign(mean load − load_e), from the global batch's loads.
-    static void update_bias(float* bias, const double* load, int E, double rate);
+    // aux_free, from the global batch's loads: bias_e += rate · sign(mean load − load_e) (sign),
+    // or rate · (mean load − load_e) / mean load (proportional).
+    static void update_bias(float* bias, const double* load, int E, double rate, bool proportional = false);
 
 private:
     Backend& be_;

@@ -222,7 +222,7 @@ constexpr int kZeroGradWindows = 2, kZeroGatherWindows = 2;
 // Bytes a rank holds under ZeRO >= 2 (train/zero_state allocates exactly these): the parameters
 // (zero 2: the whole arena; zero 3: its slices and the gather windows, with their bf16 copies
 // under bf16) and the gradients (its slices, the windows and their reduce-scatter outputs).
-double zero_param_bytes(const ParamTable& table, const ZeroLayout& z, int zero, bool bf16);
+double zero_param_bytes(double arena_floats, const ZeroLayout& z, int zero, bool bf16);  // arena: table.total
 double zero_grad_bytes(const ZeroLayout& z);
 
 }  // namespace quintet

@@ -1,13 +1,20 @@
 // The layout planner behind `quintet plan` (docs/planner.md) and the trainer's "predicted" line:
 // memory per rank by category, bytes per step on each axis, the pipeline bubble and a predicted
-// step time, for any (tp, cp, dp, pp, ep) of a deck -- without running it. docs/planner.md
-// derives every term; tests/train/test_planner.cpp holds it to the trainer's own accounting
-// (params, grads and optimizer bytes exactly, activations within 10%).
+// step time, for any (tp, cp, dp, pp, ep) of a deck -- without running it. Two machines: this
+// host as measured (the trainer's own accounting; tests/perf/test_planner.cpp holds params,
+// grads, optimizer, activations and buffers to it to the byte), and GPU clusters described by
+// perf/hardware (bf16 mixed-precision memory, perf/gpu_memory; the step-time model of
+// perf/gpu_cost, validated against published runs in docs/planner.md §8).
 #pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "quintet/deck/train_config.hpp"
+#include "quintet/perf/gpu_cost.hpp"
+#include "quintet/perf/hardware.hpp"
 
 namespace quintet {
 
@@ -23,7 +30,7 @@ struct AxisFigures {
     double sum() const { return tp + cp + dp + ep + pp; }
 };
 
-// What the machine does: the rates a prediction is made from.
+// What this host does: the rates a CPU prediction is made from.
 struct MachineModel {
     double matmul_gflops_per_core = 0;  // one thread's sgemm rate (quintet peak, --matmul-gflops)
     int cores = 1;                      // of one node
@@ -35,32 +42,54 @@ struct MachineModel {
     double data_bytes = 0;              // the token file's ids as every rank holds them
 };
 
+// What a plan is made for: this host (hardware.host, described by `machine`) or a GPU cluster.
+struct PlanTarget {
+    Hardware hardware;           // hardware_load("host") by default
+    MachineModel machine;        // host only
+    FrameworkModel framework;    // GPU only: what the framework overlaps, its attention
+    GpuCalibration calibration;  // GPU only: the step-time model's fitted constants
+    double device_memory_bytes = 0;  // the fit limit; 0 = the device's capacity (GPU), none (host)
+    PlanTarget();
+};
+
 struct PlanRow {
     int tp = 1, cp = 1, dp = 1, pp = 1, ep = 1, microbatches = 1, zero = 0;
     std::string recompute = "none";
     bool valid = false;
     std::string reason;        // why not valid
-    bool fits = true;          // within --device-memory (when given)
+    bool fits = true;          // within the device's memory (GPU) or --device-memory
     int stage = 0;             // the pipeline stage of the largest rank
     MemoryBytes memory;        // of the largest rank
     AxisFigures comm_bytes;    // bytes one rank sends per step on each axis (largest of the axis)
     AxisFigures comm_s;        // the time they take (exposed)
+    std::array<std::string, kNumPlanAxes> link{};  // the link each axis crosses: none | nvlink | network | host
     double compute_s = 0, bubble = 0, bubble_s = 0, step_time_s = 0, tokens_per_s = 0;
-    double flops_per_step = 0;  // model FLOPs of the global batch (6·N·P convention)
+    double fixed_s = 0;          // per step, whatever the microbatches (the optimizer's pass, ...)
+    int64_t global_batch = 0;    // samples per step: dp x microbatches x micro_batch_size
+    double params_total = 0, params_active = 0;  // of the whole model; active: what a token multiplies
+    double flops_per_step = 0;   // model FLOPs of the global batch (docs/math.md §1: 6·N_active·tokens + attention)
+    double tflops_per_device = 0, mfu = 0;  // flops_per_step / (world · step time), and over the device's peak
 };
 
 // The deck with its [parallel] section set for `world` ranks: checks it (deck_validate, without
 // this machine's memory check) and predicts. deck.model.vocab_size must be set.
-PlanRow plan_layout(const Deck& deck, int world, const MachineModel& machine);
+PlanRow plan_layout(const Deck& deck, int world, const MachineModel& machine);  // this host
+PlanRow plan_layout(const Deck& deck, int world, const PlanTarget& target);
 
 // Every (tp, cp, dp, pp, ep) of `world` (dp = what the others leave), crossed with the sweep
-// lists (empty: the deck's value), sorted by predicted tokens/s, invalid ones last.
+// lists (empty: the deck's value), sorted by predicted tokens/s, invalid ones last. A non-zero
+// `only` value keeps the layouts with that value (a --parallel.KEY=V on the command line).
 struct PlanSweep {
     std::vector<int> microbatches, zero;
     std::vector<std::string> recompute;
 };
-std::vector<PlanRow> plan_all(const Deck& deck, int world, const MachineModel& machine,
-                              const PlanSweep& sweep = {}, double device_memory_bytes = 0);
+struct PlanOnly {
+    int tp = 0, cp = 0, dp = 0, pp = 0, ep = 0;
+};
+std::vector<PlanRow> plan_all(const Deck& deck, int world, const PlanTarget& target, const PlanSweep& sweep = {},
+                              const PlanOnly& only = {});
+std::vector<PlanRow> plan_all(const Deck& deck, int world, const MachineModel& machine, const PlanSweep& sweep = {},
+                              double device_memory_bytes = 0);
 
 // JSON of the rows as docs/planner.md fixes it (a list of objects; null where not valid).
 std::string plan_json(const std::vector<PlanRow>& rows);

@@ -3,12 +3,16 @@
 #pragma once
 #include <mpi.h>
 
+#include <string>
+
 namespace quintet {
 
+struct CheckpointMeta;
+class Tokenizer;
 
 int train_main(int argc, char** argv, MPI_Comm world);  // tools/train_cmd.cpp; collective
 int eval_main(int argc, char** argv, MPI_Comm world);   // tools/eval_cmd.cpp; collective
-int prepare_main(int argc, char** argv);   // tools/prepare_cmd.cpp; rank 0 only, no MPI
+int prepare_main(int argc, char** argv, MPI_Comm world);  // tools/prepare_cmd.cpp; collective
 int generate_main(int argc, char** argv);  // tools/generate_cmd.cpp; rank 0 only
 int deck_main(int argc, char** argv);      // tools/misc_cmd.cpp: reference deck / markdown
 int peak_main(int argc, char** argv);      // tools/misc_cmd.cpp: FMA peak and sgemm rate
@@ -17,6 +21,15 @@ int links_main(MPI_Comm world);            // tools/misc_cmd.cpp: `peak --links`
 int plan_main(int argc, char** argv);      // tools/plan_cmd.cpp: the layout planner
 int study_main(int argc, char** argv);     // tools/study_cmd.cpp: scaling studies
 int plot_main(int argc, char** argv);      // tools/plot_cmd.cpp: metrics.h5 to PNG
+int metrics_main(int argc, char** argv);   // tools/metrics_cmd.cpp: metrics.h5 as CSV / JSON Lines
 int schedule_main(int argc, char** argv);  // tools/schedule_cmd.cpp: pipeline timeline; rank 0 only, no MPI
+int tokenize_main(int argc, char** argv);  // tools/tokenize_cmd.cpp: text <-> ids; no MPI
+
+// The tokenizer a checkpoint's weights were trained with (tools/tokenize_cmd.cpp): its own
+// (CheckpointMeta::tokenizer), else -- a checkpoint from before tokenizers travelled with them --
+// the one of the token file `fallback_data`, or of its deck's data.path when that is "", with
+// `note` saying so ("" otherwise).
+Tokenizer checkpoint_tokenizer(const std::string& checkpoint, const CheckpointMeta& meta,
+                               const std::string& fallback_data, std::string& note);
 
 }  // namespace quintet

@@ -29,16 +29,26 @@ struct WeightsSource {
     std::string path;             // "" = from scratch
     bool resume = false;          // continue that run (else weights only)
     int64_t trained_context = 0;  // of the source checkpoint (0: none)
+    std::string deck;             // the source checkpoint's resolved deck
     std::vector<std::string> warnings;
+    std::vector<std::string> changes;  // the deck keys that differ from the checkpoint's (report_changes)
 };
 // collective over comm (the checkpoint is verified)
 WeightsSource resolve_weights_source(Deck& deck, const MpiCommunicator& comm);
+// One line per deck key this run changes against the source checkpoint's deck (`deck` fully
+// resolved: its layout too), saying whether the change is allowed: optimizer, schedule, data,
+// evaluation and MoE routing keys are, with the line as the warning; the layout is (a
+// checkpoint loads into any layout); a key that changes the model's tensors is not -- a
+// ConfigError (exit 2) lists every such key before any work.
+std::vector<std::string> report_changes(const WeightsSource& source, const Deck& deck);
 
 class Checkpointing {
 public:
     // log: a line for rank 0's output. collective over the grid (makes the I/O communicator)
+    // tokenizer: the training data's, stored in every checkpoint.
     Checkpointing(RankModel& model, const GradientSync& sync, AdamW& opt, std::string deck_text,
-                  WeightsSource source, const FaultInjection& faults, std::function<void(const std::string&)> log);
+                  TokenizerState tokenizer, WeightsSource source, const FaultInjection& faults,
+                  std::function<void(const std::string&)> log);
     ~Checkpointing();
 
     // Before the first step: refuses to overwrite a run's checkpoints under resume = none, prints
@@ -63,6 +73,7 @@ private:
     const GradientSync& sync_;
     AdamW& opt_;
     std::string deck_text_;
+    TokenizerState tokenizer_;
     WeightsSource source_;
     const FaultInjection& faults_;
     std::function<void(const std::string&)> log_;

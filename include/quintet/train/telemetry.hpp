@@ -69,6 +69,7 @@ private:
     // run's own measurement.
     double peak_flops_ = 0, matmul_flops_ = 0, sgemm_measured_ = 0;
     double grads_bytes_ = 0, optimizer_bytes_ = 0;
+    bool raised_matmul_ = false, raised_peak_ = false;  // a denominator was below a step's rate (said once)
     std::string peak_what_;
     std::unique_ptr<MetricsFile> metrics_;  // rank 0
     int64_t start_step_ = 0;
@@ -77,6 +78,10 @@ private:
     std::vector<double> tps_history_;  // tokens/s of the steady-state steps
     std::vector<double> idle_, act_mib_;  // per pipeline stage, the last step
     std::vector<int64_t> moe_idle_;    // [layer, expert] steps without tokens
+    // [layer] steps in a row one expert took the collapse threshold's share (moe_figures), and
+    // whether that layer's warning was given.
+    std::vector<int64_t> moe_collapsed_;
+    std::vector<char> moe_warned_;
     ProfileTotals profile_all_, profile_steady_;  // every step; past the first two
     std::vector<std::string> profile_order_;
 };

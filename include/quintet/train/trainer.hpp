@@ -13,6 +13,7 @@
 
 #include "quintet/data/sampler.hpp"
 #include "quintet/io/run_lock.hpp"
+#include "quintet/io/token_data.hpp"
 #include "quintet/model/moe_counts.hpp"
 #include "quintet/train/checkpointing.hpp"
 #include "quintet/train/evaluator.hpp"
@@ -27,10 +28,11 @@ namespace quintet {
 
 class Trainer {
 public:
-    // tokens: the token file's ids (every rank holds them); lock: the run_dir lock, refreshed
-    // every step (may be null). collective over the grid (measures MFU's denominators)
-    Trainer(RankModel& model, const std::string& deck_text, const std::vector<uint32_t>& tokens,
-            WeightsSource source, const RunLock* lock = nullptr);
+    // data: the token file (every rank holds its ids; its tokenizer goes into every checkpoint);
+    // lock: the run_dir lock, refreshed every step (may be null). collective over the grid
+    // (measures MFU's denominators)
+    Trainer(RankModel& model, const std::string& deck_text, const TokenFile& data, WeightsSource source,
+            const RunLock* lock = nullptr);
     ~Trainer();
     int run();  // the whole job; returns the exit status. collective over the grid
     // One optimizer step (collective). A step whose loss or gradient norm is not finite (agreed

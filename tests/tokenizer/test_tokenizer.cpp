@@ -1,5 +1,6 @@
 // Byte and BPE tokenizers (exact round trip, vocab size, compression, determinism, rank-order
-// encoding) and the HDF5 token file (round trip and one ConfigError per kind of bad file).
+// encoding, the GPT-2 pattern and the format-1 split of old files) and the HDF5 token file
+// (round trip, format 1 still read, one ConfigError per kind of bad file).
 // Plain GoogleTest, no MPI; files go to a fresh directory under /tmp.
 #include <gtest/gtest.h>
 #include <hdf5.h>
@@ -15,7 +16,8 @@
 
 #include "quintet/core/error.hpp"
 #include "quintet/io/token_data.hpp"
-#include "quintet/io/tokenizer.hpp"
+#include "quintet/tokenizer/byte_bpe.hpp"
+#include "quintet/tokenizer/pretokenizer.hpp"
 
 namespace fs = std::filesystem;
 using quintet::ConfigError;
@@ -106,12 +108,13 @@ TEST(Tokenizer, BpeRoundTripsTextAndCompresses) {
 
 TEST(Tokenizer, BpeTrainsExactVocabSize) {
     const Tokenizer& tok = trained();
-    EXPECT_EQ(tok.kind, "bpe");
+    EXPECT_EQ(tok.kind(), "bpe");
     EXPECT_EQ(tok.vocab_size(), 1024);
-    EXPECT_EQ(tok.merges.size(), 1024u - 256u);
+    const auto& merges = tok.state().merges;
+    EXPECT_EQ(merges.size(), 1024u - 256u);
     // Every token decodes to the concatenation of its merge's two parts.
-    for (size_t i = 0; i < tok.merges.size(); ++i) {
-        auto [a, b] = tok.merges[i];
+    for (size_t i = 0; i < merges.size(); ++i) {
+        auto [a, b] = merges[i];
         ASSERT_LT(a, 256 + i);
         ASSERT_LT(b, 256 + i);
         EXPECT_EQ(tok.token_bytes(uint32_t(256 + i)), tok.token_bytes(a) + tok.token_bytes(b));
@@ -122,7 +125,8 @@ TEST(Tokenizer, BpeIsDeterministic) {
     std::string text = synthetic_text(100000, 5);
     Tokenizer t1 = quintet::tokenizer_train_bpe(text, 700, {});
     Tokenizer t2 = quintet::tokenizer_train_bpe(text, 700, {});
-    EXPECT_EQ(t1.merges, t2.merges);
+    EXPECT_EQ(t1.state().merges, t2.state().merges);
+    EXPECT_EQ(t1.fingerprint(), t2.fingerprint());
     EXPECT_EQ(t1.encode(text), t2.encode(text));
 }
 
@@ -130,23 +134,35 @@ TEST(Tokenizer, BpeMostFrequentPairFirstWithTieBreak) {
     // "ef" x3 is most frequent; "ab" and "cd" tie at x2 and the smaller pair (a, b) wins.
     Tokenizer tok = quintet::tokenizer_train_bpe("cd\nab\nef\ncd\nab\nef\nef\n", 259, {});
     using P = std::pair<uint32_t, uint32_t>;
-    EXPECT_EQ(tok.merges, (std::vector<P>{{'e', 'f'}, {'a', 'b'}, {'c', 'd'}}));
+    EXPECT_EQ(tok.state().merges, (std::vector<P>{{'e', 'f'}, {'a', 'b'}, {'c', 'd'}}));
 }
 
 TEST(Tokenizer, BpeEncodesInRankOrder) {
-    Tokenizer tok;
-    tok.kind = "bpe";
-    tok.merges = {{'b', 'c'}, {'a', 'b'}, {'a', 256}, {'a', 'a'}, {259, 259}};
+    std::vector<std::pair<uint32_t, uint32_t>> merges = {{'b', 'c'}, {'a', 'b'}, {'a', 256}, {'a', 'a'}, {259, 259}};
+    Tokenizer tok = quintet::tokenizer_bpe(merges, false, "gpt2", "test");
     // (b,c) outranks (a,b): "abc" -> a + bc -> (a,bc)
     EXPECT_EQ(tok.encode("abc"), (std::vector<uint32_t>{258}));
     EXPECT_EQ(tok.encode("abd"), (std::vector<uint32_t>{257, 'd'}));
     // "aaaaa" -> (a,a) left to right: aa aa a -> then (aa,aa): aaaa a
     EXPECT_EQ(tok.encode("aaaaa"), (std::vector<uint32_t>{260, 'a'}));
-    // Merges never cross pre-split chunks: "a b" is "a", " b".
-    tok.merges.push_back({'a', ' '});
-    tok.build_tables();
+    // Merges never cross pre-split pieces: "a b" is "a", " b".
+    merges.push_back({'a', ' '});
+    tok = quintet::tokenizer_bpe(merges, false, "gpt2", "test");
     EXPECT_EQ(tok.encode("a b"), (std::vector<uint32_t>{'a', ' ', 'b'}));
     EXPECT_EQ(tok.token_bytes(260), "aaaa");
+}
+
+// bpe splits with the GPT-2 pattern: contractions are pieces of their own ("don" "'t"), a long
+// word is one piece, a run of spaces leaves its last one to the next word.
+TEST(Tokenizer, BpeSplitsWithTheGpt2Pattern) {
+    Tokenizer tok = quintet::tokenizer_bpe({{'\'', 't'}, {' ', ' '}, {' ', 'x'}}, false, "gpt2", "test");
+    EXPECT_EQ(tok.encode("don't"), (std::vector<uint32_t>{'d', 'o', 'n', 256}));
+    EXPECT_EQ(tok.encode("a   x"), (std::vector<uint32_t>{'a', 257, 258}));
+    EXPECT_EQ(tok.state().pattern, quintet::pretokenizer_preset("gpt2"));
+    // The format-1 split of old token files: "'" and "t" are different classes, no piece "'t".
+    Tokenizer old = quintet::tokenizer_bpe({{'\'', 't'}}, false, "", "test");
+    EXPECT_EQ(old.encode("don't"), (std::vector<uint32_t>{'d', 'o', 'n', '\'', 't'}));
+    EXPECT_NE(old.fingerprint(), quintet::tokenizer_bpe({{'\'', 't'}}, false, "gpt2", "test").fingerprint());
 }
 
 TEST(Tokenizer, BpeRejectsTooSmallVocabAndReportsProgress) {
@@ -247,7 +263,8 @@ TEST_F(TokenFileTest, RoundTripsByteAndBpe) {
     quintet::TokenFile f = quintet::token_file_read(path("byte.h5"));
     EXPECT_EQ(f.tokens, ids);
     EXPECT_EQ(f.vocab_size, 256);
-    EXPECT_EQ(f.tokenizer.kind, "byte");
+    EXPECT_EQ(f.tokenizer.kind(), "byte");
+    EXPECT_EQ(f.format_version, 2);
 
     const Tokenizer& bpe = trained();
     ids = bpe.encode(text);
@@ -255,11 +272,11 @@ TEST_F(TokenFileTest, RoundTripsByteAndBpe) {
     f = quintet::token_file_read(path("bpe.h5"));
     EXPECT_EQ(f.tokens, ids);
     EXPECT_EQ(f.vocab_size, 1024);
-    EXPECT_EQ(f.tokenizer.kind, "bpe");
-    EXPECT_EQ(f.tokenizer.merges, bpe.merges);
+    EXPECT_EQ(f.tokenizer.kind(), "bpe");
+    EXPECT_EQ(f.tokenizer.state(), bpe.state());
     EXPECT_EQ(decode_all(f.tokenizer, f.tokens), text);
     Tokenizer only = quintet::token_file_read_tokenizer(path("bpe.h5"));
-    EXPECT_EQ(only.merges, bpe.merges);
+    EXPECT_EQ(only.fingerprint(), bpe.fingerprint());
     EXPECT_EQ(only.encode(text), ids);
 
     // Overwriting an existing file goes through the .tmp + rename as well.
@@ -270,39 +287,34 @@ TEST_F(TokenFileTest, RoundTripsByteAndBpe) {
 // The end-of-document token of packed data: for bpe one id after the merges (vocab + 1), for
 // byte a chosen byte; recorded in the file (eos_id), checked on read, decoded as a marker.
 TEST_F(TokenFileTest, EndOfDocumentTokenTravelsWithTheFile) {
-    Tokenizer bpe = trained();  // 1024 tokens
-    bpe.eos_id = bpe.vocab_size();
-    bpe.build_tables();
+    Tokenizer bpe = quintet::tokenizer_bpe_with_end_of_text(trained());  // 1024 tokens + <|endoftext|>
     EXPECT_EQ(bpe.vocab_size(), 1025);
+    EXPECT_EQ(bpe.special_id(quintet::kEndOfText), 1024);
     std::vector<uint32_t> ids = bpe.encode("first document");
-    ids.push_back(uint32_t(bpe.eos_id));
+    ids.push_back(1024);
     auto more = bpe.encode("second");
     ids.insert(ids.end(), more.begin(), more.end());
-    quintet::token_file_write(path("docs.h5"), ids, bpe);
+    quintet::token_file_write(path("docs.h5"), ids, bpe, 1024);
     quintet::TokenFile f = quintet::token_file_read(path("docs.h5"));
     EXPECT_EQ(f.eos_id, 1024);
     EXPECT_EQ(f.vocab_size, 1025);
     EXPECT_EQ(f.tokens, ids);
     EXPECT_EQ(decode_all(f.tokenizer, f.tokens), std::string("first document") + quintet::kEndOfText + "second");
     Tokenizer byte;
-    byte.eos_id = 0;
-    quintet::token_file_write(path("bdocs.h5"), {65, 0, 66}, byte);
+    quintet::token_file_write(path("bdocs.h5"), {65, 0, 66}, byte, 0, 1);
     f = quintet::token_file_read(path("bdocs.h5"));
     EXPECT_EQ(f.eos_id, 0);
+    EXPECT_EQ(f.bos_id, 1);
     EXPECT_EQ(f.vocab_size, 256);
     // Without documents there is no eos_id.
     quintet::token_file_write(path("plain.h5"), {1, 2}, Tokenizer{});
     EXPECT_EQ(quintet::token_file_read(path("plain.h5")).eos_id, -1);
-    // A bpe eos_id that is not the id after the merges is refused.
-    Tokenizer wrong = trained();
-    wrong.eos_id = 5;
-    EXPECT_ANY_THROW(wrong.build_tables());
 }
 
 TEST_F(TokenFileTest, LargeVocabIsStoredAsUint32) {
-    Tokenizer big;
-    big.kind = "bpe";
-    for (uint32_t i = 0; i < 70000; ++i) big.merges.push_back({i % 256, (i * 7) % 256});
+    std::vector<std::pair<uint32_t, uint32_t>> merges;
+    for (uint32_t i = 0; i < 70000; ++i) merges.push_back({i % 256, (i * 7) % 256});
+    Tokenizer big = quintet::tokenizer_bpe(merges, false, "gpt2", "test");
     std::vector<uint32_t> ids = {0, 255, 65535, 65536, 70255};
     quintet::token_file_write(path("big.h5"), ids, big);
     EXPECT_EQ(quintet::token_file_read(path("big.h5")).tokens, ids);
@@ -390,10 +402,26 @@ TEST_F(TokenFileTest, BadFilesAreConfigErrors) {
     bpe_file("merge_count.h5", 300, {97, 98, 256, 99});
     expect_bad(path("merge_count.h5"), "2 merges but vocab_size = 300");
     bpe_file("merge_future.h5", 258, {97, 257, 97, 98});
-    expect_bad(path("merge_future.h5"), "/tokenizer/merges[0] = (97, 257)");
+    expect_bad(path("merge_future.h5"), "merge 0 = (97, 257)");
     bpe_file("merge_ok.h5", 258, {97, 98, 256, 99});
     EXPECT_EQ(quintet::token_file_read(path("merge_ok.h5")).tokenizer.token_bytes(257), "abc");
     EXPECT_THROW(quintet::token_file_read_tokenizer(path("merge_count.h5")), ConfigError);
+    // A format-1 bpe keeps the split it was made with: "don't" has no piece "'t".
+    bpe_file("format1.h5", 257, {39, 116});
+    EXPECT_EQ(quintet::token_file_read(path("format1.h5")).tokenizer.encode("don't"),
+              (std::vector<uint32_t>{'d', 'o', 'n', '\'', 't'}));
+    EXPECT_EQ(quintet::token_file_read(path("format1.h5")).format_version, 1);
+
+    // Format 2: the tokenizer group must agree with the header.
+    quintet::token_file_write(path("v2.h5"), {1, 2}, trained());
+    fs::copy_file(path("v2.h5"), path("v2_vocab.h5"));
+    {
+        hid_t f = H5Fopen(path("v2_vocab.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+        H5Adelete(f, "vocab_size");
+        int_attr(f, "vocab_size", 2000);
+        H5Fclose(f);
+    }
+    expect_bad(path("v2_vocab.h5"), "vocab_size = 2000 but its tokenizer");
 }
 
 TEST_F(TokenFileTest, FailedWriteLeavesNoFile) {

@@ -1,0 +1,117 @@
+// `quintet plan` as users run it for GPU clusters: no token file needed with --vocab-size or
+// model.vocab_size, --hardware names and files, --parallel.KEY=V restricting the layouts, --top,
+// the JSON's new keys, human units in the table, and bad input ending with exit status 2 before
+// any work, naming the option, its value and what is valid.
+// ctest: labels=unit launches_mpirun
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "support/run_support.hpp"
+
+namespace fs = std::filesystem;
+using namespace quintet::testing;
+
+namespace {
+
+const char* kDeck = R"([model]
+d_model = 1024
+n_layers = 16
+n_heads = 16
+n_kv_heads = 8
+[data]
+path = no_such_file.h5
+seq_len = 2048
+micro_batch_size = 1
+[parallel]
+sequence_parallel = true
+microbatches = 8
+[train]
+precision = bf16
+)";
+
+struct PlanCmd : ::testing::Test {
+    fs::path dir, deck;
+    void SetUp() override {
+        dir = scratch_dir(std::string("plan_cmd_") + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+        deck = dir / "gpu.deck";
+        write_file(deck, kDeck);
+    }
+    RunResult plan(const std::string& args) { return run_quintet(0, "plan " + deck.string() + " " + args); }
+};
+
+size_t count(const std::string& s, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+    return n;
+}
+
+}  // namespace
+
+TEST_F(PlanCmd, GpuTableWithoutATokenFile) {
+    const RunResult r = plan("--world 64 --hardware h100-sxm --vocab-size 32000 --top 5");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("h100-sxm"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("GiB"), std::string::npos) << r.output;      // human units
+    EXPECT_NE(r.output.find("TFLOP/s"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("more valid layout(s) not shown"), std::string::npos) << r.output;
+    // The deck key instead of the flag.
+    const RunResult k = plan("--world 8 --hardware a100-sxm-80g --model.vocab_size=32000");
+    EXPECT_EQ(k.status, 0) << k.output;
+}
+
+TEST_F(PlanCmd, JsonHasTheNewKeysAndRestrictions) {
+    const RunResult r = plan("--world 64 --hardware h200 --vocab-size 32000 --json --parallel.tp=4");
+    ASSERT_EQ(r.status, 0) << r.output;
+    ASSERT_EQ(r.output.front(), '[') << r.output;
+    for (const char* k : {"\"global_batch\"", "\"params_total\"", "\"params_active\"", "\"flops_per_step\"",
+                          "\"tflops_per_device\"", "\"mfu\"", "\"fits\"", "\"links\"", "\"memory_bytes\"", "\"comm_bytes\""})
+        EXPECT_NE(r.output.find(k), std::string::npos) << k;
+    EXPECT_EQ(count(r.output, "\n {\"tp\": 4,"), count(r.output, "\n {\"tp\": "));  // only tp = 4
+    write_file(dir / "plan.json", r.output);
+    const RunResult py = run_shell("/usr/bin/python3 -c \"import json; rows=json.load(open('" + (dir / "plan.json").string() +
+                                   "')); v=[r for r in rows if r['valid']]; assert v; "
+                                   "assert all(r['links']['tp'] == 'nvlink' for r in v); "
+                                   "assert all(0 < r['mfu'] < 1 and r['global_batch'] == r['dp'] * 8 for r in v); "
+                                   "print(len(rows))\"");
+    if (py.status != 127) EXPECT_EQ(py.status, 0) << py.output;
+    const RunResult top = plan("--world 64 --hardware h200 --vocab-size 32000 --json --top 3");
+    EXPECT_EQ(count(top.output, "\n {\"tp\": "), 3u) << top.output;
+}
+
+TEST_F(PlanCmd, HardwareFile) {
+    write_file(dir / "mine.hw", "[device]\nbf16_tflops = 500\nfp32_tflops = 50\nmemory_gib = 64\nmemory_gbs = 2000\n"
+                                "[node]\ndevices = 4\nlink_gbs = 200\nnetwork_gbs = 25\nnetwork_latency_us = 10\n");
+    const RunResult r = plan("--world 16 --vocab-size 32000 --hardware " + (dir / "mine.hw").string());
+    EXPECT_EQ(r.status, 0) << r.output;
+    write_file(dir / "bad.hw", "[device]\nbf16_tflops = 500\nfp32_tflops = 50\nmemory_gib = 64\n"
+                               "[node]\ndevices = 4\nlink_gbs = 200\nnetwork_gbs = -25\nnetwork_latency_us = 10\n");
+    const RunResult bad = plan("--world 16 --vocab-size 32000 --hardware " + (dir / "bad.hw").string());
+    EXPECT_EQ(bad.status, 2) << bad.output;
+    EXPECT_NE(bad.output.find("node.network_gbs"), std::string::npos) << bad.output;
+    write_file(dir / "short.hw", "[device]\nbf16_tflops = 500\n");
+    const RunResult missing = plan("--world 16 --vocab-size 32000 --hardware " + (dir / "short.hw").string());
+    EXPECT_EQ(missing.status, 2) << missing.output;
+    EXPECT_NE(missing.output.find("missing key"), std::string::npos) << missing.output;
+}
+
+TEST_F(PlanCmd, BadInputExitsTwo) {
+    const RunResult name = plan("--world 8 --vocab-size 32000 --hardware b200");
+    EXPECT_EQ(name.status, 2);
+    EXPECT_NE(name.output.find("a100-sxm-80g, h100-sxm, h200"), std::string::npos) << name.output;
+    for (const char* w : {"0", "-4", "abc", "1.5", "08", "99999999999"}) {
+        const RunResult r = plan(std::string("--vocab-size 32000 --world ") + w);
+        EXPECT_EQ(r.status, 2) << w << ": " << r.output;
+        EXPECT_NE(r.output.find("--world"), std::string::npos) << r.output;
+    }
+    const RunResult novocab = plan("--world 8 --hardware h100-sxm");
+    EXPECT_EQ(novocab.status, 2);
+    EXPECT_NE(novocab.output.find("no_such_file.h5"), std::string::npos) << novocab.output;
+    EXPECT_EQ(plan("--world 8 --vocab-size 32000 --top -1").status, 2);
+    EXPECT_EQ(plan("--world 8 --vocab-size 32000 --overlap tp,xp").status, 2);
+    EXPECT_EQ(plan("--world 8 --vocab-size 32000 --attention sparse").status, 2);
+    EXPECT_EQ(plan("--world 8 --vocab-size 0").status, 2);
+    const RunResult gb = plan("--world 8 --vocab-size 32000 --train.global_batch=64 --sweep parallel.microbatches=1,2");
+    EXPECT_EQ(gb.status, 2);
+    EXPECT_NE(gb.output.find("train.global_batch"), std::string::npos) << gb.output;
+}

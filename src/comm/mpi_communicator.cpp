@@ -281,14 +281,33 @@ int MpiCommunicator::iall_reduce_sum(float* buf, size_t n) const {
     QUINTET_CHECK(n <= size_t(INT_MAX), "iall_reduce_sum: more than 2^31-1 floats in one bucket");
     ++seq_;
     reductions_.push_back(MPI_REQUEST_NULL);
+    reduction_ops_.push_back("all_reduce_sum (overlapped bucket)");
     QUINTET_MPI(MPI_Iallreduce(MPI_IN_PLACE, buf, int(n), MPI_FLOAT, MPI_SUM, comm_, &reductions_.back()));
     return int(reductions_.size()) - 1;
 }
+int MpiCommunicator::ireduce_scatter_sum(const float* send, float* recv, size_t count) const {
+    QUINTET_CHECK(count <= kMaxCount, "ireduce_scatter_sum count too large");
+    ++seq_;
+    reductions_.push_back(MPI_REQUEST_NULL);
+    reduction_ops_.push_back("reduce_scatter_sum (overlapped ZeRO gradient)");
+    QUINTET_MPI(MPI_Ireduce_scatter_block(send, recv, int(count), MPI_FLOAT, MPI_SUM, comm_, &reductions_.back()));
+    return int(reductions_.size()) - 1;
+}
+int MpiCommunicator::iall_gather(const float* send, float* recv, size_t count) const {
+    QUINTET_CHECK(count <= kMaxCount, "iall_gather count too large");
+    ++seq_;
+    reductions_.push_back(MPI_REQUEST_NULL);
+    reduction_ops_.push_back("all_gather (prefetched ZeRO-3 parameters)");
+    QUINTET_MPI(MPI_Iallgather(send == recv + size_t(rank_) * count ? MPI_IN_PLACE : send, int(count), MPI_FLOAT,
+                               recv, int(count), MPI_FLOAT, comm_, &reductions_.back()));
+    return int(reductions_.size()) - 1;
+}
 void MpiCommunicator::wait_reduce(int h) const {
-    complete(reductions_[size_t(h)], "all_reduce_sum (overlapped bucket)");
+    complete(reductions_[size_t(h)], reduction_ops_[size_t(h)]);
     for (MPI_Request r : reductions_)
         if (r != MPI_REQUEST_NULL) return;
     reductions_.clear();  // all done: handles restart at 0 (capacity kept: no allocation)
+    reduction_ops_.clear();
 }
 void MpiCommunicator::progress() const {
     int done = 0;

@@ -385,4 +385,27 @@ void NcclCommunicator::all_reduce_sum_async(float* buf, size_t n) const {
 
 void NcclCommunicator::wait_pending() const { leave(); }
 
+int NcclCommunicator::ireduce_scatter_sum(const float* send, float* recv, size_t count) const {
+    if (count == 0) return 0;
+    require_device(send, "ireduce_scatter_sum");
+    require_device(recv, "ireduce_scatter_sum");
+    flush_sends();
+    enter();
+    QUINTET_NCCL_CHECK(ncclReduceScatter(send, recv, count, ncclFloat, ncclSum, comm_,
+                                         stream_of(be_.comm_stream())),
+                       comm_);
+    return 0;
+}
+
+int NcclCommunicator::iall_gather(const float* send, float* recv, size_t count) const {
+    if (count == 0) return 0;
+    require_device(send, "iall_gather");
+    require_device(recv, "iall_gather");
+    flush_sends();
+    enter();
+    QUINTET_NCCL_CHECK(
+        ncclAllGather(send, recv, count, ncclFloat, comm_, stream_of(be_.comm_stream())), comm_);
+    return 0;
+}
+
 }  // namespace quintet

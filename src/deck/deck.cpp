@@ -183,10 +183,15 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("parallel.ep", &p.ep, 1, 1 << 20, "expert-parallel ranks, carved from dp x cp; divides moe.experts"),
         opt_int("parallel.dp", &p.dp, 0, 1 << 20, "data-parallel replicas; 0 = world / (tp*pp*cp)"),
         opt_int("parallel.microbatches", &p.microbatches, 1, 1 << 20, "microbatches per DP replica per step"),
-        opt_int("parallel.zero", &p.zero, 0, 1, "1 = shard the AdamW state over each replica group (ZeRO-1: dp x cp for dense tensors, the expert-data-parallel group for experts)"),
+        opt_int("parallel.zero", &p.zero, 0, 3,
+                "shard over each replica group (dp x cp for dense tensors, the expert-data-parallel group for experts): "
+                "1 = the AdamW state (ZeRO-1); 2 = and the gradients, reduce-scattered unit by unit during the backward; "
+                "3 = and the parameters, each layer gathered before its forward and its backward"),
         opt_bool("parallel.sequence_parallel", &p.sequence_parallel, "shard norm/residual activations over tp (reduce-scatter + all-gather)"),
-        opt_enum("parallel.schedule", &p.schedule, {"1f1b", "interleaved", "gpipe"}, "pipeline schedule"),
-        opt_int("parallel.virtual_stages", &p.virtual_stages, 1, 1 << 20, "layer chunks per stage (interleaved)"),
+        opt_enum("parallel.schedule", &p.schedule, {"1f1b", "interleaved", "gpipe", "zb_h1", "zbv"},
+                 "pipeline schedule; zb_h1 and zbv split each backward into its input and weight parts and "
+                 "fill the bubble with the latter (zbv: parallel.virtual_stages = 2, in a V)"),
+        opt_int("parallel.virtual_stages", &p.virtual_stages, 1, 1 << 20, "layer chunks per stage (interleaved; 2 for zbv)"),
         opt_counts("parallel.pp_layers", &p.pp_layers,
                    "layers per stage as a comma list; a range a-b stands for a, a+1, ..., b (the syntax of moe.layers); "
                    "empty = even split"),
@@ -585,6 +590,12 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
     }
     std::string why = schedule_check(p.schedule, p.pp, p.microbatches, p.virtual_stages, m.n_layers);
     if (!why.empty()) throw ConfigError(why);
+    // ZeRO-2/3 reduce each unit's gradient when a chunk is done with it; zbv's stage 0 finishes
+    // a tied head (its second chunk) long before the embedding it shares (its first).
+    if (p.zero >= 2 && m.tie_embeddings && p.schedule == "zbv")
+        config_fail("parallel.zero", S(p.zero),
+                    "with model.tie_embeddings = true and parallel.schedule = zbv the valid levels are 0 and 1 "
+                    "(or untie the embeddings, or choose another schedule)");
     // A model whose weights, gradients and AdamW moments (16 bytes a parameter, spread over the
     // model-parallel ranks at best) cannot fit this machine's memory stops here, not in bad_alloc.
     {

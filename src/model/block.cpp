@@ -11,10 +11,10 @@ namespace quintet {
 
 BlockContext::BlockContext(Backend& be_, TensorParallel& tp_, const ModelDims& d_, int B_, int T_,
                            Precision p, const RopeConfig& rope_, int rope_seq_len_,
-                           int max_positions_, ContextParallel* cp_, Recompute recompute_)
+                           int max_positions_, ContextParallel* cp_, Recompute recompute_, bool split_bw_)
     : be(be_), tp(tp_), d(d_), B(B_), T(T_), N(B_ * T_), Nr(tp_.sp() ? B_ * T_ / tp_.size() : B_ * T_),
       rope(rope_), rope_seq_len(rope_seq_len_), max_positions(max_positions_), cp(cp_),
-      recompute(recompute_),
+      recompute(recompute_), split_bw(split_bw_),
       bf16_(p == Precision::bf16) {}
 
 void BlockContext::declare(const ModelDims& d, const BufferShape& s, BufferDecl& out) {
@@ -54,6 +54,15 @@ Mat BlockContext::lowp(const float* x, size_t n) {
     QUINTET_CHECK(n <= lowp_n_, "bf16 operand scratch too small (reserve_lowp)");
     be.to_bf16(lowp_, x, n);
     return {nullptr, lowp_};
+}
+
+Mat BlockContext::save(const Act& w, const float* x, size_t n) {
+    if (bf16_) {
+        be.to_bf16(w.b, x, n);
+        return {nullptr, w.b};
+    }
+    if (w.f != x) be.copy(w.f, x, n);
+    return {w.f, nullptr};
 }
 
 void BlockContext::mm(bool ta, bool tb, int M, int Nn, int K, Mat A, int lda, Mat Bm, int ldb,

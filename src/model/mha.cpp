@@ -37,7 +37,7 @@ public:
         rope_ = c_.rope_table(HD_, rope_mscale(c_.rope));
         const BufferViews& sh = c_.shared();
         datt_ = sh.f32("attention.datt");
-        dqkv_ = sh.f32("attention.dqkv");
+        if (c_.bf16()) dqkv_ = sh.f32("attention.dqkv");  // fp32: straight into the deferred buffer
         lse_scratch_ = sh.f32("attention.lse");
         if (c_.recompute == Recompute::selective) {  // one output and lse for all layers and slots
             att_ws_ = sh.act("attention.recomputed_out");
@@ -57,6 +57,13 @@ public:
             s.lse = v.f32("attention.lse");
         }
         slots_.push_back(s);
+    }
+
+    void add_deferred(const BufferViews& w) override {
+        Deferred d;
+        d.dh = w.act("w.attn.dh");
+        d.dqkv = w.act("w.attn.dqkv");
+        wslots_.push_back(d);
     }
 
     void forward(int slot, const TokenInfo& tok, const float* params, const Act& xn, const float* x,
@@ -114,50 +121,71 @@ public:
         c_.keep(s.att, att, size_t(N) * A_);
     }
 
-    const float* backward(int slot, const TokenInfo& tok, const float* params, float* grads,
-                          const Act& xn, const float* dh) override {
+    // B: d(att) = dh Wo, the attention core's backward, RoPE's; dxn = dqkv Wqkv. Keeps dh
+    // (gathered) and dqkv for W.
+    const float* backward_input(int slot, int wslot, const TokenInfo& tok, const float* params, const Act& xn,
+                                const float* dh) override {
+        (void)xn;
         const int N = c_.N, C = c_.d.C;
         Saved& s = slots_[size_t(slot)];
+        Deferred& w = wslots_[size_t(wslot)];
         if (c_.recompute == Recompute::selective) core_forward(s, tok);  // the same bits again
-        // (bf16: an activation gradient is rounded once, into the lowp scratch, for the two
+        // (bf16: an activation gradient is rounded once, into the deferred buffer, for the two
         // GEMMs that read it.)
-        Mat Dh = c_.lowp(c_.tp.gather(dh, c_.full_a, N, C), size_t(N) * C);
+        const Mat Dh = c_.save(w.dh, c_.tp.gather(dh, c_.produce(w.dh, c_.full_a), N, C), size_t(N) * C);
         {
             auto role = c_.role("gemm.attn_out");
             c_.mm(false, false, N, A_, C, Dh, C, c_.weight(params + wo_), A_, 0.0f, datt_, A_);
-            c_.mm(true, false, C, A_, N, Dh, C, c_.local(s.att), A_, 1.0f, grads + wo_, A_);
         }
         const float* att = s.att.f;
         if (c_.bf16()) {  // the backward's rowsum(dO * O) reads the stored (bf16) output, widened
             c_.be.from_bf16(c_.full_b, s.att.b, size_t(N) * A_);
             att = c_.full_b;
         }
+        float* dqkv = c_.produce(w.dqkv, dqkv_);
         const float* q = s.qkv;
         const float* k = q + A_;
         const float* v = k + NKV_ * HD_;
-        c_.be.zero(dqkv_, size_t(N) * QKV_);
+        c_.be.zero(dqkv, size_t(N) * QKV_);
         {
         QUINTET_PROFILE("attention.bwd");
         if (c_.cp)
-            c_.cp->attention_backward(dqkv_, dqkv_ + A_, dqkv_ + A_ + NKV_ * HD_, datt_, att, s.lse,
+            c_.cp->attention_backward(dqkv, dqkv + A_, dqkv + A_ + NKV_ * HD_, datt_, att, s.lse,
                                       q, k, v, args(tok), tok.pos_all, tok.doc_all);
         else
-            c_.be.attention_backward(dqkv_, dqkv_ + A_, dqkv_ + A_ + NKV_ * HD_, datt_, att, s.lse,
+            c_.be.attention_backward(dqkv, dqkv + A_, dqkv + A_ + NKV_ * HD_, datt_, att, s.lse,
                                      q, k, v, args(tok));
         }
         RopeArgs r{N, NH_ + NKV_, HD_, 0, HD_, QKV_};
         {
             QUINTET_PROFILE("rope");
-            c_.be.rope_backward(dqkv_, rope_.cos, rope_.sin, tok.rope_pos, r);
+            c_.be.rope_backward(dqkv, rope_.cos, rope_.sin, tok.rope_pos, r);
         }
         auto role = c_.role("gemm.attn_qkv");
-        Mat dqkv = c_.lowp(dqkv_, size_t(N) * QKV_);
-        c_.mm(true, false, QKV_, C, N, dqkv, QKV_, c_.gathered(xn, N, C), C, 1.0f, grads + wqkv_, C);
-        c_.mm(false, false, N, C, QKV_, dqkv, QKV_, c_.weight(params + wqkv_), C, 0.0f, c_.full_b, C);
-        const float* dxn = c_.tp.reduce(c_.full_b, c_.dshard, N, C);
+        const Mat Dqkv = c_.save(w.dqkv, dqkv, size_t(N) * QKV_);
+        c_.mm(false, false, N, C, QKV_, Dqkv, QKV_, c_.weight(params + wqkv_), C, 0.0f, c_.full_b, C);
+        return c_.tp.reduce(c_.full_b, c_.dshard, N, C);
+    }
+
+    // W: dWo += dh^T att, dWqkv += dqkv^T xn (xn re-gathered).
+    void backward_weight(int slot, int wslot, const TokenInfo& tok, float* grads, const Act& xn,
+                         bool later) override {
+        const int N = c_.N, C = c_.d.C;
+        Saved& s = slots_[size_t(slot)];
+        Deferred& w = wslots_[size_t(wslot)];
+        // Selective recomputation shares one attention output among the layers and slots: o_proj's
+        // input again, when another backward ran since B.
+        if (later && c_.recompute == Recompute::selective) core_forward(s, tok);
+        {
+            auto role = c_.role("gemm.attn_out");
+            c_.mm(true, false, C, A_, N, c_.local(w.dh), C, c_.local(s.att), A_, 1.0f, grads + wo_, A_);
+        }
+        {
+            auto role = c_.role("gemm.attn_qkv");
+            c_.mm(true, false, QKV_, C, N, c_.local(w.dqkv), QKV_, c_.gathered(xn, N, C), C, 1.0f, grads + wqkv_, C);
+        }
         c_.done(grads + wo_, size_t(C) * A_);
         c_.done(grads + wqkv_, size_t(QKV_) * C);
-        return dxn;
     }
 
     std::unique_ptr<KvCache> make_cache(int max_len, bool /*full_kv: MHA caches K|V anyway*/) const override {
@@ -183,10 +211,15 @@ private:
     float scale_;
     size_t wqkv_ = 0, wo_ = 0;
     BlockContext::RopeTable rope_{};
-    float *datt_, *dqkv_, *lse_scratch_;
+    float *datt_, *dqkv_ = nullptr, *lse_scratch_;
     Act att_ws_;                 // selective recompute: the shared attention output
     float* lse_ws_ = nullptr;    //                      and its log-sum-exp
+    struct Deferred {  // B -> W
+        Act dh;    // [N, C] dL/dh gathered over tp: o_proj's output gradient
+        Act dqkv;  // [N, QKV] d(q | k | v) before RoPE
+    };
     std::vector<Saved> slots_;
+    std::vector<Deferred> wslots_;
 };
 
 }  // namespace
@@ -225,9 +258,10 @@ void mha_declare_buffers(const ModelDims& d, const BufferShape& s, BufferDecl& o
         out.scratch("attention.recomputed_lse", lse);
     }
     out.scratch("attention.datt", N * A);
-    out.scratch("attention.dqkv", N * QKV);
+    out.defer("w.attn.dh", N * size_t(d.C));
+    out.defer("w.attn.dqkv", N * QKV);
+    if (s.bf16) out.scratch("attention.dqkv", N * QKV);  // fp32 before it is rounded into w.attn.dqkv
     out.scratch("attention.lse", lse);
-    out.operands(N * QKV);
     BlockContext::declare_rope_table(out, d.HD, s.max_positions);
     if (s.cp > 1) {  // the ring's K|V blocks and partial results
         out.ring_kv = size_t(s.B) * s.T * d.NKVl * 2 * d.HD;

@@ -149,6 +149,21 @@ public:
         slots_.push_back(s);
     }
 
+    void add_deferred(const BufferViews& w) override {
+        Deferred d;
+        d.dh = w.act("w.mla.dh");
+        d.dkvb = w.act("w.mla.dkvb");
+        d.dcn = w.f32("w.mla.dcn");
+        d.dc = w.act("w.mla.dc");
+        d.dkr = w.act("w.mla.dkr");
+        d.dq = w.act("w.mla.dq");
+        if (s_.rq > 0) {
+            d.dqan = w.f32("w.mla.dqan");
+            d.dqa = w.act("w.mla.dqa");
+        }
+        wslots_.push_back(d);
+    }
+
     void forward(int slot, const TokenInfo& tok, const float* params, const Act& xn, const float* x,
                  float* h, KvCache* cache) override {
         const int N = c_.N, C = s_.C;
@@ -190,17 +205,21 @@ public:
         c_.row_parallel_residual(h, x, c_.local(s.att), s_.Aw(), params + wo_);
     }
 
-    const float* backward(int slot, const TokenInfo& tok, const float* params, float* grads,
-                          const Act& xn, const float* dh) override {
+    // B: every input gradient, from o_proj back through the attention core, kv_b, the latent's
+    // norm (and the cp exchange of the latent rows), kv_a and the query path; keeps each linear
+    // layer's output gradient (and the two norms' incoming gradients) for W.
+    const float* backward_input(int slot, int wslot, const TokenInfo& tok, const float* params, const Act& xn,
+                                const float* dh) override {
+        (void)xn;
         const int N = c_.N, C = s_.C, R = R_;
         const int Qw = s_.Qw(), Aw = s_.Aw(), KVBw = s_.KVBw(), Dqk = s_.Dqk();
         Saved& s = slots_[size_t(slot)];
+        Deferred& w = wslots_[size_t(wslot)];
         auto role = c_.role("gemm.mla");
         if (c_.recompute == Recompute::selective) core_forward(s, tok);  // the same bits again
-        // o_proj (row-parallel): datt = dh Wo, dWo += dh^T att.
-        Mat Dh = c_.lowp(c_.tp.gather(dh, c_.full_a, N, C), size_t(N) * C);
+        // o_proj (row-parallel): datt = dh Wo.
+        const Mat Dh = c_.save(w.dh, c_.tp.gather(dh, c_.produce(w.dh, c_.full_a), N, C), size_t(N) * C);
         c_.mm(false, false, N, Aw, C, Dh, C, c_.weight(params + wo_), Aw, 0.0f, datt_, Aw);
-        c_.mm(true, false, C, Aw, N, Dh, C, c_.local(s.att), Aw, 1.0f, grads + wo_, Aw);
         const float* att = s.att.f;
         if (c_.bf16()) {  // rowsum(dO * O) reads the stored (bf16) output, widened
             c_.be.from_bf16(att32_, s.att.b, size_t(N) * Aw);
@@ -223,16 +242,16 @@ public:
         }
         // dK, dV back into kv_b's layout; d(RoPE(kr)) = the sum over heads of dK's rope columns.
         const size_t rh = size_t(R) * s_.NHl;
-        c_.be.copy_2d(kvb_, s_.dn + s_.dv, dk_, Dqk, rh, s_.dn, false);
-        c_.be.copy_2d(kvb_ + s_.dn, s_.dn + s_.dv, dv_, s_.dv, rh, s_.dv, false);
+        float* kvb = c_.produce(w.dkvb, kvb_);
+        c_.be.copy_2d(kvb, s_.dn + s_.dv, dk_, Dqk, rh, s_.dn, false);
+        c_.be.copy_2d(kvb + s_.dn, s_.dn + s_.dv, dv_, s_.dv, rh, s_.dv, false);
         for (int hh = 0; hh < s_.NHl; ++hh)
             c_.be.copy_2d(dkr_, s_.dr, dk_ + size_t(hh) * Dqk + s_.dn, Qw, R, s_.dr, hh > 0);
-        // kv_b: dW += dkvb^T cn; dcn = dkvb W; then the norm of the latent.
-        Mat dkvb = c_.lowp(kvb_, size_t(R) * KVBw);
-        c_.mm(true, false, KVBw, s_.rkv, R, dkvb, KVBw, c_.local(s.cn), s_.rkv, 1.0f, grads + wkvb_, s_.rkv);
-        c_.mm(false, false, R, s_.rkv, KVBw, dkvb, KVBw, c_.weight(params + wkvb_), s_.rkv, 0.0f, dcn_, s_.rkv);
+        // kv_b: dcn = dkvb W; then the latent's norm (its input gradient; the weight's is W's).
+        const Mat Dkvb = c_.save(w.dkvb, kvb, size_t(R) * KVBw);
+        c_.mm(false, false, R, s_.rkv, KVBw, Dkvb, KVBw, c_.weight(params + wkvb_), s_.rkv, 0.0f, w.dcn, s_.rkv);
         c_.be.zero(dc_, size_t(R) * s_.rkv);
-        c_.be.rmsnorm_backward(dc_, grads + wkvan_, dcn_, s.c, params + wkvan_, s.c_rstd, R, s_.rkv);
+        c_.be.rmsnorm_backward(dc_, nullptr, w.dcn, s.c, params + wkvan_, s.c_rstd, R, s_.rkv);
         const float* dc = dc_;
         if (latent_) {  // every rank's share of this rank's latent rows comes home
             c_.be.copy_2d(lat_all_, s_.Lw(), dc_, s_.rkv, R, s_.rkv, false);
@@ -244,31 +263,50 @@ public:
         }
         c_.be.rope_backward(dkr_, rope_.cos, rope_.sin, tok.rope_pos, kr_rope_args(N));
         // kv_a_proj_with_mqa: its two row blocks; dx = dc W_c + dkr W_kr (+ the q path below).
-        const Mat X = c_.gathered(xn, N, C);
-        Mat Dc = c_.lowp(dc, size_t(N) * s_.rkv);
-        c_.mm(true, false, s_.rkv, C, N, Dc, s_.rkv, X, C, 1.0f, grads + wkva_, C);
+        const Mat Dc = c_.save(w.dc, dc, size_t(N) * s_.rkv);
         c_.mm(false, false, N, C, s_.rkv, Dc, s_.rkv, c_.weight(params + wkva_), C, 0.0f, c_.full_b, C);
-        Mat Dkr = c_.lowp(dkr_, size_t(N) * s_.dr);
-        c_.mm(true, false, s_.dr, C, N, Dkr, s_.dr, X, C, 1.0f, grads + wkva_ + size_t(s_.rkv) * C, C);
+        const Mat Dkr = c_.save(w.dkr, dkr_, size_t(N) * s_.dr);
         c_.mm(false, false, N, C, s_.dr, Dkr, s_.dr, c_.weight(params + wkva_ + size_t(s_.rkv) * C), C, 1.0f,
               c_.full_b, C);
         // The query path.
         c_.be.rope_backward(dq_, rope_.cos, rope_.sin, tok.rope_pos, q_rope_args(N));
-        Mat Dq = c_.lowp(dq_, size_t(N) * Qw);
+        const Mat Dq = c_.save(w.dq, dq_, size_t(N) * Qw);
         if (s_.rq > 0) {
-            c_.mm(true, false, Qw, s_.rq, N, Dq, Qw, c_.local(s.qan), s_.rq, 1.0f, grads + wq_, s_.rq);
-            c_.mm(false, false, N, s_.rq, Qw, Dq, Qw, c_.weight(params + wq_), s_.rq, 0.0f, dcn_, s_.rq);
+            c_.mm(false, false, N, s_.rq, Qw, Dq, Qw, c_.weight(params + wq_), s_.rq, 0.0f, w.dqan, s_.rq);
             float* dqa = stage_;
             c_.be.zero(dqa, size_t(N) * s_.rq);
-            c_.be.rmsnorm_backward(dqa, grads + wqan_, dcn_, s.qa, params + wqan_, s.qa_rstd, N, s_.rq);
-            Mat Dqa = c_.lowp(dqa, size_t(N) * s_.rq);
-            c_.mm(true, false, s_.rq, C, N, Dqa, s_.rq, X, C, 1.0f, grads + wqa_, C);
+            c_.be.rmsnorm_backward(dqa, nullptr, w.dqan, s.qa, params + wqan_, s.qa_rstd, N, s_.rq);
+            const Mat Dqa = c_.save(w.dqa, dqa, size_t(N) * s_.rq);
             c_.mm(false, false, N, C, s_.rq, Dqa, s_.rq, c_.weight(params + wqa_), C, 1.0f, c_.full_b, C);
         } else {
-            c_.mm(true, false, Qw, C, N, Dq, Qw, X, C, 1.0f, grads + wq_, C);
             c_.mm(false, false, N, C, Qw, Dq, Qw, c_.weight(params + wq_), C, 1.0f, c_.full_b, C);
         }
-        const float* dxn = c_.tp.reduce(c_.full_b, c_.dshard, N, C);
+        return c_.tp.reduce(c_.full_b, c_.dshard, N, C);
+    }
+
+    // W: every weight gradient from what B kept -- o_proj, kv_b, the latent's norm, kv_a's two
+    // row blocks, the query path (q_b, its norm and q_a, or q_proj).
+    void backward_weight(int slot, int wslot, const TokenInfo& tok, float* grads, const Act& xn,
+                         bool later) override {
+        const int N = c_.N, C = s_.C, R = R_;
+        const int Qw = s_.Qw(), Aw = s_.Aw(), KVBw = s_.KVBw();
+        Saved& s = slots_[size_t(slot)];
+        Deferred& w = wslots_[size_t(wslot)];
+        auto role = c_.role("gemm.mla");
+        if (later && c_.recompute == Recompute::selective) core_forward(s, tok);  // o_proj's input again
+        c_.mm(true, false, C, Aw, N, c_.local(w.dh), C, c_.local(s.att), Aw, 1.0f, grads + wo_, Aw);
+        c_.mm(true, false, KVBw, s_.rkv, R, c_.local(w.dkvb), KVBw, c_.local(s.cn), s_.rkv, 1.0f, grads + wkvb_, s_.rkv);
+        c_.be.rmsnorm_backward(nullptr, grads + wkvan_, w.dcn, s.c, nullptr, s.c_rstd, R, s_.rkv);
+        const Mat X = c_.gathered(xn, N, C);
+        c_.mm(true, false, s_.rkv, C, N, c_.local(w.dc), s_.rkv, X, C, 1.0f, grads + wkva_, C);
+        c_.mm(true, false, s_.dr, C, N, c_.local(w.dkr), s_.dr, X, C, 1.0f, grads + wkva_ + size_t(s_.rkv) * C, C);
+        if (s_.rq > 0) {
+            c_.mm(true, false, Qw, s_.rq, N, c_.local(w.dq), Qw, c_.local(s.qan), s_.rq, 1.0f, grads + wq_, s_.rq);
+            c_.be.rmsnorm_backward(nullptr, grads + wqan_, w.dqan, s.qa, nullptr, s.qa_rstd, N, s_.rq);
+            c_.mm(true, false, s_.rq, C, N, c_.local(w.dqa), s_.rq, X, C, 1.0f, grads + wqa_, C);
+        } else {
+            c_.mm(true, false, Qw, C, N, c_.local(w.dq), Qw, X, C, 1.0f, grads + wq_, C);
+        }
         c_.done(grads + wo_, size_t(C) * Aw);
         c_.done(grads + wkvb_, size_t(KVBw) * s_.rkv);
         c_.done(grads + wkvan_, size_t(s_.rkv));
@@ -278,7 +316,6 @@ public:
             c_.done(grads + wqan_, size_t(s_.rq));
             c_.done(grads + wqa_, size_t(s_.rq) * C);
         }
-        return dxn;
     }
 
     std::unique_ptr<KvCache> make_cache(int max_len, bool full_kv) const override {
@@ -410,7 +447,17 @@ private:
     float *lat_ = nullptr, *lat_all_ = nullptr, *att32_ = nullptr;
     Act att_ws_;
     float* lse_ws_ = nullptr;
+    struct Deferred {  // B -> W
+        Act dh;                 // [N, C] dL/dh gathered over tp: o_proj's output gradient
+        Act dkvb;               // [R, KVBw] kv_b's output gradient
+        float* dcn = nullptr;   // [R, rkv] the latent norm's output gradient (fp32)
+        Act dc, dkr;            // [N, rkv], [N, dr] kv_a's two row blocks' output gradients
+        Act dq;                 // [N, Qw] q_b's (or q_proj's) output gradient
+        float* dqan = nullptr;  // [N, rq] the q norm's output gradient (q_lora_rank > 0)
+        Act dqa;                // [N, rq] q_a's output gradient
+    };
     std::vector<Saved> slots_;
+    std::vector<Deferred> wslots_;
 };
 
 }  // namespace
@@ -471,7 +518,17 @@ void mla_declare_buffers(const ModelConfig& m, const ModelDims& d, const BufferS
         out.scratch("mla.recomputed_lse", lse);
     }
     out.scratch("mla.kr", R * sh.dr);
-    out.scratch("mla.kvb", R * sh.KVBw());
+    out.scratch("mla.kvb", R * sh.KVBw());  // bf16 staging of w.mla.dkvb; the forward's kv_b output
+    out.defer("w.mla.dh", N * size_t(sh.C));
+    out.defer("w.mla.dkvb", R * sh.KVBw());
+    out.defer("w.mla.dcn", R * sh.rkv, Elem::f32);
+    out.defer("w.mla.dc", N * sh.rkv);
+    out.defer("w.mla.dkr", N * sh.dr);
+    out.defer("w.mla.dq", N * sh.Qw());
+    if (sh.rq > 0) {
+        out.defer("w.mla.dqan", N * sh.rq, Elem::f32);
+        out.defer("w.mla.dqa", N * sh.rq);
+    }
     out.scratch("mla.stage", std::max(R * sh.rkv, N * size_t(std::max(sh.rq, sh.Aw()))));
     out.scratch("mla.datt", N * sh.Aw());
     out.scratch("mla.dq", N * sh.Qw());
@@ -486,7 +543,6 @@ void mla_declare_buffers(const ModelConfig& m, const ModelDims& d, const BufferS
         out.scratch("mla.latent_all", R * sh.Lw());
     }
     if (s.bf16) out.scratch("mla.att_fp32", N * sh.Aw());
-    out.operands(std::max({N * sh.C, N * sh.Qw(), R * sh.KVBw(), R * sh.rkv, N * sh.rq, N * sh.Aw()}));
     BlockContext::declare_rope_table(out, sh.dr, s.max_positions);
     if (s.cp > 1) {  // ring: per-head K|V blocks (ring mode); partial results (both modes)
         if (!latent) out.ring_kv = size_t(s.B) * s.T * sh.NHl * size_t(sh.Dqk() + sh.dv);

@@ -78,7 +78,7 @@ public:
         dw_ = sh.f32("moe.dweight");
         stage_ = sh.f32("moe.stage");
         if (Fs_ > 0) {
-            dgu_s_ = sh.f32("moe.dgu_shared");
+            if (c_.bf16()) dgu_s_ = sh.f32("moe.dgu_shared");  // fp32: straight into the deferred buffer
             dact_s_ = sh.f32("moe.dact_shared");
         }
         if (ep_) {
@@ -111,6 +111,18 @@ public:
         }
         if (balance_ == "aux_loss") s.daux = v.f32("moe.daux");
         slots_.push_back(std::move(s));
+    }
+
+    void add_deferred(const BufferViews& w) override {
+        Deferred d;
+        d.dz = w.act("w.moe.dz");
+        d.dye = w.act("w.moe.dye");
+        d.dgu = w.act("w.moe.dgu");
+        if (Fs_ > 0) {
+            d.dy = w.act("w.moe.dy");
+            d.dgu_s = w.act("w.moe.dgu_shared");
+        }
+        wslots_.push_back(d);
     }
 
     void forward(int slot, const float* params, const Act& hn, const float* h, float* y) override {
@@ -177,31 +189,30 @@ public:
         }
     }
 
-    const float* backward(int slot, const float* params, float* grads, const Act& hn,
-                          const float* dy) override {
+    // B: dhn through the combine, the experts (their rows to their ranks and back under ep),
+    // the shared expert and the router; keeps each linear layer's output gradient for W.
+    const float* backward_input(int slot, int wslot, const float* params, const Act& hn,
+                                const float* dy) override {
+        (void)hn;
         const int Nr = c_.Nr, C = c_.d.C, R = Nr * k_;
         Saved& s = slots_[size_t(slot)];
-        const Mat X = c_.local(hn);
+        Deferred& w = wslots_[size_t(wslot)];
         auto role = c_.role("gemm.shared_expert");
         // Combine: d(expert outputs) and d(weights); the output gradients go to the experts.
         dispatch_.combine_backward(dy_, dw_, dy, s.y, s.route);
         if (ep_) ep_->dispatch_start(s.x, dy_);
         // Meanwhile the shared expert (all but its dx) and the router (all but its dx).
+        Mat Ds;
         if (Fs_ > 0) {
-            Mat D = c_.lowp(dy, size_t(Nr) * C);
+            const Mat D = c_.save(w.dy, dy, size_t(Nr) * C);
             c_.mm(false, false, Nr, Fs_, C, D, C, c_.weight(params + wd_s_), Fs_, 0.0f, dact_s_, Fs_);
-            c_.mm(true, false, C, Fs_, Nr, D, C, c_.local(s.act_s), Fs_, 1.0f, grads + wd_s_, Fs_);
             dispatch_.progress();
-            c_.be.swiglu_backward(dgu_s_, dact_s_, s.gu_s, Nr, Fs_);
-            Mat Ds = c_.lowp(dgu_s_, size_t(Nr) * 2 * Fs_);
-            c_.mm(true, false, 2 * Fs_, C, Nr, Ds, 2 * Fs_, X, C, 1.0f, grads + wgu_s_, C);
+            float* dgu_s = c_.produce(w.dgu_s, dgu_s_);
+            c_.be.swiglu_backward(dgu_s, dact_s_, s.gu_s, Nr, Fs_);
+            Ds = c_.save(w.dgu_s, dgu_s, size_t(Nr) * 2 * Fs_);
         }
         router_.backward(logits_, dw_, s.route, s.daux);
-        {
-            auto router = c_.role("gemm.router");
-            Mat Dz = c_.lowp(logits_, size_t(Nr) * E_);
-            c_.mm(true, false, E_, C, Nr, Dz, E_, X, C, 1.0f, grads + wg_, C);
-        }
+        const Mat Dz = c_.save(w.dz, logits_, size_t(Nr) * E_);
         // The experts, down then gate|up, each over its rows; dx of their inputs.
         const float* dye = dy_;
         float* dxe = xs32_;
@@ -210,7 +221,7 @@ public:
             rows = dispatch_.receive(s.x, dye_);
             dye = dye_, dxe = xe32_;
         }
-        experts_.backward(expert_rows(s), params, grads, rows, dye, dxe);
+        experts_.backward_input(expert_rows(s), params, rows, dye, dxe, w.dye, w.dgu);
         if (ep_) dispatch_.send_back(s.x, dxe, xs32_);
         c_.be.zero(xs32_ + size_t(R) * C, size_t(C));
         // dx: each token's k sorted rows summed back in choice order, then the shared expert's
@@ -218,20 +229,34 @@ public:
         float* dhn = c_.full_b;
         c_.be.zero(dhn, size_t(Nr) * C);
         dispatch_.combine(dhn, xs32_, s.route, nullptr);
-        if (Fs_ > 0) {
-            Mat Ds = c_.lowp(dgu_s_, size_t(Nr) * 2 * Fs_);
-            c_.mm(false, false, Nr, C, 2 * Fs_, Ds, 2 * Fs_, c_.weight(params + wgu_s_), C, 1.0f, dhn, C);
-        }
+        if (Fs_ > 0) c_.mm(false, false, Nr, C, 2 * Fs_, Ds, 2 * Fs_, c_.weight(params + wgu_s_), C, 1.0f, dhn, C);
         auto router = c_.role("gemm.router");
-        Mat Dz = c_.lowp(logits_, size_t(Nr) * E_);
         c_.mm(false, false, Nr, C, E_, Dz, E_, c_.weight(params + wg_), C, 1.0f, dhn, C);
+        return dhn;
+    }
+
+    // W: the shared expert's, the router's and the experts' weight gradients.
+    void backward_weight(int slot, int wslot, float* grads, const Act& hn) override {
+        const int Nr = c_.Nr, C = c_.d.C;
+        Saved& s = slots_[size_t(slot)];
+        Deferred& w = wslots_[size_t(wslot)];
+        const Mat X = c_.local(hn);
+        if (Fs_ > 0) {
+            auto role = c_.role("gemm.shared_expert");
+            c_.mm(true, false, C, Fs_, Nr, c_.local(w.dy), C, c_.local(s.act_s), Fs_, 1.0f, grads + wd_s_, Fs_);
+            c_.mm(true, false, 2 * Fs_, C, Nr, c_.local(w.dgu_s), 2 * Fs_, X, C, 1.0f, grads + wgu_s_, C);
+        }
+        {
+            auto router = c_.role("gemm.router");
+            c_.mm(true, false, E_, C, Nr, c_.local(w.dz), E_, X, C, 1.0f, grads + wg_, C);
+        }
+        experts_.backward_weight(expert_rows(s), grads, w.dye, w.dgu);
         experts_.done(grads);
         if (Fs_ > 0) {
             c_.done(grads + wd_s_, size_t(C) * Fs_);
             c_.done(grads + wgu_s_, size_t(2) * Fs_ * C);
         }
         c_.done(grads + wg_, size_t(E_) * C);
-        return dhn;
     }
 
     double aux_loss(int slot) const override { return slots_[size_t(slot)].aux; }
@@ -296,7 +321,13 @@ private:
     MoeCounts counts_;  // this step's counts as layer 0, training forwards only
     std::vector<float> stats_, host_e_;  // host staging, sized once
     std::vector<double> load_;
+    struct Deferred {  // B -> W
+        Act dz;        // [Nr, E] the router logits' gradient
+        Act dye, dgu;  // [Rx, C], [Rx, 2F] the experts' down and gate|up output gradients (their rows)
+        Act dy, dgu_s; // [Nr, C], [Nr, 2Fs] the shared expert's
+    };
     std::vector<Saved> slots_;
+    std::vector<Deferred> wslots_;
 };
 
 }  // namespace
@@ -377,19 +408,25 @@ void moe_declare_buffers(const ModelConfig& m, const ModelDims& d, const BufferS
     out.scratch("moe.xs_fp32", (R + 1) * C);
     out.scratch("moe.logits", Nr * E_);
     out.scratch("moe.dy", (R + 1) * C);
-    out.scratch("moe.dgu", Rx * 2 * F);
+    out.defer("w.moe.dz", Nr * E_);
+    out.defer("w.moe.dye", Rx * C);
+    out.defer("w.moe.dgu", Rx * 2 * F);
+    if (Fs > 0) {
+        out.defer("w.moe.dy", Nr * C);
+        out.defer("w.moe.dgu_shared", Nr * 2 * Fs);
+    }
+    if (s.bf16) out.scratch("moe.dgu", Rx * 2 * F);  // fp32 before it is rounded into w.moe.dgu
     out.scratch("moe.dact", Rx * F);
     out.scratch("moe.dweight", Nr * k);
     out.scratch("moe.stage", std::max(Rx * F, Nr * Fs));
     if (Fs > 0) {
-        out.scratch("moe.dgu_shared", Nr * 2 * Fs);
+        if (s.bf16) out.scratch("moe.dgu_shared", Nr * 2 * Fs);  // fp32 before w.moe.dgu_shared
         out.scratch("moe.dact_shared", Nr * Fs);
     }
     if (s.ep > 1) {
         out.scratch("moe.xe_fp32", Rx * C);
         out.scratch("moe.dye", Rx * C);
     }
-    out.operands(std::max({Rx * C, Rx * 2 * F, Nr * 2 * Fs, Nr * C, Nr * E_}));
 }
 
 std::unique_ptr<FeedForwardBlock> make_moe_feed_forward(BlockContext& ctx, const ModelConfig& m,

@@ -19,7 +19,7 @@ MoeExperts::MoeExperts(BlockContext& c, const ParamTable& table, const std::stri
         wd_.push_back(table.offset_of(q + "down_proj.weight"));
     }
     const BufferViews& sh = c_.shared();
-    dgu_ = sh.f32("moe.dgu");
+    if (c_.bf16()) dgu_ = sh.f32("moe.dgu");  // fp32: straight into the deferred buffer
     dact_ = sh.f32("moe.dact");
     stage_ = sh.f32("moe.stage");
 }
@@ -44,29 +44,42 @@ void MoeExperts::forward(const Rows& ex, const float* params, int rows, float* o
         }
 }
 
-void MoeExperts::backward(const Rows& ex, const float* params, float* grads, int rows, const float* dy, float* dx) {
+void MoeExperts::backward_input(const Rows& ex, const float* params, int rows, const float* dy, float* dx,
+                                const Act& wdy, const Act& wdgu) {
     auto role = c_.role("gemm.experts");
     const int C = c_.d.C;
-    Mat Dy = c_.lowp(dy, size_t(rows) * C);
+    const Mat Dy = c_.save(wdy, dy, size_t(rows) * C);
     for (int j = 0; j < El_; ++j)
         if (ex.count[j] > 0) {
             const int n = ex.count[j];
             const size_t o = size_t(ex.offset[j]);
             c_.mm(false, false, n, F_, C, rows_of(Dy, o * C), C, c_.weight(params + wd_[size_t(j)]), F_, 0.0f,
                   dact_ + o * F_, F_);
-            c_.mm(true, false, C, F_, n, rows_of(Dy, o * C), C, rows_of(c_.local(ex.act), o * F_), F_, 1.0f,
-                  grads + wd_[size_t(j)], F_);
         }
-    c_.be.swiglu_backward(dgu_, dact_, ex.gu, rows, F_);
-    Mat Dgu = c_.lowp(dgu_, size_t(rows) * 2 * F_);
+    float* dgu = c_.produce(wdgu, dgu_);
+    c_.be.swiglu_backward(dgu, dact_, ex.gu, rows, F_);
+    const Mat Dgu = c_.save(wdgu, dgu, size_t(rows) * 2 * F_);
     for (int j = 0; j < El_; ++j)
         if (ex.count[j] > 0) {
             const int n = ex.count[j];
             const size_t o = size_t(ex.offset[j]);
-            c_.mm(true, false, 2 * F_, C, n, rows_of(Dgu, o * 2 * F_), 2 * F_, rows_of(c_.local(ex.x), o * C), C, 1.0f,
-                  grads + wgu_[size_t(j)], C);
             c_.mm(false, false, n, C, 2 * F_, rows_of(Dgu, o * 2 * F_), 2 * F_, c_.weight(params + wgu_[size_t(j)]),
                   C, 0.0f, dx + o * C, C);
+        }
+}
+
+void MoeExperts::backward_weight(const Rows& ex, float* grads, const Act& wdy, const Act& wdgu) {
+    auto role = c_.role("gemm.experts");
+    const int C = c_.d.C;
+    const Mat Dy = c_.local(wdy), Dgu = c_.local(wdgu);
+    for (int j = 0; j < El_; ++j)
+        if (ex.count[j] > 0) {
+            const int n = ex.count[j];
+            const size_t o = size_t(ex.offset[j]);
+            c_.mm(true, false, C, F_, n, rows_of(Dy, o * C), C, rows_of(c_.local(ex.act), o * F_), F_, 1.0f,
+                  grads + wd_[size_t(j)], F_);
+            c_.mm(true, false, 2 * F_, C, n, rows_of(Dgu, o * 2 * F_), 2 * F_, rows_of(c_.local(ex.x), o * C), C, 1.0f,
+                  grads + wgu_[size_t(j)], C);
         }
 }
 

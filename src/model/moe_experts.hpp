@@ -26,15 +26,19 @@ public:
     MoeExperts(BlockContext& c, const ParamTable& table, const std::string& prefix, int e0, int El, int F);
     // out[rows, C] = each row's expert applied to it.
     void forward(const Rows& r, const float* params, int rows, float* out);
-    // From dy[rows, C]: the experts' weight gradients (accumulated), and dx[rows, C].
-    void backward(const Rows& r, const float* params, float* grads, int rows, const float* dy, float* dx);
+    // B, from dy[rows, C]: dx[rows, C]; keeps dy and d(gate|up) as W's operands in wdy [rows, C]
+    // and wdgu [rows, 2F] (deferred buffers of the chunk's activation precision).
+    void backward_input(const Rows& r, const float* params, int rows, const float* dy, float* dx, const Act& wdy,
+                        const Act& wdgu);
+    // W: the experts' weight gradients (accumulated) from what B kept.
+    void backward_weight(const Rows& r, float* grads, const Act& wdy, const Act& wdgu);
     void done(float* grads) const;  // every local expert's gradients are final (the hook)
 
 private:
     BlockContext& c_;
     const int El_, F_;
     std::vector<size_t> wgu_, wd_;  // [El] arena offsets
-    float *dgu_, *dact_, *stage_;   // shared scratch ("moe.dgu", "moe.dact", "moe.stage")
+    float *dgu_ = nullptr, *dact_, *stage_;  // shared scratch ("moe.dgu" (bf16 only), "moe.dact", "moe.stage")
 };
 
 }  // namespace quintet

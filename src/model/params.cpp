@@ -43,7 +43,8 @@ ModelDims model_dims(const ModelConfig& m, int tp, int tp_rank) {
     return d;
 }
 
-std::vector<ChunkPlan> stage_chunks(int L, int pp, int v, int stage, const std::vector<int>& pp_layers) {
+std::vector<ChunkPlan> stage_chunks(int L, int pp, int v, int stage, const std::vector<int>& pp_layers,
+                                    Placement placement) {
     std::vector<int> counts;
     if (!pp_layers.empty() && v == 1) {
         counts = pp_layers;
@@ -52,7 +53,7 @@ std::vector<ChunkPlan> stage_chunks(int L, int pp, int v, int stage, const std::
     }
     std::vector<ChunkPlan> out;
     for (int c = 0; c < v; ++c) {
-        int vs = c * pp + stage;
+        int vs = virtual_stage(pp, stage, c, placement);
         ChunkPlan p;
         p.vstage = vs;
         p.layer_begin = 0;
@@ -80,6 +81,12 @@ size_t ParamTable::offset_of(const std::string& name) const {
     const ParamSpec* s = find(name);
     if (!s) rank_fail("parameter " + name + " is not held by this rank");
     return s->offset;
+}
+
+int ParamTable::unit_index(const std::string& name) const {
+    for (size_t u = 0; u < units.size(); ++u)
+        if (units[u].name == name) return int(u);
+    return -1;
 }
 
 const ParamSpec* ParamTable::writer_spec(const std::string& name) const {
@@ -141,32 +148,96 @@ void ParamBuilder::add(const ParamSpec& spec, bool held, bool matmul) {
     ParamSpec s = spec;
     s.matmul = matmul;
     t_.specs.push_back(s);
+    unit_of_spec_.push_back(unit_);
 }
 
 ParamTable ParamBuilder::finish() {
-    // Lay the regions out one after another, each padded to its group's multiple; inside a
-    // region tensors keep the order they were added in (the model's order).
     std::vector<ParamSpec> ordered;
     size_t at = 0;
-    for (int r = 0; r < kNumRegions; ++r) {
-        const size_t lo = at;
-        for (const auto& s : t_.specs)
-            if (int(s.replicas) == r) {
-                ParamSpec x = s;
-                x.offset = at;
-                at += x.numel();
-                ordered.push_back(x);
+    if (plan_.zero >= 2) {
+        // By unit (in the order the units were begun), each unit's regions back to back, every
+        // part padded to its group's multiple; inside a part tensors keep the order they were
+        // added in.
+        std::vector<std::string> names;
+        for (const auto& u : unit_of_spec_)
+            if (std::find(names.begin(), names.end(), u) == names.end()) names.push_back(u);
+        for (int r = 0; r < kNumRegions; ++r) t_.region_used[r] = 0;
+        for (const auto& name : names) {
+            ParamUnit unit;
+            unit.name = name;
+            unit.range.lo = at;
+            for (int r = 0; r < kNumRegions; ++r) {
+                const size_t lo = at;
+                for (size_t i = 0; i < t_.specs.size(); ++i)
+                    if (unit_of_spec_[i] == name && int(t_.specs[i].replicas) == r) {
+                        ParamSpec x = t_.specs[i];
+                        x.offset = at;
+                        x.unit = int(t_.units.size());
+                        at += x.numel();
+                        ordered.push_back(x);
+                    }
+                unit.used[r] = at - lo;
+                t_.region_used[r] += at - lo;
+                const size_t pad = size_t(std::max(1, plan_.pad[r]));
+                at = lo + (at - lo + pad - 1) / pad * pad;
+                unit.part[r] = {lo, at};
             }
-        t_.region_used[r] = at - lo;
-        const size_t pad = size_t(std::max(1, plan_.pad[r]));
-        at = lo + (at - lo + pad - 1) / pad * pad;
-        t_.region[r] = {lo, at};
+            unit.range.hi = at;
+            t_.units.push_back(unit);
+        }
+        for (int r = 0; r < kNumRegions; ++r) t_.region[r] = {0, 0};
+    } else {
+        // Lay the regions out one after another, each padded to its group's multiple; inside a
+        // region tensors keep the order they were added in (the model's order).
+        for (int r = 0; r < kNumRegions; ++r) {
+            const size_t lo = at;
+            for (const auto& s : t_.specs)
+                if (int(s.replicas) == r) {
+                    ParamSpec x = s;
+                    x.offset = at;
+                    at += x.numel();
+                    ordered.push_back(x);
+                }
+            t_.region_used[r] = at - lo;
+            const size_t pad = size_t(std::max(1, plan_.pad[r]));
+            at = lo + (at - lo + pad - 1) / pad * pad;
+            t_.region[r] = {lo, at};
+        }
     }
     t_.specs = std::move(ordered);
     t_.total = at;
     t_.index.clear();
     for (size_t i = 0; i < t_.specs.size(); ++i) t_.index[t_.specs[i].name] = i;
     return std::move(t_);
+}
+
+ZeroLayout zero_layout(const ParamTable& table, const int group_size[kNumRegions], const int group_rank[kNumRegions]) {
+    ZeroLayout z;
+    for (size_t u = 0; u < table.units.size(); ++u) {
+        const ParamUnit& unit = table.units[u];
+        z.largest_unit = std::max(z.largest_unit, unit.range.size());
+        size_t unit_shard = 0;
+        for (int r = 0; r < kNumRegions; ++r) {
+            const Range part = unit.part[r];
+            if (part.size() == 0) continue;
+            ZeroPiece p;
+            p.unit = int(u), p.region = r, p.part = part;
+            if (Replicas(r) == Replicas::none) {
+                p.owned = part;  // buffers: every rank holds them whole
+            } else {
+                const size_t g = size_t(std::max(1, group_size[r])), S = part.size() / g;
+                p.owned = {part.lo + S * size_t(group_rank[r]), part.lo + S * size_t(group_rank[r] + 1)};
+                unit_shard += S;
+            }
+            z.pieces.push_back(p);
+        }
+        z.largest_unit_shard = std::max(z.largest_unit_shard, unit_shard);
+    }
+    for (auto& p : z.pieces)
+        if (Replicas(p.region) != Replicas::none) p.at = z.trainable, z.trainable += p.owned.size();
+    for (auto& p : z.pieces)
+        if (Replicas(p.region) == Replicas::none) p.at = z.trainable + z.buffers, z.buffers += p.owned.size();
+    return z;
 }
 
 // ---- the model's tensors ---------------------------------------------------------------------
@@ -196,20 +267,27 @@ ParamTable make_param_table(const ModelConfig& m, const ShardPlan& plan) {
         holds_last = holds_last || c.last;
     }
     // The embedding's vocabulary rows are split over tp (vocab-parallel); with tied embeddings
-    // and pp > 1 the last stage holds a second copy, its gradient summed with the first's.
+    // and pp > 1 the last stage holds a second copy, its gradient summed with the first's --
+    // unless one stage holds both ends (zbv's V), which needs no copy.
     ParamSpec emb = ParamBuilder::row_shard("model.embed_tokens.weight", d.V, d.C, d.Vl(), d.v0,
                                             InitRule::embedding);
-    if (d.tied && plan.pp > 1) emb.sync = GradSync::tied;
+    if (d.tied && plan.pp > 1 && !(holds_first && holds_last)) emb.sync = GradSync::tied;
+    b.begin_unit("embed");
     b.add(emb, holds_first, false);
     for (int l = 0; l < d.L; ++l) {
         const std::string p = "model.layers." + std::to_string(l) + ".";
         const bool held = b.holds_layer(l);
+        b.begin_unit("layers." + std::to_string(l));
         norm(p + "input_layernorm.weight", held);
         attention_add_params(m, b, l);
         norm(p + "post_attention_layernorm.weight", held);
         feed_forward_add_params(m, b, l);
     }
+    // The final norm and the head are units of their own: under tensor parallelism the head's
+    // vocabulary slice differs in size between ranks, the norm's gradient is completed over tp.
+    b.begin_unit("norm");
     norm("model.norm.weight", holds_last);
+    b.begin_unit("head");
     if (!d.tied) {
         b.add(ParamBuilder::row_shard("lm_head.weight", d.V, d.C, d.Vl(), d.v0, InitRule::normal),
               holds_last, true);
@@ -224,15 +302,33 @@ ParamTable make_param_table(const ModelConfig& m, const ShardPlan& plan) {
     return t;
 }
 
+double zero_param_bytes(double arena_floats, const ZeroLayout& z, int zero, bool bf16) {
+    const double per = 4.0 + (bf16 ? 2.0 : 0.0);
+    if (zero == 2) return arena_floats * per;
+    return double(std::max<size_t>(z.trainable + z.buffers, 1)) * 4 +
+           double(kZeroGatherWindows) * double(std::max<size_t>(z.largest_unit, 1)) * per;
+}
+
+double zero_grad_bytes(const ZeroLayout& z) {
+    return double(std::max<size_t>(z.trainable, 1)) * 4 +
+           double(kZeroGradWindows) *
+               (double(std::max<size_t>(z.largest_unit, 1)) + double(std::max<size_t>(z.largest_unit_shard, 1))) * 4;
+}
+
 void init_params(float* arena, const ParamTable& table, const ModelConfig& m,
                  const InitConfig& init, uint64_t seed, size_t lo, size_t hi) {
+    if (lo < hi) init_params_range(arena + lo, table, m, init, seed, lo, hi);
+}
+
+void init_params_range(float* out, const ParamTable& table, const ModelConfig& m, const InitConfig& init,
+                       uint64_t seed, size_t lo, size_t hi) {
     const double out_scale = init.scheme == "scaled" ? 1.0 / std::sqrt(2.0 * m.n_layers) : 1.0;
     for (const auto& s : table.specs) {
         size_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.numel());
         if (a >= b) continue;
         if (s.init == InitRule::ones || s.init == InitRule::zeros) {
             const float v = s.init == InitRule::ones ? 1.0f : 0.0f;
-            for (size_t i = a; i < b; ++i) arena[i] = v;
+            for (size_t i = a; i < b; ++i) out[i - lo] = v;
             continue;
         }
         double std = init.std;
@@ -246,7 +342,7 @@ void init_params(float* arena, const ParamTable& table, const ModelConfig& m,
         for (size_t i = a; i < b; ++i) {
             size_t li = i - s.offset;
             size_t logical = (s.row0 + li / lc) * size_t(s.cols) + s.col0 + li % lc;
-            arena[i] = rng.normal(logical) * fstd;
+            out[i - lo] = rng.normal(logical) * fstd;
         }
     }
 }

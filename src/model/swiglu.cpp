@@ -19,7 +19,7 @@ public:
         QUINTET_CHECK(table.offset_of(p + "up_proj.weight") == wgu_ + size_t(F_) * c_.d.C,
                       "gate_proj and up_proj are not adjacent in the arena");
         wdown_ = table.offset_of(p + "down_proj.weight");
-        dgu_ = c_.shared().f32("ffn.dgu");
+        if (c_.bf16()) dgu_ = c_.shared().f32("ffn.dgu");  // fp32: straight into the deferred buffer
         dact_ = c_.shared().f32("ffn.dact");
     }
 
@@ -28,6 +28,13 @@ public:
         s.gu = v.f32("ffn.gate_up");
         s.act = v.act("ffn.act");
         slots_.push_back(s);
+    }
+
+    void add_deferred(const BufferViews& w) override {
+        Deferred d;
+        d.dy = w.act("w.ffn.dy");
+        d.dgu = w.act("w.ffn.dgu");
+        wslots_.push_back(d);
     }
 
     void forward(int slot, const float* params, const Act& hn, const float* h, float* y) override {
@@ -48,29 +55,45 @@ public:
         c_.row_parallel_residual(y, h, c_.local(s.act), F, params + wdown_);
     }
 
-    const float* backward(int slot, const float* params, float* grads, const Act& hn,
-                          const float* dy) override {
+    // B: d(act) = dy Wdown, through the SwiGLU, dhn = d(gate|up) Wgu; keeps dy (gathered) and
+    // d(gate|up) for W.
+    const float* backward_input(int slot, int wslot, const float* params, const Act& hn,
+                                const float* dy) override {
+        (void)hn;
         const int N = c_.N, C = c_.d.C, F = F_;
         Saved& s = slots_[size_t(slot)];
-        Mat D = c_.lowp(c_.tp.gather(dy, c_.full_a, N, C), size_t(N) * C);
+        Deferred& w = wslots_[size_t(wslot)];
+        const Mat D = c_.save(w.dy, c_.tp.gather(dy, c_.produce(w.dy, c_.full_a), N, C), size_t(N) * C);
         {
             auto role = c_.role("gemm.ffn_down");
             c_.mm(false, false, N, F, C, D, C, c_.weight(params + wdown_), F, 0.0f, dact_, F);
-            c_.mm(true, false, C, F, N, D, C, c_.local(s.act), F, 1.0f, grads + wdown_, F);
         }
+        float* dgu = c_.produce(w.dgu, dgu_);
         {
             QUINTET_PROFILE("swiglu");
-            c_.be.swiglu_backward(dgu_, dact_, s.gu, N, F);
+            c_.be.swiglu_backward(dgu, dact_, s.gu, N, F);
         }
         auto role = c_.role("gemm.ffn_gate_up");
-        Mat dgu = c_.lowp(dgu_, size_t(N) * 2 * F);
-        // hn re-gathered, not kept (SP saves memory)
-        c_.mm(true, false, 2 * F, C, N, dgu, 2 * F, c_.gathered(hn, N, C), C, 1.0f, grads + wgu_, C);
-        c_.mm(false, false, N, C, 2 * F, dgu, 2 * F, c_.weight(params + wgu_), C, 0.0f, c_.full_b, C);
-        const float* dhn = c_.tp.reduce(c_.full_b, c_.dshard, N, C);
+        const Mat Dgu = c_.save(w.dgu, dgu, size_t(N) * 2 * F);
+        c_.mm(false, false, N, C, 2 * F, Dgu, 2 * F, c_.weight(params + wgu_), C, 0.0f, c_.full_b, C);
+        return c_.tp.reduce(c_.full_b, c_.dshard, N, C);
+    }
+
+    // W: dWdown += dy^T act, dWgu += d(gate|up)^T hn (hn re-gathered, not kept: SP saves memory).
+    void backward_weight(int slot, int wslot, float* grads, const Act& hn) override {
+        const int N = c_.N, C = c_.d.C, F = F_;
+        Saved& s = slots_[size_t(slot)];
+        Deferred& w = wslots_[size_t(wslot)];
+        {
+            auto role = c_.role("gemm.ffn_down");
+            c_.mm(true, false, C, F, N, c_.local(w.dy), C, c_.local(s.act), F, 1.0f, grads + wdown_, F);
+        }
+        {
+            auto role = c_.role("gemm.ffn_gate_up");
+            c_.mm(true, false, 2 * F, C, N, c_.local(w.dgu), 2 * F, c_.gathered(hn, N, C), C, 1.0f, grads + wgu_, C);
+        }
         c_.done(grads + wdown_, size_t(C) * F);
         c_.done(grads + wgu_, size_t(2) * F * C);
-        return dhn;
     }
 
 private:
@@ -78,11 +101,16 @@ private:
         float* gu;  // [N, 2F] gate | up
         Act act;    // [N, F] silu(gate) * up
     };
+    struct Deferred {  // B -> W
+        Act dy;   // [N, C] dL/dy gathered over tp: down_proj's output gradient
+        Act dgu;  // [N, 2F] d(gate | up)
+    };
     BlockContext& c_;
     int F_;
     size_t wgu_ = 0, wdown_ = 0;
-    float *dgu_, *dact_;
+    float *dgu_ = nullptr, *dact_;
     std::vector<Saved> slots_;
+    std::vector<Deferred> wslots_;
 };
 
 }  // namespace
@@ -104,9 +132,10 @@ void swiglu_declare_buffers(const ModelDims& d, const BufferShape& s, BufferDecl
     const size_t N = size_t(s.N), F = size_t(d.Fl);
     out.save("ffn.gate_up", N * 2 * F);        // gate | up, the SwiGLU's input
     out.save("ffn.act", N * F, Elem::act);     // silu(gate) * up, down_proj's input
-    out.scratch("ffn.dgu", N * 2 * F);
+    out.defer("w.ffn.dy", N * size_t(d.C));
+    out.defer("w.ffn.dgu", N * 2 * F);
+    if (s.bf16) out.scratch("ffn.dgu", N * 2 * F);  // fp32 before it is rounded into w.ffn.dgu
     out.scratch("ffn.dact", N * F);
-    out.operands(N * 2 * F);
 }
 
 std::unique_ptr<FeedForwardBlock> make_swiglu_feed_forward(BlockContext& ctx, const ParamTable& table,

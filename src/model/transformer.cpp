@@ -18,6 +18,7 @@ size_t ChunkBuffers::slot_bytes() const {
     size_t b = layout_bytes(own, bf16);
     if (!full_recompute)
         for (size_t i = 0; i < layer.size(); ++i) b += layer_bytes(i);
+    for (size_t i = 0; i < layer.size(); ++i) b += deferred_bytes(i);
     return b;
 }
 
@@ -31,6 +32,7 @@ ChunkBuffers chunk_buffers(const ModelConfig& m, const ModelDims& d, const Chunk
     ChunkBuffers cb;
     cb.bf16 = s.bf16;
     cb.full_recompute = s.recompute == Recompute::full;
+    cb.split_bw = s.split_bw;
     const size_t N = size_t(s.N), Nr = size_t(s.Nr), C = size_t(d.C);
     BufferDecl own;
     const int nl = plan.layer_end - plan.layer_begin;
@@ -43,6 +45,7 @@ ChunkBuffers chunk_buffers(const ModelConfig& m, const ModelDims& d, const Chunk
         own.save("dout", Nr * C);  // the next stage's gradient
     }
     own.save("dres", Nr * C);
+    if (plan.last && s.split_bw) own.save("w.final.dy", Nr * C);  // the final norm's incoming gradient, B -> W
     if (plan.first) own.save("ids", N, Elem::i32);
     own.save("pos_all", size_t(s.cp) * N, Elem::i32);
     own.save("rope_pos", N, Elem::i32);
@@ -59,11 +62,17 @@ ChunkBuffers chunk_buffers(const ModelConfig& m, const ModelDims& d, const Chunk
         layer.save("norm.h", Nr * C);
         layer.save("norm.rstd2", Nr);
         layer.save("norm.xn2", Nr * C, Elem::act);
-        BufferDecl attn, ffn;
+        BufferDecl attn, ffn, deferred;
         attention_declare_buffers(m, d, s, l, attn);
         feed_forward_declare_buffers(m, d, s, l, ffn);
+        if (s.split_bw) {  // the norms' incoming gradients; fused, a norm's backward is one call
+            deferred.defer("w.norm.dy1", Nr * C, Elem::f32);
+            deferred.defer("w.norm.dy2", Nr * C, Elem::f32);
+        }
         for (const BufferDecl* b : {&attn, &ffn}) {
             layer.saved.insert(layer.saved.end(), b->saved.begin(), b->saved.end());
+            if (s.split_bw) deferred.deferred.insert(deferred.deferred.end(), b->deferred.begin(), b->deferred.end());
+            else merge_shared(shared.shared, b->deferred, s.bf16);
             merge_shared(shared.shared, b->shared, s.bf16);
             shared.operands(b->operand);
             cb.ring_kv = std::max(cb.ring_kv, b->ring_kv);
@@ -72,6 +81,7 @@ ChunkBuffers chunk_buffers(const ModelConfig& m, const ModelDims& d, const Chunk
             cb.exchange = std::max(cb.exchange, b->exchange);
         }
         cb.layer.push_back(layer.saved);
+        cb.deferred.push_back(deferred.deferred);
     }
     if (cb.full_recompute && nl > 0) cb.workspace_own.push_back({"recompute_out", Nr * C, Elem::f32});
     if (s.bf16) shared.scratch("ctx.lowp", shared.operand, Elem::bf16);
@@ -87,8 +97,8 @@ ModelChunk::ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope
       doc_positions_(opt.document_positions), eos_id_(opt.eos_id),
       ctx_(be, tp, model_dims(m, tp.size(), tp.rank()), B, T / (opt.cp ? opt.cp->size() : 1),
            opt.precision, rope, opt.rope_seq_len > 0 ? opt.rope_seq_len : T,
-           opt.max_positions > 0 ? opt.max_positions : T, opt.cp, opt.recompute),
-      plan_(plan), full_recompute_(opt.recompute == Recompute::full) {
+           opt.max_positions > 0 ? opt.max_positions : T, opt.cp, opt.recompute, opt.split_bw),
+      plan_(plan), full_recompute_(opt.recompute == Recompute::full), split_bw_(opt.split_bw), units_(opt.units) {
     QUINTET_CHECK(T % cp_size_ == 0, "seq_len not divisible by cp");
     ctx_.ep = opt.ep;
     QUINTET_CHECK(!(docs_ || doc_positions_) || eos_id_ >= 0, "document masks need an eos id");
@@ -101,6 +111,7 @@ ModelChunk::ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope
     shape.cp = cp_size_, shape.mla_latent = opt.cp && opt.cp->mla_kv == MlaKv::latent;
     shape.ep = opt.ep ? opt.ep->size() : 1;
     shape.max_positions = ctx_.max_positions;
+    shape.split_bw = opt.split_bw;
     buffers_ = chunk_buffers(m, d, plan_, shape, docs_);
     const BufferViews shared(buffers_.shared, arena(buffers_.shared_bytes()), ctx_.bf16());
     size_t operand = 0;
@@ -110,8 +121,12 @@ ModelChunk::ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope
     if (cp_) cp_->reserve(buffers_.ring_kv, buffers_.ring_out, buffers_.ring_lse);
     if (opt.ep && buffers_.exchange > 0) opt.ep->reserve(buffers_.exchange);
     if (plan_.first) wte_ = table.offset_of("model.embed_tokens.weight");
+    auto unit_of = [&](const std::string& tensor) { return units_ ? table.find(tensor)->unit : -1; };
+    if (plan_.first) embed_unit_ = unit_of("model.embed_tokens.weight");
+    QUINTET_CHECK(!units_ || !table.units.empty(), "ZeRO units without a table laid out by unit");
     for (int l = plan_.layer_begin; l < plan_.layer_end; ++l) {
         const std::string p = "model.layers." + std::to_string(l) + ".";
+        layer_unit_.push_back(unit_of(p + "input_layernorm.weight"));
         Layer layer;
         layer.ln1 = table.offset_of(p + "input_layernorm.weight");
         layer.ln2 = table.offset_of(p + "post_attention_layernorm.weight");
@@ -123,6 +138,14 @@ ModelChunk::ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope
         norm_ = table.offset_of("model.norm.weight");
         head_ = table.find("lm_head.weight") ? table.offset_of("lm_head.weight")
                                              : table.offset_of("model.embed_tokens.weight");
+        // Tied to an embedding this rank holds (one stage, or zbv's stage 0) rather than to
+        // another stage's copy (GradSync::tied, completed after the schedule).
+        const ParamSpec* e = table.find("model.embed_tokens.weight");
+        head_is_local_embedding_ = d.tied && e && e->sync != GradSync::tied;
+        norm_unit_ = unit_of("model.norm.weight");
+        head_unit_ = unit_of(table.find("lm_head.weight") ? "lm_head.weight" : "model.embed_tokens.weight");
+        QUINTET_CHECK(!(units_ && head_is_local_embedding_ && !plan_.first),
+                      "ZeRO >= 2 with a head tied to an embedding in another chunk of this rank");
     }
     tgt_ = shared.i32("targets");
     host_ids_.resize(size_t(ctx_.N));
@@ -185,7 +208,22 @@ int ModelChunk::add_slot() {
             layers_[size_t(i)].attn->add_slot(v);
             layers_[size_t(i)].ffn->add_slot(v);
         }
+    // What W needs of B: this slot's own under a split schedule, else the shared scratch (W
+    // follows B at once); the blocks' deferred slot n is this slot.
+    for (int i = 0; i < nl; ++i) {
+        if (split_bw_) {
+            const BufferViews w(buffers_.deferred[size_t(i)], at, bf16);
+            at += buffers_.deferred_bytes(size_t(i));
+            s.deferred.push_back({w.f32("w.norm.dy1"), w.f32("w.norm.dy2")});
+            layers_[size_t(i)].attn->add_deferred(w);
+            layers_[size_t(i)].ffn->add_deferred(w);
+        } else {
+            layers_[size_t(i)].attn->add_deferred(ctx_.shared());
+            layers_[size_t(i)].ffn->add_deferred(ctx_.shared());
+        }
+    }
     if (plan_.last) {
+        if (split_bw_) s.dxf = own.f32("w.final.dy");
         s.rstd_f = own.f32("final.rstd");
         s.xf = own.act("final.x");
         s.logits = own.f32("logits");
@@ -291,36 +329,54 @@ void ModelChunk::forward_layer(size_t i, int bslot, LayerSaved& l, const TokenIn
     layer.ffn->forward(bslot, params, l.xn2, l.h, y);
 }
 
+const float* ModelChunk::use(int unit, const float* params) {
+    if (!units_) return params;
+    const UnitParams p = units_->params(unit);
+    if (ctx_.bf16()) ctx_.set_bf16_weights(p.f, p.b);  // the GEMMs read this unit's bf16 copy
+    return p.f;
+}
+
 void ModelChunk::run_layers(Slot& s, const float* params, std::vector<std::unique_ptr<KvCache>>* caches) {
     const int Nr = ctx_.Nr, C = ctx_.d.C, N = ctx_.N;
     const int si = int(&s - slots_.data());
     if (plan_.first) {
         QUINTET_PROFILE("embedding");
+        const float* P = use(embed_unit_, params);
+        prefetch(layers_.empty() ? -1 : layer_unit_[0]);
         if (tp_.size() == 1) {
-            be_.embedding_forward(s.res[0], s.ids, params + wte_, N, C);
+            be_.embedding_forward(s.res[0], s.ids, P + wte_, N, C);
         } else {  // vocab-parallel: each rank looks up its rows, the sum over tp completes x
-            be_.embedding_forward(ctx_.full_b, s.ids, params + wte_, N, C);
+            be_.embedding_forward(ctx_.full_b, s.ids, P + wte_, N, C);
             be_.copy(s.res[0], tp_.reduce(ctx_.full_b, ctx_.dshard, N, C), size_t(Nr) * C);
         }
+        release(embed_unit_);
     }
-    for (size_t i = 0; i < layers_.size(); ++i)
+    for (size_t i = 0; i < layers_.size(); ++i) {
+        const float* P = use(layer_unit_[i], params);
+        prefetch(i + 1 < layers_.size() ? layer_unit_[i + 1] : plan_.last ? norm_unit_ : -1);
         forward_layer(i, full_recompute_ ? 0 : si, full_recompute_ ? ws_layers_[i] : s.layers[i],
-                      s.tok, params, s.res[i], s.res[i + 1], caches ? (*caches)[i].get() : nullptr);
+                      s.tok, P, s.res[i], s.res[i + 1], caches ? (*caches)[i].get() : nullptr);
+        release(layer_unit_[i]);
+    }
 }
 
 double ModelChunk::loss(Slot& s, const float* params, float grad_scale, bool need_grad) {
     const int N = ctx_.N, Nr = ctx_.Nr, C = ctx_.d.C, Vl = ctx_.d.Vl();
+    const float* Pn = use(norm_unit_, params);
     float* xf = ctx_.produce(s.xf, ctx_.full_a);
     {
         QUINTET_PROFILE("rmsnorm");
-        be_.rmsnorm_forward(xf, s.rstd_f, s.res.back(), params + norm_, Nr, C, eps_);
+        be_.rmsnorm_forward(xf, s.rstd_f, s.res.back(), Pn + norm_, Nr, C, eps_);
         ctx_.keep(s.xf, xf, size_t(Nr) * C);
     }
+    const float* Ph = use(head_unit_, params);
     {
         auto role = ctx_.role("gemm.lm_head");
-        ctx_.mm(false, true, N, Vl, C, ctx_.gathered(s.xf, N, C), C, ctx_.weight(params + head_), C, 0.0f,
+        ctx_.mm(false, true, N, Vl, C, ctx_.gathered(s.xf, N, C), C, ctx_.weight(Ph + head_), C, 0.0f,
                 s.logits, Vl);
     }
+    release(head_unit_);
+    release(norm_unit_);
     QUINTET_PROFILE("loss");
     if (tp_.size() == 1) {
         if (need_grad) be_.xent_forward_backward(s.logits, losses_.data(), tgt_, N, Vl, grad_scale);
@@ -336,7 +392,7 @@ double ModelChunk::loss(Slot& s, const float* params, float grad_scale, bool nee
 double ModelChunk::forward(int si, const float* params, const int32_t* ids, const int32_t* targets,
                            float grad_scale, bool need_grad) {
     Slot& s = slots_[size_t(si)];
-    QUINTET_CHECK(!ctx_.bf16() || params == ctx_.master(),
+    QUINTET_CHECK(units_ || !ctx_.bf16() || params == ctx_.master(),
                   "bf16 chunk: params are not the arena set_bf16_weights named");
     set_tokens(s, plan_.first ? ids : nullptr, plan_.last ? targets : nullptr);
     if (docs_ || doc_positions_) {
@@ -367,69 +423,206 @@ void ModelChunk::take_moe_counts(MoeCounts& counts) {
 
 void ModelChunk::update_balance_bias(float* params, const MoeCounts& step) {
     for (size_t i = 0; i < layers_.size(); ++i)
-        if (layers_[i].ffn->experts() > 0) layers_[i].ffn->update_bias(params, step, plan_.layer_begin + int(i));
+        if (layers_[i].ffn->experts() > 0)
+            layers_[i].ffn->update_bias(units_ ? units_->buffers(layer_unit_[i]) : params, step, plan_.layer_begin + int(i));
+}
+
+void ModelChunk::head_input(Slot& s, const float* params, float* grads, bool weight) {
+    // The last chunk's start of the backward: from grad_scale * dL/dlogits (the loss wrote it
+    // into s.logits) to dL/d(final norm input) in dres; with `weight` also the head's and the
+    // norm's gradients (else W computes them from s.dxf).
+    const int N = ctx_.N, Nr = ctx_.Nr, C = ctx_.d.C, Vl = ctx_.d.Vl();
+    float* dres = s.dres;
+    const float* Pn = use(norm_unit_, params);
+    const float* Ph = use(head_unit_, params);
+    // A head tied to this rank's own embedding: under ZeRO >= 2 its gradient joins the
+    // embedding's, whose unit reduces at the end of the backward (embedding_weight).
+    const bool head_now = weight && !(units_ && head_is_local_embedding_);
+    Mat dlogits = ctx_.lowp(s.logits, size_t(N) * Vl);
+    {
+        auto role = ctx_.role("gemm.lm_head");
+        if (head_now) {
+            float* G = grads_of(head_unit_, grads);
+            ctx_.mm(true, false, Vl, C, N, dlogits, Vl, ctx_.gathered(s.xf, N, C), C, 1.0f, G + head_, C);
+        }
+        ctx_.mm(false, false, N, C, Vl, dlogits, Vl, ctx_.weight(Ph + head_), C, 0.0f, ctx_.full_b, C);
+    }
+    const float* dxf = tp_.reduce(ctx_.full_b, ctx_.dshard, N, C);
+    if (!weight) be_.copy(s.dxf, dxf, size_t(Nr) * C), dxf = s.dxf;
+    be_.zero(dres, size_t(Nr) * C);
+    {
+        QUINTET_PROFILE("rmsnorm");
+        float* Gn = weight ? grads_of(norm_unit_, grads) : nullptr;
+        be_.rmsnorm_backward(dres, Gn ? Gn + norm_ : nullptr, dxf, s.res.back(), Pn + norm_, s.rstd_f, Nr, C);
+    }
+    release(head_unit_);
+    release(norm_unit_);
+    if (!weight) return;
+    // A head tied to this rank's own embedding completes only with the embedding backward.
+    if (!head_is_local_embedding_) head_done(grads);
+    ctx_.done(grads_of(norm_unit_, grads) + norm_, size_t(C));
+    reduce(norm_unit_);
+}
+
+void ModelChunk::head_done(float* grads) {
+    ctx_.done(grads_of(head_unit_, grads) + head_, size_t(ctx_.d.Vl()) * ctx_.d.C);
+    reduce(head_unit_);
 }
 
 void ModelChunk::backward(int si, const float* params, float* grads, GradReadyHook* hook) {
-    const int N = ctx_.N, Nr = ctx_.Nr, C = ctx_.d.C;
+    const int Nr = ctx_.Nr, C = ctx_.d.C;
     Slot& s = slots_[size_t(si)];
-    QUINTET_CHECK(!ctx_.bf16() || params == ctx_.master(),
+    QUINTET_CHECK(units_ || !ctx_.bf16() || params == ctx_.master(),
                   "bf16 chunk: params are not the arena set_bf16_weights named");
     ctx_.hook = hook;
     float* dres = s.dres;  // dL/d(residual stream), this rank's rows
-    if (plan_.last) {
-        const int Vl = ctx_.d.Vl();
-        // s.logits holds grad_scale * dL/dlogits (written by the loss).
-        Mat dlogits = ctx_.lowp(s.logits, size_t(N) * Vl);
-        {
-            auto role = ctx_.role("gemm.lm_head");
-            ctx_.mm(true, false, Vl, C, N, dlogits, Vl, ctx_.gathered(s.xf, N, C), C, 1.0f, grads + head_, C);
-            ctx_.mm(false, false, N, C, Vl, dlogits, Vl, ctx_.weight(params + head_), C, 0.0f, ctx_.full_b, C);
-        }
-        const float* dxf = tp_.reduce(ctx_.full_b, ctx_.dshard, N, C);
-        be_.zero(dres, size_t(Nr) * C);
-        {
-            QUINTET_PROFILE("rmsnorm");
-            be_.rmsnorm_backward(dres, grads + norm_, dxf, s.res.back(), params + norm_, s.rstd_f, Nr, C);
-        }
-        // A head tied to this chunk's own embedding completes only with the embedding backward.
-        if (!(ctx_.d.tied && plan_.first)) ctx_.done(grads + head_, size_t(Vl) * C);
-        ctx_.done(grads + norm_, size_t(C));
-    } else {
-        be_.copy(dres, s.dout, size_t(Nr) * C);
-    }
+    if (plan_.last) head_input(s, params, grads, true);
+    else be_.copy(dres, s.dout, size_t(Nr) * C);
     for (int i = int(layers_.size()) - 1; i >= 0; --i) {
         Layer& layer = layers_[size_t(i)];
         LayerSaved& l = full_recompute_ ? ws_layers_[size_t(i)] : s.layers[size_t(i)];
         const int bslot = full_recompute_ ? 0 : si;
+        const int u = layer_unit_[size_t(i)];
+        const float* P = use(u, params);
+        prefetch(i > 0 ? layer_unit_[size_t(i - 1)] : -1);
+        float* G = grads_of(u, grads);
         // Full recompute: the layer's forward again, from its kept input (the same bits).
         if (full_recompute_) {
             ctx_.recomputing = true;
-            forward_layer(size_t(i), 0, l, s.tok, params, s.res[size_t(i)], recompute_out_, nullptr);
+            forward_layer(size_t(i), 0, l, s.tok, P, s.res[size_t(i)], recompute_out_, nullptr);
             ctx_.recomputing = false;
         }
-        // Feed-forward branch; dres flows straight through the residual.
-        const float* dhn = layer.ffn->backward(bslot, params, grads, l.xn2, dres);
+        // Feed-forward branch, B then W at once; dres flows straight through the residual.
+        const float* dhn = layer.ffn->backward_input(bslot, si, P, l.xn2, dres);
+        layer.ffn->backward_weight(bslot, si, G, l.xn2);
         {
             QUINTET_PROFILE("rmsnorm");
-            be_.rmsnorm_backward(dres, grads + layer.ln2, dhn, l.h, params + layer.ln2, l.rstd2, Nr, C);
+            be_.rmsnorm_backward(dres, G + layer.ln2, dhn, l.h, P + layer.ln2, l.rstd2, Nr, C);
         }
-        ctx_.done(grads + layer.ln2, size_t(C));
+        ctx_.done(G + layer.ln2, size_t(C));
         // Attention branch.
-        const float* dxn = layer.attn->backward(bslot, s.tok, params, grads, l.xn1, dres);
+        const float* dxn = layer.attn->backward_input(bslot, si, s.tok, P, l.xn1, dres);
+        layer.attn->backward_weight(bslot, si, s.tok, G, l.xn1, false);
         {
             QUINTET_PROFILE("rmsnorm");
-            be_.rmsnorm_backward(dres, grads + layer.ln1, dxn, s.res[size_t(i)], params + layer.ln1,
-                                 l.rstd1, Nr, C);
+            be_.rmsnorm_backward(dres, G + layer.ln1, dxn, s.res[size_t(i)], P + layer.ln1, l.rstd1, Nr, C);
         }
-        ctx_.done(grads + layer.ln1, size_t(C));
+        ctx_.done(G + layer.ln1, size_t(C));
+        release(u);
+        reduce(u);
     }
-    if (plan_.first) {
-        QUINTET_PROFILE("embedding");
-        const float* D = tp_.gather(dres, ctx_.full_a, N, C);
-        be_.embedding_backward(grads + wte_, D, s.ids, N, C, ctx_.d.Vl());
-        ctx_.done(grads + wte_, size_t(ctx_.d.Vl()) * C);
+    if (plan_.first) embedding_weight(s, grads);
+    ctx_.hook = nullptr;
+}
+
+void ModelChunk::embedding_weight(Slot& s, float* grads) {
+    QUINTET_PROFILE("embedding");
+    const int N = ctx_.N, C = ctx_.d.C;
+    float* G = grads_of(embed_unit_, grads);
+    const float* D = tp_.gather(s.dres, ctx_.full_a, N, C);
+    be_.embedding_backward(G + wte_, D, s.ids, N, C, ctx_.d.Vl());
+    if (units_ && head_is_local_embedding_ && plan_.last) {  // the tied head's share, deferred to here
+        auto role = ctx_.role("gemm.lm_head");
+        const int Vl = ctx_.d.Vl();
+        ctx_.mm(true, false, Vl, C, N, ctx_.lowp(s.logits, size_t(N) * Vl), Vl, ctx_.gathered(s.xf, N, C), C, 1.0f,
+                G + head_, C);
     }
+    ctx_.done(G + wte_, size_t(ctx_.d.Vl()) * C);
+    reduce(embed_unit_);
+}
+
+void ModelChunk::recompute_layer(size_t i, Slot& s, const float* params) {
+    ctx_.recomputing = true;
+    forward_layer(i, 0, ws_layers_[i], s.tok, params, s.res[i], recompute_out_, nullptr);
+    ctx_.recomputing = false;
+}
+
+void ModelChunk::backward_input(int si, const float* params) {
+    QUINTET_CHECK(split_bw_, "backward_input on a chunk built without split_bw");
+    const int Nr = ctx_.Nr, C = ctx_.d.C;
+    Slot& s = slots_[size_t(si)];
+    QUINTET_CHECK(units_ || !ctx_.bf16() || params == ctx_.master(),
+                  "bf16 chunk: params are not the arena set_bf16_weights named");
+    float* dres = s.dres;
+    if (plan_.last) head_input(s, params, nullptr, false);
+    else be_.copy(dres, s.dout, size_t(Nr) * C);
+    for (int i = int(layers_.size()) - 1; i >= 0; --i) {
+        Layer& layer = layers_[size_t(i)];
+        LayerSaved& l = full_recompute_ ? ws_layers_[size_t(i)] : s.layers[size_t(i)];
+        LayerDeferred& w = s.deferred[size_t(i)];
+        const int bslot = full_recompute_ ? 0 : si;
+        const int u = layer_unit_[size_t(i)];
+        const float* P = use(u, params);
+        prefetch(i > 0 ? layer_unit_[size_t(i - 1)] : -1);
+        if (full_recompute_) recompute_layer(size_t(i), s, P);
+        const float* dhn = layer.ffn->backward_input(bslot, si, P, l.xn2, dres);
+        be_.copy(w.dy2, dhn, size_t(Nr) * C);
+        {
+            QUINTET_PROFILE("rmsnorm");
+            be_.rmsnorm_backward(dres, nullptr, w.dy2, l.h, P + layer.ln2, l.rstd2, Nr, C);
+        }
+        const float* dxn = layer.attn->backward_input(bslot, si, s.tok, P, l.xn1, dres);
+        be_.copy(w.dy1, dxn, size_t(Nr) * C);
+        {
+            QUINTET_PROFILE("rmsnorm");
+            be_.rmsnorm_backward(dres, nullptr, w.dy1, s.res[size_t(i)], P + layer.ln1, l.rstd1, Nr, C);
+        }
+        release(u);
+    }
+}
+
+void ModelChunk::backward_weight(int si, const float* params, float* grads, GradReadyHook* hook) {
+    QUINTET_CHECK(split_bw_, "backward_weight on a chunk built without split_bw");
+    const int N = ctx_.N, Nr = ctx_.Nr, C = ctx_.d.C;
+    Slot& s = slots_[size_t(si)];
+    ctx_.hook = hook;
+    if (plan_.last) {
+        const int Vl = ctx_.d.Vl();
+        if (!(units_ && head_is_local_embedding_)) {
+            auto role = ctx_.role("gemm.lm_head");
+            Mat dlogits = ctx_.lowp(s.logits, size_t(N) * Vl);
+            ctx_.mm(true, false, Vl, C, N, dlogits, Vl, ctx_.gathered(s.xf, N, C), C, 1.0f,
+                    grads_of(head_unit_, grads) + head_, C);
+        }
+        {
+            QUINTET_PROFILE("rmsnorm");
+            be_.rmsnorm_backward(nullptr, grads_of(norm_unit_, grads) + norm_, s.dxf, s.res.back(), nullptr, s.rstd_f,
+                                 Nr, C);
+        }
+        if (!head_is_local_embedding_) head_done(grads);
+        ctx_.done(grads_of(norm_unit_, grads) + norm_, size_t(C));
+        reduce(norm_unit_);
+    }
+    for (int i = int(layers_.size()) - 1; i >= 0; --i) {
+        Layer& layer = layers_[size_t(i)];
+        LayerSaved& l = full_recompute_ ? ws_layers_[size_t(i)] : s.layers[size_t(i)];
+        LayerDeferred& w = s.deferred[size_t(i)];
+        const int bslot = full_recompute_ ? 0 : si;
+        const int u = layer_unit_[size_t(i)];
+        // Full recompute: the layer's values were B's and are gone again -- the forward once more
+        // (under ZeRO-3 with its parameters gathered again).
+        if (full_recompute_) {
+            const float* P = use(u, params);
+            prefetch(i > 0 ? layer_unit_[size_t(i - 1)] : -1);
+            recompute_layer(size_t(i), s, P);
+            release(u);
+        }
+        float* G = grads_of(u, grads);
+        layer.ffn->backward_weight(bslot, si, G, l.xn2);
+        {
+            QUINTET_PROFILE("rmsnorm");
+            be_.rmsnorm_backward(nullptr, G + layer.ln2, w.dy2, l.h, nullptr, l.rstd2, Nr, C);
+        }
+        ctx_.done(G + layer.ln2, size_t(C));
+        layer.attn->backward_weight(bslot, si, s.tok, G, l.xn1, true);
+        {
+            QUINTET_PROFILE("rmsnorm");
+            be_.rmsnorm_backward(nullptr, G + layer.ln1, w.dy1, s.res[size_t(i)], nullptr, l.rstd1, Nr, C);
+        }
+        ctx_.done(G + layer.ln1, size_t(C));
+        reduce(u);
+    }
+    if (plan_.first) embedding_weight(s, grads);
     ctx_.hook = nullptr;
 }
 
@@ -449,6 +642,7 @@ double ModelChunk::forward_loss(const float* params, const int32_t* ids, const i
 }
 
 std::vector<std::unique_ptr<KvCache>> ModelChunk::make_caches(int max_len, bool full_kv) const {
+    QUINTET_CHECK(!units_, "generation reads the whole arena (no ZeRO units)");
     std::vector<std::unique_ptr<KvCache>> out;
     for (const auto& l : layers_) out.push_back(l.attn->make_cache(max_len, full_kv));
     return out;

@@ -22,14 +22,35 @@ const char* op_name(Op op) {
         case Op::recv_bwd: return "recv_bwd";
         case Op::backward: return "backward";
         case Op::send_bwd: return "send_bwd";
+        case Op::backward_input: return "backward_input";
+        case Op::backward_weight: return "backward_weight";
     }
     return "?";
 }
 
-int virtual_stage(int pp, int stage, int chunk) { return chunk * pp + stage; }
+bool is_compute(Op op) {
+    return op == Op::forward || op == Op::backward || op == Op::backward_input || op == Op::backward_weight;
+}
 
-SchedulePeer schedule_peer(int pp, int v, int stage, const Action& a) {
-    const int vs = virtual_stage(pp, stage, a.chunk), last = pp * v - 1;
+Placement schedule_placement(const std::string& kind) { return kind == "zbv" ? Placement::vee : Placement::loop; }
+
+bool schedule_splits_backward(const std::string& kind) { return kind == "zb_h1" || kind == "zbv"; }
+
+int virtual_stage(int pp, int stage, int chunk, Placement placement) {
+    if (placement == Placement::vee) return chunk == 0 ? stage : 2 * pp - 1 - stage;
+    return chunk * pp + stage;
+}
+
+namespace {
+// The (stage, chunk) that holds virtual stage vs.
+SchedulePeer holder(int pp, int vs, Placement placement) {
+    if (placement == Placement::vee) return vs < pp ? SchedulePeer{vs, 0} : SchedulePeer{2 * pp - 1 - vs, 1};
+    return {vs % pp, vs / pp};
+}
+}  // namespace
+
+SchedulePeer schedule_peer(int pp, int v, int stage, const Action& a, Placement placement) {
+    const int vs = virtual_stage(pp, stage, a.chunk, placement), last = pp * v - 1;
     const bool towards_next = a.op == Op::send_fwd || a.op == Op::recv_bwd;   // talks to vs+1
     const bool towards_prev = a.op == Op::recv_fwd || a.op == Op::send_bwd;   // talks to vs-1
     auto fail = [&](const char* why) {
@@ -41,8 +62,7 @@ SchedulePeer schedule_peer(int pp, int v, int stage, const Action& a) {
     if (!towards_next && !towards_prev) fail("not a transfer");
     if (towards_next && vs == last) fail("the last virtual stage has no next stage");
     if (towards_prev && vs == 0) fail("virtual stage 0 has no previous stage");
-    if (towards_next) return {(stage + 1) % pp, a.chunk + (stage == pp - 1 ? 1 : 0)};
-    return {(stage - 1 + pp) % pp, a.chunk - (stage == 0 ? 1 : 0)};
+    return holder(pp, towards_next ? vs + 1 : vs - 1, placement);
 }
 
 namespace {
@@ -51,9 +71,10 @@ namespace {
 struct ActionList {
     int pp, stage, v;
     std::vector<Action> out;
+    Placement placement = Placement::loop;
 
-    bool first(int chunk) const { return virtual_stage(pp, stage, chunk) == 0; }
-    bool last(int chunk) const { return virtual_stage(pp, stage, chunk) == pp * v - 1; }
+    bool first(int chunk) const { return virtual_stage(pp, stage, chunk, placement) == 0; }
+    bool last(int chunk) const { return virtual_stage(pp, stage, chunk, placement) == pp * v - 1; }
 
     void forward(int mb, int chunk) {
         if (!first(chunk)) out.push_back({Op::recv_fwd, mb, chunk});
@@ -65,6 +86,13 @@ struct ActionList {
         out.push_back({Op::backward, mb, chunk});
         if (!first(chunk)) out.push_back({Op::send_bwd, mb, chunk});
     }
+    // The split backward: B with the backward's transfers, W on its own.
+    void input(int mb, int chunk) {
+        if (!last(chunk)) out.push_back({Op::recv_bwd, mb, chunk});
+        out.push_back({Op::backward_input, mb, chunk});
+        if (!first(chunk)) out.push_back({Op::send_bwd, mb, chunk});
+    }
+    void weight(int mb, int chunk) { out.push_back({Op::backward_weight, mb, chunk}); }
 };
 
 void check_or_throw(const std::string& kind, int pp, int stage, int m, int v) {
@@ -131,26 +159,109 @@ std::vector<Action> make_interleaved(int pp, int stage, int m, int v) {
     return a.out;
 }
 
+std::vector<Action> make_zb_h1(int pp, int stage, int m) {
+    check_or_throw("zb_h1", pp, stage, m, 1);
+    ActionList a{pp, stage, 1, {}};
+    const int num_warmup = std::min(pp - stage - 1, m);
+    int next_w = 0;
+    // Stage s holds back its first s W's: the k-th B (k = 0, 1, ...) is followed by a W once
+    // k >= s, always the oldest one still owed.
+    auto after_input = [&](int k) {
+        if (k >= stage) a.weight(next_w++, 0);
+    };
+    for (int i = 0; i < num_warmup; ++i) a.forward(i, 0);
+    for (int k = 0; k < m - num_warmup; ++k) {
+        a.forward(num_warmup + k, 0);
+        a.input(k, 0);
+        after_input(k);
+    }
+    for (int k = m - num_warmup; k < m; ++k) {
+        a.input(k, 0);
+        after_input(k);
+    }
+    while (next_w < m) a.weight(next_w++, 0);  // the held-back W's fill the drain
+    return a.out;
+}
+
+std::vector<Action> make_zbv(int pp, int stage, int m) {
+    check_or_throw("zbv", pp, stage, m, 2);
+    // Built for n >= 2pp-1 microbatches (what the V needs to reach its steady state); those past
+    // m are dropped below.
+    const int n = std::max(2 * pp - 1, m);
+    ActionList a{pp, stage, 2, {}};
+    a.placement = Placement::vee;
+    int f0 = 0, f1 = 0, b0 = 0, b1 = 0;
+    for (int i = 0; i < 2 * (pp - stage) - 1; ++i) a.forward(f0++, 0);
+    for (int i = 0; i < stage; ++i) {
+        a.forward(f1++, 1);
+        a.forward(f0++, 0);
+    }
+    for (int i = 0; i < pp - stage; ++i) {
+        a.forward(f1++, 1);
+        a.input(b1, 1);
+        a.weight(b1++, 1);
+    }
+    while (f1 < f0 || f0 < n) {
+        if (f0 < n) a.forward(f0++, 0);
+        a.input(b0, 0);
+        a.weight(b0++, 0);
+        a.forward(f1++, 1);
+        a.input(b1, 1);
+        a.weight(b1++, 1);
+    }
+    int w0 = b0, w1 = b1;
+    for (int i = 0; i < stage; ++i) {
+        a.input(b0++, 0);
+        a.input(b1++, 1);
+    }
+    for (int i = 0; i < pp - stage; ++i) {
+        a.input(b0++, 0);
+        a.weight(w0++, 0);
+    }
+    while (w1 < b1) a.weight(w1++, 1);
+    while (w0 < b0) a.weight(w0++, 0);
+    if (!(f0 == n && b0 == n && w0 == n && f1 == n && b1 == n && w1 == n))
+        throw std::logic_error("make_zbv: the counts do not close (pp " + std::to_string(pp) + ", stage " +
+                               std::to_string(stage) + ")");
+    std::vector<Action> kept;
+    for (const Action& x : a.out)
+        if (x.microbatch < m) kept.push_back(x);
+    return kept;
+}
+
 std::vector<Action> make_schedule(const std::string& kind, int pp, int stage, int m, int v) {
     check_or_throw(kind, pp, stage, m, v);
     if (kind == "1f1b") return make_1f1b(pp, stage, m);
     if (kind == "gpipe") return make_gpipe(pp, stage, m);
+    if (kind == "zb_h1") return make_zb_h1(pp, stage, m);
+    if (kind == "zbv") return make_zbv(pp, stage, m);
     return make_interleaved(pp, stage, m, v);
 }
 
 std::string schedule_check(const std::string& kind, int pp, int m, int v, int n_layers) {
     const std::string S = std::to_string(pp), M = std::to_string(m), V = std::to_string(v),
                       L = std::to_string(n_layers);
-    if (kind != "1f1b" && kind != "gpipe" && kind != "interleaved")
-        return key_error("parallel.schedule", kind, "must be one of 1f1b, gpipe, interleaved");
+    if (kind != "1f1b" && kind != "gpipe" && kind != "interleaved" && kind != "zb_h1" && kind != "zbv")
+        return key_error("parallel.schedule", kind, "must be one of 1f1b, gpipe, interleaved, zb_h1, zbv");
     if (pp < 1) return key_error("parallel.pp", S, "must be >= 1");
     if (m < 1) return key_error("parallel.microbatches", M, "must be >= 1");
     if (v < 1) return key_error("parallel.virtual_stages", V, "must be >= 1");
+    if (kind == "zbv") {
+        if (v != 2)
+            return key_error("parallel.virtual_stages", V,
+                             "must be 2 with parallel.schedule = zbv (two chunks per stage in a V)");
+        if (pp < 2) return key_error("parallel.pp", S, "must be >= 2 with parallel.schedule = zbv");
+        if (n_layers > 0 && n_layers % (2 * pp) != 0)
+            return key_error("model.n_layers", L,
+                             "must be a multiple of 2 * parallel.pp = " + std::to_string(2 * pp) +
+                                 " for parallel.schedule = zbv (two equal chunks per stage)");
+        return "";
+    }
     if (kind != "interleaved") {
         if (v != 1)
             return key_error("parallel.virtual_stages", V,
                              "must be 1 with parallel.schedule = " + kind +
-                                 " (virtual stages need parallel.schedule = interleaved)");
+                                 " (virtual stages need parallel.schedule = interleaved or zbv)");
         if (n_layers > 0 && n_layers < pp)
             return key_error("model.n_layers", L,
                              "must be >= parallel.pp = " + S + " (every stage needs a layer)");
@@ -187,6 +298,8 @@ std::string label(Op op, int mb, int chunk, int v) {
         case Op::recv_bwd: s = "rB"; break;
         case Op::backward: s = "B"; break;
         case Op::send_bwd: s = "sB"; break;
+        case Op::backward_input: s = "B"; break;
+        case Op::backward_weight: s = "W"; break;
     }
     s += std::to_string(mb);
     if (v > 1) s += char('a' + chunk % 26);
@@ -202,10 +315,12 @@ std::string describe(int stage, size_t index, const Action& a) {
 }  // namespace
 
 Simulation simulate_actions(const std::vector<std::vector<Action>>& lists, int v, double tf,
-                            double tb) {
+                            double tb, double tw, Placement placement) {
     const int pp = static_cast<int>(lists.size());
     if (pp < 1 || v < 1) throw std::invalid_argument("simulate: need pp >= 1 and v >= 1");
-    const double cost_f = tf / v, cost_b = tb / v;
+    if (tw < 0) tw = tb / 2;
+    if (!(tw < tb)) throw std::invalid_argument("simulate: the weight part of the backward must be < the backward");
+    const double cost_f = tf / v, cost_b = tb / v, cost_bi = (tb - tw) / v, cost_w = tw / v;
     // A directed link: (sender, receiver, is_bwd) -> FIFO of (mb, receiver chunk, send time).
     using Link = std::tuple<int, int, bool>;
     struct Message { int mb, chunk; double time; };
@@ -217,7 +332,7 @@ Simulation simulate_actions(const std::vector<std::vector<Action>>& lists, int v
         double clock = 0;                        // when the stage is free
         std::set<std::pair<int, int>> got_fwd;   // (mb, chunk) inputs received
         std::set<std::pair<int, int>> got_bwd;   // (mb, chunk) output gradients received
-        std::set<std::pair<int, int>> fwd_done, bwd_done;
+        std::set<std::pair<int, int>> fwd_done, bwd_done, input_done, weight_done;
         int in_flight = 0;
     };
     std::vector<State> st(pp);
@@ -238,12 +353,17 @@ Simulation simulate_actions(const std::vector<std::vector<Action>>& lists, int v
                 const Action& a = lists[s][S.pc];
                 if (a.chunk < 0 || a.chunk >= v || a.microbatch < 0)
                     fail(describe(s, S.pc, a) + ": chunk or microbatch out of range");
-                const int vs = virtual_stage(pp, s, a.chunk);
+                const int vs = virtual_stage(pp, s, a.chunk, placement);
                 const std::pair<int, int> key{a.microbatch, a.chunk};
+                auto compute = [&](double cost) {
+                    T.slots.emplace_back(S.clock, S.clock + cost, a.op, a.microbatch, a.chunk);
+                    S.clock += cost;
+                    T.busy += cost;
+                };
                 if (a.op == Op::recv_fwd || a.op == Op::recv_bwd) {
                     SchedulePeer from;
                     try {
-                        from = schedule_peer(pp, v, s, a);
+                        from = schedule_peer(pp, v, s, a, placement);
                     } catch (const std::invalid_argument& e) {
                         fail(describe(s, S.pc, a) + ": " + e.what());
                     }
@@ -263,32 +383,41 @@ Simulation simulate_actions(const std::vector<std::vector<Action>>& lists, int v
                 } else if (a.op == Op::send_fwd || a.op == Op::send_bwd) {
                     SchedulePeer to;
                     try {
-                        to = schedule_peer(pp, v, s, a);
+                        to = schedule_peer(pp, v, s, a, placement);
                     } catch (const std::invalid_argument& e) {
                         fail(describe(s, S.pc, a) + ": " + e.what());
                     }
                     const bool bwd = a.op == Op::send_bwd;
-                    if (!(bwd ? S.bwd_done : S.fwd_done).count(key))
+                    if (!(bwd ? (S.bwd_done.count(key) || S.input_done.count(key)) : S.fwd_done.count(key)))
                         fail(describe(s, S.pc, a) + ": sends a result not computed yet");
                     queue[Link{s, to.stage, bwd}].push_back({a.microbatch, to.chunk, S.clock});
                 } else if (a.op == Op::forward) {
                     if (S.fwd_done.count(key)) fail(describe(s, S.pc, a) + ": second forward");
                     if (vs != 0 && !S.got_fwd.count(key))
                         fail(describe(s, S.pc, a) + ": forward without its recv_fwd");
-                    T.slots.emplace_back(S.clock, S.clock + cost_f, a.op, a.microbatch, a.chunk);
-                    S.clock += cost_f;
-                    T.busy += cost_f;
+                    compute(cost_f);
                     S.fwd_done.insert(key);
                     T.peak_in_flight = std::max(T.peak_in_flight, ++S.in_flight);
-                } else {  // backward
+                } else if (a.op == Op::backward || a.op == Op::backward_input) {
+                    const bool whole = a.op == Op::backward;
                     if (!S.fwd_done.count(key)) fail(describe(s, S.pc, a) + ": backward before forward");
-                    if (S.bwd_done.count(key)) fail(describe(s, S.pc, a) + ": second backward");
+                    if (S.bwd_done.count(key) || S.input_done.count(key))
+                        fail(describe(s, S.pc, a) + ": second backward");
                     if (vs != pp * v - 1 && !S.got_bwd.count(key))
                         fail(describe(s, S.pc, a) + ": backward without its recv_bwd");
-                    T.slots.emplace_back(S.clock, S.clock + cost_b, a.op, a.microbatch, a.chunk);
-                    S.clock += cost_b;
-                    T.busy += cost_b;
-                    S.bwd_done.insert(key);
+                    compute(whole ? cost_b : cost_bi);
+                    if (whole) {
+                        S.bwd_done.insert(key);
+                        --S.in_flight;
+                    } else {
+                        S.input_done.insert(key);
+                    }
+                } else {  // backward_weight
+                    if (!S.input_done.count(key))
+                        fail(describe(s, S.pc, a) + ": backward_weight before its backward_input");
+                    if (S.weight_done.count(key)) fail(describe(s, S.pc, a) + ": second backward_weight");
+                    compute(cost_w);
+                    S.weight_done.insert(key);
                     --S.in_flight;
                 }
                 ++S.pc;
@@ -307,10 +436,13 @@ Simulation simulate_actions(const std::vector<std::vector<Action>>& lists, int v
             fail("stage " + std::to_string(std::get<0>(link)) + " sent " +
                  (std::get<2>(link) ? "bwd" : "fwd") + " mb " + std::to_string(q[head[link]].mb) +
                  " to stage " + std::to_string(std::get<1>(link)) + ", which never receives it");
-    for (int s = 0; s < pp; ++s)
-        if (st[s].fwd_done.size() != st[s].bwd_done.size())
+    for (int s = 0; s < pp; ++s) {
+        if (st[s].fwd_done.size() != st[s].bwd_done.size() + st[s].weight_done.size())
             fail("stage " + std::to_string(s) + " ends with " +
                  std::to_string(st[s].in_flight) + " microbatch(es) never run backward");
+        if (st[s].input_done.size() != st[s].weight_done.size())
+            fail("stage " + std::to_string(s) + " ends with a backward_input whose backward_weight never runs");
+    }
 
     for (int s = 0; s < pp; ++s) sim.makespan = std::max(sim.makespan, st[s].clock);
     for (auto& T : sim.stages)
@@ -318,19 +450,33 @@ Simulation simulate_actions(const std::vector<std::vector<Action>>& lists, int v
     return sim;
 }
 
-Simulation simulate(const std::string& kind, int pp, int m, int v, double tf, double tb) {
+Simulation simulate(const std::string& kind, int pp, int m, int v, double tf, double tb, double tw) {
     std::string err = schedule_check(kind, pp, m, v, 0);
     if (!err.empty()) throw ConfigError(err);
     if (!(tf > 0) || !(tb > 0))
         throw std::invalid_argument("simulate: forward and backward costs must be > 0");
     std::vector<std::vector<Action>> lists;
     for (int s = 0; s < pp; ++s) lists.push_back(make_schedule(kind, pp, s, m, v));
-    return simulate_actions(lists, v, tf, tb);
+    return simulate_actions(lists, v, tf, tb, tw, schedule_placement(kind));
+}
+
+int self_messages_in_flight(const std::vector<Action>& actions, int pp, int v, int stage, Placement placement) {
+    int now = 0, peak = 0;
+    for (const Action& a : actions) {
+        const bool transfer = a.op == Op::recv_fwd || a.op == Op::recv_bwd || a.op == Op::send_fwd ||
+                              a.op == Op::send_bwd;
+        if (!transfer || schedule_peer(pp, v, stage, a, placement).stage != stage) continue;
+        if (a.op == Op::send_fwd || a.op == Op::send_bwd) peak = std::max(peak, ++now);
+        else --now;
+    }
+    return peak;
 }
 
 double bubble_theory(const std::string& kind, int pp, int m, int v) {
     const double p = pp;
     if (kind == "interleaved") return (p - 1) / (double(v) * m + p - 1);
+    if (kind == "zb_h1") return (p - 1) / (3.0 * m + p - 1);
+    if (kind == "zbv") return (p - 1) / (6.0 * m + p - 1);
     return (p - 1) / (m + p - 1);
 }
 
@@ -339,7 +485,7 @@ double bubble_theory(const std::string& kind, int pp, int m, int v) {
 std::string format_actions(const std::vector<Action>& actions, int v, bool with_transfers) {
     std::string out;
     for (const Action& a : actions) {
-        if (!with_transfers && a.op != Op::forward && a.op != Op::backward) continue;
+        if (!with_transfers && !is_compute(a.op)) continue;
         if (!out.empty()) out += ' ';
         out += label(a.op, a.microbatch, a.chunk, v);
     }
@@ -349,12 +495,14 @@ std::string format_actions(const std::vector<Action>& actions, int v, bool with_
 std::string render_timeline(const Simulation& s, int pp, int width) {
     // Chunk letters when any slot runs a chunk > 0; the quantum divides every slot duration.
     int v = 1;
+    bool split = false;
     double shortest = 0;
     std::vector<double> durations;
     size_t label_width = 1;
     for (const auto& T : s.stages)
         for (const auto& [t0, t1, op, mb, chunk] : T.slots) {
             v = std::max(v, chunk + 1);
+            split = split || op == Op::backward_weight;
             durations.push_back(t1 - t0);
             shortest = shortest == 0 ? t1 - t0 : std::min(shortest, t1 - t0);
         }
@@ -396,7 +544,8 @@ std::string render_timeline(const Simulation& s, int pp, int width) {
     char qbuf[32];
     std::snprintf(qbuf, sizeof qbuf, "%g", q);
     std::ostringstream out;
-    out << "one column = " << qbuf << " time unit(s); F<mb> forward, B<mb> backward"
+    out << "one column = " << qbuf << " time unit(s); F<mb> forward, "
+        << (split ? "B<mb> input backward, W<mb> weight backward" : "B<mb> backward")
         << (v > 1 ? " (letter = chunk: a = 0, b = 1, ...)" : "") << ", '-' continues a slot, "
         << "'.' idle\n";
     const std::string prefix_fmt = "stage " + std::to_string(rows - 1);

@@ -290,7 +290,11 @@ GpuStepTime gpu_step_time(const GpuLayout& l, const Hardware& hw, const Framewor
             const double P = st.params.r[size_t(reg)], g = reg ? ge : gd;
             if (P <= 0 || g <= 1) continue;
             const Link& lk = reg ? ledp : ldp;
-            const double b = l.zero ? P * (4 + r.eb) * (g - 1) / g : 2 * P * 4 * (g - 1) / g;
+            // ZeRO-2: the fp32 gradients reduce-scattered once per microbatch, the weights gathered
+            // once; ZeRO-3: the weights gathered for every forward and backward too.
+            const double b = l.zero >= 2 ? P * (4 * mb + r.eb * (l.zero == 3 ? 2 * mb : 1)) * (g - 1) / g
+                             : l.zero    ? P * (4 + r.eb) * (g - 1) / g
+                                         : 2 * P * 4 * (g - 1) / g;
             const double buckets = std::ceil(P * 4 / bucket);
             dp_b += b;
             dp_t += b / lk.bw + buckets * (kCollectiveBaseS + std::min(2.0 * (g - 1), 2.0 * std::ceil(std::log2(g))) * lk.lat);
@@ -298,7 +302,7 @@ GpuStepTime gpu_step_time(const GpuLayout& l, const Hardware& hw, const Framewor
         bytes[kAxisDp] = dp_b;
         // Overlapped: the reductions run during the last microbatch's backward (and ZeRO-1's
         // gathers during the first one's forward); the last bucket stays exposed.
-        const bool overlapped = fw.overlap[kAxisDp] && (fw.overlap_given || (l.overlap_dp && l.zero == 0));
+        const bool overlapped = fw.overlap[kAxisDp] && (fw.overlap_given || (l.overlap_dp && l.zero == 0) || l.zero >= 2);
         if (overlapped && dp_t > 0) {
             const double grads = (st.params.r[0] + st.params.r[1]) * 4;
             const double last_bucket = std::min(1.0, bucket / std::max(grads, 1.0));

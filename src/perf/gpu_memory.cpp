@@ -23,6 +23,11 @@ MemoryBytes gpu_memory(const GpuMemoryInput& in) {
     const double per = (in.bf16 ? 4 : 0) + 8;
     const double state = in.zero ? std::ceil(Pd / in.dense_group) + std::ceil(Pe / in.expert_group) : Pd + Pe;
     m.optimizer = per * state;
+    if (in.zero >= 2) {  // the fp32 gradient slices and two unit windows (train/zero_state)
+        const double shard = Pd / in.dense_group + Pe / in.expert_group;
+        m.grads = shard * 4 + 2 * in.largest_unit * 4;
+        if (in.zero == 3) m.params = (shard + in.params.r[size_t(int(Replicas::none))]) * wb + 2 * in.largest_unit * wb;
+    }
     double act = 0;
     for (const auto& [cb, slots] : in.chunks) {
         // What a slot keeps of the chunk's own values: the layers' inputs (res.0 .. res.n-1), the

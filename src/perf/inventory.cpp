@@ -1,6 +1,7 @@
 #include "quintet/perf/inventory.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <mutex>
 
 #include "quintet/parallel/pipeline_schedule.hpp"
@@ -142,6 +143,49 @@ RegionFloats ModelInventory::stage_params(const std::vector<ChunkPlan>& chunks, 
     return f;
 }
 
+std::vector<ModelInventory::Unit> ModelInventory::stage_units(const std::vector<ChunkPlan>& chunks, int pp) const {
+    bool first = false, last = false;
+    for (const auto& c : chunks) first = first || c.first, last = last || c.last;
+    std::vector<Unit> u;
+    auto add = [&](const RegionFloats& f, bool layer) {
+        if (f.sum() > 0) u.push_back({f, layer});
+    };
+    if (first) add(embed_, false);
+    // Layers in model order whatever the chunk order (zbv's stage holds chunks s and 2pp-1-s).
+    std::vector<int> layers;
+    for (const auto& c : chunks)
+        for (int l = c.layer_begin; l < c.layer_end; ++l) layers.push_back(l);
+    std::sort(layers.begin(), layers.end());
+    for (int l : layers) add(kind(l).params, true);
+    if (last) {
+        add(final_norm_, false);
+        add(head_params_, false);
+        if (m_.tie_embeddings && pp > 1 && !first) add(embed_, false);  // the tied copy, in unit "head"
+    }
+    return u;
+}
+
+ZeroLayout zero_sizes(const std::vector<ModelInventory::Unit>& units, const double group[kNumRegions], double* arena) {
+    ZeroLayout z;
+    double total = 0;
+    for (const auto& u : units) {
+        double range = 0, shard = 0;
+        for (int r = 0; r < kNumRegions; ++r) {
+            const double g = Replicas(r) == Replicas::none ? 1 : std::max(1.0, group[r]);
+            const double part = std::ceil(u.f.r[size_t(r)] / g) * g;
+            range += part;
+            if (Replicas(r) == Replicas::none) z.buffers += size_t(part);
+            else shard += part / g;
+        }
+        total += range;
+        z.trainable += size_t(shard);
+        z.largest_unit = std::max(z.largest_unit, size_t(range));
+        z.largest_unit_shard = std::max(z.largest_unit_shard, size_t(shard));
+    }
+    if (arena) *arena = total;
+    return z;
+}
+
 ModelCounts model_counts(const ModelConfig& m) {
     // The whole model on one rank, composed like a rank's share (exact: tests/perf/test_inventory.cpp).
     const ModelInventory inv(m, 1, 1, false);
@@ -156,7 +200,10 @@ ModelCounts model_counts(const ModelConfig& m) {
 std::vector<int> chunk_slots(const std::string& kind, int pp, int stage, int m, int v) {
     // 1F1B holds at most pp - stage; the interleaved schedule's warm-up is under 3 groups of pp
     // microbatches and its steady state repeats every group, so 8 groups show every peak.
-    const int mc = kind == "1f1b" ? std::min(m, pp + 1) : kind == "interleaved" ? std::min(m, 8 * pp) : m;
+    // zb_h1 and zbv hold a microbatch from its forward to its W and settle as fast.
+    const int mc = kind == "1f1b" ? std::min(m, pp + 1)
+                   : kind == "interleaved" || kind == "zb_h1" || kind == "zbv" ? std::min(m, 8 * pp)
+                                                                             : m;
     static std::mutex mu;
     static std::map<std::tuple<std::string, int, int, int, int>, std::vector<int>> memo;
     const auto key = std::make_tuple(kind, pp, stage, mc, v);
@@ -171,7 +218,7 @@ std::vector<int> chunk_slots(const std::string& kind, int pp, int stage, int m, 
         for (const Action& a : make_schedule(kind, pp, stage, mc, v)) {
             const size_t c = size_t(a.chunk) < now.size() ? size_t(a.chunk) : 0;
             if (a.op == Op::forward) peak[c] = std::max(peak[c], ++now[c]);
-            else if (a.op == Op::backward) --now[c];
+            else if (a.op == Op::backward || a.op == Op::backward_weight) --now[c];  // W frees what F kept
         }
     }
     std::lock_guard<std::mutex> lock(mu);
@@ -187,7 +234,7 @@ const ChunkBuffers& BufferCache::get(const ModelConfig& m, const ModelDims& d, c
                             std::to_string(s.N) + "," + std::to_string(s.Nr) + "," + std::to_string(s.bf16) + "," +
                             std::to_string(s.sp) + "," + std::to_string(int(s.recompute)) + "," + std::to_string(s.cp) +
                             "," + std::to_string(s.mla_latent) + "," + std::to_string(s.ep) + "," +
-                            std::to_string(s.max_positions) + "," + std::to_string(documents) + "," +
+                            std::to_string(s.max_positions) + "," + std::to_string(documents) + "," + std::to_string(s.split_bw) + "," +
                             std::to_string(nd) + "," + std::to_string(nm) + "," + std::to_string(c.first) + "," +
                             std::to_string(c.last);
     auto it = cache_.find(key);

@@ -107,12 +107,15 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
     bs.bf16 = bf16, bs.sp = sp, bs.recompute = rec;
     bs.cp = p.cp, bs.mla_latent = p.cp > 1 && p.cp_mla_kv == "latent", bs.ep = p.ep;
     bs.max_positions = deck.data.seq_len;
+    bs.split_bw = schedule_splits_backward(p.schedule);
     const double pad[kNumRegions] = {double(p.dp) * p.cp, double(edp), 1};
+    const Placement placement = schedule_placement(p.schedule);
 
     double worst_total = -1, worst_compute = 0;
     RegionFloats worst_params;
+    std::vector<ModelInventory::Unit> worst_units;
     for (int stage = 0; stage < p.pp; ++stage) {
-        const auto chunks = stage_chunks(m.n_layers, p.pp, p.virtual_stages, stage, p.pp_layers);
+        const auto chunks = stage_chunks(m.n_layers, p.pp, p.virtual_stages, stage, p.pp_layers, placement);
         const RegionFloats used = inv.stage_params(chunks, p.pp);
         // The arena: each region padded to a multiple of its replica group (ZeRO-1's shards).
         double total = 0;
@@ -128,6 +131,17 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
         }
         mem.grads = total * 4 + shards * 4;
         mem.optimizer = 2 * std::max(state, 1.0) * 4;
+        // ZeRO-2/3: this rank's slices of every unit and the windows (train/zero_state), from the
+        // trainer's own byte functions (model/params.hpp).
+        std::vector<ModelInventory::Unit> units;
+        if (p.zero >= 2) {
+            units = inv.stage_units(chunks, p.pp);
+            double arena = 0;
+            const ZeroLayout z = zero_sizes(units, pad, &arena);
+            mem.params = zero_param_bytes(arena, z, p.zero, bf16);
+            mem.grads = zero_grad_bytes(z);
+            mem.optimizer = 2 * double(std::max<size_t>(z.trainable, 1)) * 4;
+        }
         // Each chunk keeps as many slots as it had microbatches in flight at once (the executor
         // allocates them on demand); activations are what its blocks declare (the trainer's own
         // accounting, model/transformer.hpp chunk_buffers).
@@ -148,7 +162,13 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
         mem.activations = act_bytes;
         // Buffers: the pipeline's receive staging; the cp ring's K/V, dK/dV and partial outputs;
         // the ep exchange's staging (all reserved while the model is built, as declared).
-        mem.buffers = double(bs.Nr) * C * sizeof(float);
+        // (and zbv's turn of the V: the messages a stage sends itself, staged locally)
+        const int locals = placement == Placement::vee
+                               ? self_messages_in_flight(make_schedule(p.schedule, p.pp, stage, p.microbatches,
+                                                                       p.virtual_stages),
+                                                         p.pp, p.virtual_stages, stage, placement)
+                               : 0;
+        mem.buffers = double(1 + locals) * double(bs.Nr) * C * sizeof(float);
         if (p.cp > 1) mem.buffers += double(ContextParallel::buffer_bytes(ring_kv, ring_out, ring_lse));
         if (p.ep > 1 && exchange > 0) mem.buffers += double(ExpertParallel::buffer_bytes(exchange));
         mem.runtime = mm.runtime_base_bytes + mm.data_bytes;
@@ -167,6 +187,7 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
             row.memory = mem;
             row.stage = stage;
             worst_params = used;
+            worst_units = std::move(units);
         }
         worst_compute = std::max(worst_compute, compute);
     }
@@ -182,13 +203,29 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
     // repeats the forward's.
     const double tp_layer = 8 * rowbytes * g_tp * (bf16 && sp ? 0.75 : 1.0);
     row.comm_bytes.tp = p.tp > 1 ? mb * L_stage * tp_layer * (rec == Recompute::full ? 1.5 : 1.0) : 0;
-    // Gradients: dense over dp x cp, experts over edp (all-reduce; ZeRO: reduce-scatter plus the
-    // parameters' all-gather, the same bytes).
+    // Gradients: dense over dp x cp, experts over edp (all-reduce; ZeRO-1: reduce-scatter plus the
+    // parameters' all-gather, the same bytes). ZeRO-2/3 reduce-scatter every unit's gradient once
+    // per microbatch; zero 2 all-gathers the updated parameters once per step, zero 3 gathers each
+    // unit before its forward and each layer again before its backward (and before the W of a
+    // split schedule under full recomputation), per microbatch -- an upper bound: a unit still in
+    // a window is not gathered again.
     {
         const double gd = double(p.dp) * p.cp, ge = edp;
         double b = 0;
-        if (gd > 1) b += 2 * worst_params.r[0] * 4 * (gd - 1) / gd;
-        if (ge > 1) b += 2 * worst_params.r[1] * 4 * (ge - 1) / ge;
+        if (p.zero >= 2) {
+            const bool split_full = schedule_splits_backward(p.schedule) && rec == Recompute::full;
+            for (const auto& u : worst_units) {
+                const double gathers = p.zero == 3 ? mb * (1 + (u.layer ? 1 : 0) + (u.layer && split_full ? 1 : 0)) : 1;
+                for (int r = 0; r < 2; ++r) {
+                    const double g = r == 0 ? gd : ge;
+                    if (g <= 1) continue;
+                    b += (mb + gathers) * std::ceil(u.f.r[size_t(r)] / g) * g * 4 * (g - 1) / g;
+                }
+            }
+        } else {
+            if (gd > 1) b += 2 * worst_params.r[0] * 4 * (gd - 1) / gd;
+            if (ge > 1) b += 2 * worst_params.r[1] * 4 * (ge - 1) / ge;
+        }
         row.comm_bytes.dp = b;
     }
     // Context ring: forward sends this rank's K/V block cp-1 times; the backward sends K/V and
@@ -214,7 +251,8 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
     // Bucketed gradient reductions overlap the backward when parallel.overlap_dp: the last
     // bucket's share stays exposed.
     const double dp_t = t_of(row.comm_bytes.dp, 2 * (p.dp * p.cp - 1));
-    row.comm_s.dp = (p.overlap_dp && !p.zero) ? std::max(dp_t * 0.5, dp_t - 0.6 * row.compute_s) : dp_t;
+    // (ZeRO-2/3 reduce and gather unit by unit while the next unit computes.)
+    row.comm_s.dp = ((p.overlap_dp && !p.zero) || p.zero >= 2) ? std::max(dp_t * 0.5, dp_t - 0.6 * row.compute_s) : dp_t;
     row.comm_s.ep = t_of(row.comm_bytes.ep, mb * 4 * m.n_layers / p.pp);
     row.comm_s.pp = t_of(row.comm_bytes.pp, mb * 2);
     const double busy_s = row.compute_s + row.comm_s.tp + row.comm_s.cp + row.comm_s.ep + row.comm_s.pp;
@@ -246,6 +284,7 @@ void plan_gpu(PlanRow& row, const Deck& deck, const PlanTarget& target, PlanCach
     bs.bf16 = bf16, bs.sp = sp, bs.recompute = rec;
     bs.cp = p.cp, bs.mla_latent = p.cp > 1 && p.cp_mla_kv == "latent", bs.ep = 1;
     bs.max_positions = deck.data.seq_len;
+    bs.split_bw = schedule_splits_backward(p.schedule);
 
     GpuLayout gl;
     gl.model = &m, gl.inv = &inv;
@@ -256,12 +295,15 @@ void plan_gpu(PlanRow& row, const Deck& deck, const PlanTarget& target, PlanCach
 
     double worst = -1;
     for (int stage = 0; stage < p.pp; ++stage) {
-        const auto chunks = stage_chunks(m.n_layers, p.pp, p.virtual_stages, stage, p.pp_layers);
+        const auto chunks = stage_chunks(m.n_layers, p.pp, p.virtual_stages, stage, p.pp_layers,
+                                         schedule_placement(p.schedule));
         GpuLayout::Stage st;
         st.params = inv.stage_params(chunks, p.pp);
         GpuMemoryInput in;
         in.params = st.params, in.bf16 = bf16, in.zero = p.zero;
         in.dense_group = double(p.dp) * p.cp, in.expert_group = double(p.dp) * p.cp / p.ep;
+        if (p.zero >= 2)
+            for (const auto& u : inv.stage_units(chunks, p.pp)) in.largest_unit = std::max(in.largest_unit, u.f.sum());
         const std::vector<int> slots = chunk_slots(p.schedule, p.pp, stage, p.microbatches, p.virtual_stages);
         size_t ring_kv = 0, ring_out = 0, ring_lse = 0;
         for (size_t ci = 0; ci < chunks.size(); ++ci) {

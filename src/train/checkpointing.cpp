@@ -130,19 +130,28 @@ Checkpointing::Checkpointing(RankModel& model, const GradientSync& sync, AdamW& 
 Checkpointing::~Checkpointing() = default;
 
 std::vector<ArenaRange> Checkpointing::writes() const {
-    std::vector<ArenaRange> w;
-    for (int r = 0; r < kNumRegions; ++r)
-        if (sync_.region(r)) w.push_back(opt_.write_range(r));
+    std::vector<ArenaRange> w = opt_.write_ranges();
+    if (model_.grid().dp_cp().rank() != 0) return w;
+    // Buffers (no moments): the region, or under ZeRO-2/3 each unit's buffer part.
+    if (const ZeroState* z = model_.zero()) {
+        for (const ZeroPiece& p : z->layout().pieces)
+            if (Replicas(p.region) == Replicas::none) w.push_back({p.part, 0});
+        return w;
+    }
     const Range buf = model_.table().region[int(Replicas::none)];
-    if (buf.size() > 0 && model_.grid().dp_cp().rank() == 0) w.push_back({buf, 0});
+    if (buf.size() > 0) w.push_back({buf, 0});
     return w;
 }
 
-std::vector<ArenaRange> Checkpointing::state() const {
-    std::vector<ArenaRange> w;
-    for (int r = 0; r < kNumRegions; ++r)
-        if (sync_.region(r)) w.push_back(opt_.state_range(r));
-    return w;
+std::vector<ArenaRange> Checkpointing::state() const { return opt_.state_ranges(); }
+
+std::vector<float> Checkpointing::whole_from_shard() const {
+    // ZeRO-3: this rank's slices (and buffers) at their arena offsets -- all it writes.
+    const ZeroState& z = *model_.zero();
+    std::vector<float> whole(model_.table().total, 0.0f);
+    for (const ZeroPiece& p : z.layout().pieces)
+        model_.backend().to_host(whole.data() + p.owned.lo, z.param_shard() + p.at, p.owned.size());
+    return whole;
 }
 
 void Checkpointing::save(int64_t step, int64_t tokens_seen, MetricsFile* metrics) {
@@ -150,8 +159,13 @@ void Checkpointing::save(int64_t step, int64_t tokens_seen, MetricsFile* metrics
     const ProcessGrid& grid = model_.grid();
     Backend& be = model_.backend();
     const ParamTable& table = model_.table();
-    // Never checkpoint non-finite weights over good ones (every rank checks its arena).
-    double bad = std::isfinite(be.sumsq(model_.params(), table.total)) ? 0.0 : 1.0;
+    // Never checkpoint non-finite weights over good ones (every rank checks its arena, or its
+    // ZeRO-3 slices).
+    const ZeroState* z = model_.zero();
+    const bool sharded_params = z && !model_.params();
+    const double ss = sharded_params ? be.sumsq(z->param_shard(), z->layout().trainable + z->layout().buffers)
+                                     : be.sumsq(model_.params(), table.total);
+    double bad = std::isfinite(ss) ? 0.0 : 1.0;
     grid.world().all_reduce_max(&bad, 1);
     if (bad > 0) {
         const std::string msg = "the weights are not finite at step " + std::to_string(step) +
@@ -169,12 +183,18 @@ void Checkpointing::save(int64_t step, int64_t tokens_seen, MetricsFile* metrics
     // On the CPU backend the arenas are host memory; a device backend stages them through host.
     const float *p = model_.params(), *m = opt_.exp_avg(), *v = opt_.exp_avg_sq();
     std::vector<float> hp, hm, hv;
+    if (sharded_params) {  // staged through host memory: a whole arena holding this rank's slices
+        hp = whole_from_shard();
+        p = hp.data();
+    }
     if (!model_.host_arena()) {
         const size_t ns = opt_.state_floats();
-        hp.resize(table.total);
+        if (!sharded_params) {
+            hp.resize(table.total);
+            be.to_host(hp.data(), model_.params(), table.total);
+        }
         hm.resize(ns);
         hv.resize(ns);
-        be.to_host(hp.data(), model_.params(), table.total);
         be.to_host(hm.data(), opt_.exp_avg(), ns);
         be.to_host(hv.data(), opt_.exp_avg_sq(), ns);
         p = hp.data(), m = hm.data(), v = hv.data();
@@ -221,13 +241,14 @@ int64_t Checkpointing::start(int64_t* tokens_seen) {
     const ParamTable& table = model_.table();
     Backend& be = model_.backend();
     CheckpointMeta meta = checkpoint_inspect(path, table);
-    if (model_.host_arena()) {
+    if (model_.host_arena() && model_.params()) {
         checkpoint_load(path, table, model_.params(), opt_.exp_avg(), opt_.exp_avg_sq(), state());
-    } else {
+    } else {  // a device arena, or ZeRO-3's slices: through host memory
         const size_t ns = opt_.state_floats();
         std::vector<float> hp(table.total), hm(ns), hv(ns);
         checkpoint_load(path, table, hp.data(), hm.data(), hv.data(), state());
-        be.from_host(model_.params(), hp.data(), table.total);
+        if (model_.params()) be.from_host(model_.params(), hp.data(), table.total);
+        else model_.load_shard(hp.data());
         be.from_host(opt_.exp_avg(), hm.data(), ns);
         be.from_host(opt_.exp_avg_sq(), hv.data(), ns);
     }

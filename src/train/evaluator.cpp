@@ -26,16 +26,17 @@ double Evaluator::evaluate(std::vector<double>* by_position) {
     std::vector<double> pos_sum(by_position ? size_t(T) : 0, 0.0);
     const ModelChunk& last = *model_.chunks().back();
     double sum = 0.0;
-    // Under expert parallelism the replicas of an ep group exchange tokens in every forward, so
-    // each runs as many forwards as the busiest one (a replica without a batch of its own
-    // repeats batch 0 and counts nothing).
+    // Under expert parallelism the replicas of an ep group exchange tokens in every forward, and
+    // under ZeRO-3 they gather each unit's parameters together, so each runs as many forwards as
+    // the busiest one (a replica without a batch of its own repeats batch 0 and counts nothing).
+    const bool lockstep = model_.ep() || (model_.zero() && model_.zero()->level() == 3);
     const int nb = deck.eval.batches, rounds = (nb + dp - 1) / dp;
     for (int round = 0; round < rounds; ++round) {
         // A stop signal ends a long evaluation too (agreed on by every rank each round).
         if (stop_agreed(grid.world())) return std::nan("");
         const int i = round * dp + r;
         const bool counted = i < nb;
-        if (!counted && !model_.ep()) continue;
+        if (!counted && !lockstep) continue;
         for (int j = 0; j < mbs; ++j)
             sampler_.val_sample(counted ? i : 0, j, mbs, ids_.data() + size_t(j) * T, tgt_.data() + size_t(j) * T);
         const double loss = model_.executor().forward_only(model_.params(), ids_.data(), tgt_.data());

@@ -67,6 +67,10 @@ std::string locate_nonfinite(const ParamTable& table, Backend& be, const float* 
         if (!spec.trainable()) continue;
         if (!std::isfinite(be.sumsq(grads + spec.offset, spec.numel()))) name = "gradient of " + spec.name;
     }
+    return locate_nonfinite(name, world);
+}
+
+std::string locate_nonfinite(const std::string& name, const MpiCommunicator& world) {
     const int size = world.size();
     double first = name.empty() ? -double(size) : -double(world.rank());
     world.all_reduce_max(&first, 1);

@@ -8,9 +8,11 @@
 namespace quintet {
 
 GradientSync::GradientSync(const ParamTable& table, Backend& be, const DeviceComms& comms,
-                           TensorParallel& tp, double bucket_mb, bool zero, bool overlap)
-    : table_(table), comms_(comms), tp_(tp), zero_(zero) {
+                           TensorParallel& tp, double bucket_mb, bool zero, bool overlap, ZeroState* sharded)
+    : table_(table), comms_(comms), tp_(tp), zero_(zero && !sharded), sharded_(sharded) {
     hook_.s = this;
+    synced_.assign(table.specs.size(), 0);
+    if (sharded_) return;
     bool any_group = false;
     for (int r = 0; r < kNumRegions; ++r) {
         // Buffers have no gradient; an empty region (no expert tensors) needs no reduction.
@@ -21,13 +23,13 @@ GradientSync::GradientSync(const ParamTable& table, Backend& be, const DeviceCom
         any_group = any_group || g.size() > 1;
     }
     overlap_ = overlap && !zero && any_group;
-    synced_.assign(table.specs.size(), 0);
     for (size_t i = 0; i < table.specs.size(); ++i) spec_at_offset_[table.specs[i].offset] = i;
 }
 
 void GradientSync::begin_step(float* grads) {
     grads_ = grads;
     std::fill(synced_.begin(), synced_.end(), 0);
+    if (sharded_) sharded_->begin_step();
     if (overlap_)
         for (auto& d : dp_)
             if (d) d->begin_overlap(grads);
@@ -61,7 +63,34 @@ void GradientSync::Hook::ready(float* g, size_t n) {
     }
 }
 
+void GradientSync::sync_shard(size_t i) {
+    // Every member of the sync group lays the tensor's unit out alike and owns the same slice
+    // of it (tp, kv_group and tied partners share their dp x cp and edp coordinates, and the
+    // units holding these tensors have the same size on each of them): the slice is summed.
+    const ParamSpec& s = table_.specs[i];
+    for (const ZeroPiece& p : sharded_->layout().pieces) {
+        if (p.unit != s.unit || p.region != int(s.replicas)) continue;
+        const size_t a = std::max(p.owned.lo, s.offset), b = std::min(p.owned.hi, s.offset + s.numel());
+        float* g = sharded_->grad_shard() + p.at + (a - p.owned.lo);
+        const size_t n = a < b ? b - a : 0;
+        switch (s.sync) {
+        case GradSync::none: break;
+        case GradSync::tp: tp_.all_reduce_sum(g, n); break;
+        case GradSync::kv_group: comms_.kv_group->all_reduce_sum(g, n); break;
+        case GradSync::tied: comms_.tied->all_reduce_sum(g, n); break;
+        }
+    }
+}
+
 std::pair<double, double> GradientSync::finish_step(float* grads, float* const* shards) {
+    if (sharded_) {  // the units' reductions (started by the chunks), then the partial sums
+        const double t0 = now_s();
+        sharded_->finish_step();
+        const double t1 = now_s();
+        for (size_t i = 0; i < table_.specs.size(); ++i)
+            if (table_.specs[i].trainable() && table_.specs[i].sync != GradSync::none) sync_shard(i);
+        return {now_s() - t1, t1 - t0};
+    }
     const double t0 = now_s();
     for (size_t i = 0; i < table_.specs.size(); ++i)
         if (!synced_[i] && table_.specs[i].trainable()) sync_one(i, grads);

@@ -7,7 +7,8 @@ namespace quintet {
 
 AdamW::AdamW(const ParamTable& table, Backend& be, const GradientSync& sync, const TrainConfig& cfg)
     : table_(table), be_(be), sync_(sync), cfg_(cfg) {
-    for (int r = 0; r < kNumRegions; ++r) {
+    if (const ZeroState* z = sync_.sharded()) state_ = z->layout().trainable;  // by piece.at
+    for (int r = 0; r < kNumRegions && !sync_.sharded(); ++r) {
         const DataParallel* dp = sync_.region(r);
         if (!dp) continue;
         state_at_[r] = state_;
@@ -43,8 +44,50 @@ ArenaRange AdamW::write_range(int r) const {
 
 ArenaRange AdamW::state_range(int r) const { return {updated(r), state_at_[r]}; }
 
+std::vector<ArenaRange> AdamW::write_ranges() const {
+    std::vector<ArenaRange> w;
+    if (const ZeroState* z = sync_.sharded()) {
+        for (const ZeroPiece& p : z->layout().pieces)
+            if (Replicas(p.region) != Replicas::none) w.push_back({p.owned, p.at});
+        return w;
+    }
+    for (int r = 0; r < kNumRegions; ++r)
+        if (sync_.region(r)) w.push_back(write_range(r));
+    return w;
+}
+
+std::vector<ArenaRange> AdamW::state_ranges() const {
+    if (sync_.sharded()) return write_ranges();
+    std::vector<ArenaRange> w;
+    for (int r = 0; r < kNumRegions; ++r)
+        if (sync_.region(r)) w.push_back(state_range(r));
+    return w;
+}
+
+namespace {
+// ZeRO-2/3: f(piece, a, b) for each trainable spec's part [a, b) inside this rank's slices.
+template <typename F>
+void for_each_owned(const ParamTable& table, const ZeroState& z, F f) {
+    for (const ZeroPiece& p : z.layout().pieces) {
+        if (Replicas(p.region) == Replicas::none) continue;
+        for (const auto& spec : table.specs) {
+            if (spec.unit != p.unit || int(spec.replicas) != p.region) continue;
+            const size_t a = std::max(p.owned.lo, spec.offset), b = std::min(p.owned.hi, spec.offset + spec.numel());
+            if (a < b) f(p, spec, a, b);
+        }
+    }
+}
+}  // namespace
+
 double AdamW::grad_norm(const float* grads, const Communicator& world) const {
     double ss = 0.0;
+    if (const ZeroState* z = sync_.sharded()) {  // each rank's slices: every element once
+        for_each_owned(table_, *z, [&](const ZeroPiece& p, const ParamSpec& spec, size_t a, size_t b) {
+            if (spec.writer) ss += be_.sumsq(z->grad_shard() + p.at + (a - p.owned.lo), b - a);
+        });
+        world.all_reduce_sum(&ss, 1);
+        return std::sqrt(ss);
+    }
     for (const auto& spec : table_.specs) {
         if (!spec.writer || !spec.trainable()) continue;
         const int r = int(spec.replicas);
@@ -64,6 +107,10 @@ double AdamW::grad_norm(const float* grads, const Communicator& world) const {
 void AdamW::clip(float* grads, double norm) {
     if (!(cfg_.grad_clip > 0 && norm > cfg_.grad_clip)) return;
     const float s = float(cfg_.grad_clip / (norm + 1e-6));
+    if (const ZeroState* z = sync_.sharded()) {
+        be_.scale(z->grad_shard(), std::max<size_t>(z->layout().trainable, 1), s);
+        return;
+    }
     for (int r = 0; r < kNumRegions; ++r) {
         const DataParallel* dp = sync_.region(r);
         if (!dp) continue;
@@ -76,6 +123,16 @@ void AdamW::update(float* params, const float* grads, int64_t s, double lr) {
     const auto& t = cfg_;
     const double bc1 = 1.0 - std::pow(t.beta1, double(s + 1));
     const double bc2 = 1.0 - std::pow(t.beta2, double(s + 1));
+    if (ZeroState* z = sync_.sharded()) {  // this rank's slices, then (zero 2) every rank's into the arena
+        for_each_owned(table_, *z, [&](const ZeroPiece& p, const ParamSpec& spec, size_t a, size_t b) {
+            const size_t o = p.at + (a - p.owned.lo);
+            be_.adamw(z->param_at(p, a), z->grad_shard() + o, m_ + o, v_ + o, b - a, float(lr), float(t.beta1),
+                      float(t.beta2), float(t.eps), spec.decay() ? float(t.weight_decay) : 0.0f, float(bc1),
+                      float(bc2));
+        });
+        z->gather_updated();
+        return;
+    }
     for (const auto& spec : table_.specs) {
         if (!spec.trainable()) continue;
         const int r = int(spec.replicas);

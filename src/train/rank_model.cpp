@@ -17,11 +17,12 @@ ShardPlan shard_plan(const Deck& deck, const ProcessGrid& grid) {
     p.sequence_parallel = deck.parallel.sequence_parallel;
     p.pp = grid.pp().size();
     p.chunks = stage_chunks(deck.model.n_layers, p.pp, deck.parallel.virtual_stages, grid.coord(kPP),
-                            deck.parallel.pp_layers);
+                            deck.parallel.pp_layers, schedule_placement(deck.parallel.schedule));
     p.ep = grid.ep().size();
     p.ep_rank = grid.layout().group_rank(Group::ep, grid.rank());
     p.pad[int(Replicas::dense)] = grid.dp_cp().size();
     p.pad[int(Replicas::expert)] = grid.edp().size();
+    p.zero = deck.parallel.zero;
     return p;
 }
 
@@ -35,7 +36,11 @@ RankModel::RankModel(const Deck& deck, const ProcessGrid& grid, Backend& be)
       table_(make_param_table(deck.model, shard_plan(deck, grid))) {
     const auto& dc = deck.data;
     host_arena_ = be.device() == Device::cpu;
-    params_ = be_.alloc(table_.total);
+    const int zero = deck.parallel.zero;
+    const bool bf16 = deck.train.precision == "bf16";
+    if (zero < 3) params_ = be_.alloc(table_.total);  // zero 3 keeps only its slices (ZeroState)
+    if (bf16 && zero < 3) params_bf16_ = be_.alloc_bf16(table_.total);
+    if (zero >= 2) zero_ = std::make_unique<ZeroState>(table_, be_, comms_, zero, bf16, params_, params_bf16_);
     if (grid.cp().size() > 1) {
         cp_ = std::make_unique<ContextParallel>(comms_.group(Group::cp), be_, dc.micro_batch_size, dc.seq_len);
         cp_->mla_kv = deck.parallel.cp_mla_kv == "latent" ? MlaKv::latent : MlaKv::ring;
@@ -52,10 +57,12 @@ RankModel::RankModel(const Deck& deck, const ProcessGrid& grid, Backend& be)
     opt.recompute = deck.train.recompute == "full"        ? Recompute::full
                     : deck.train.recompute == "selective" ? Recompute::selective
                                                           : Recompute::none;
-    if (opt.precision == Precision::bf16) params_bf16_ = be_.alloc_bf16(table_.total);
+    opt.split_bw = schedule_splits_backward(deck.parallel.schedule);
+    opt.units = zero_.get();
     const int pp = grid.pp().size(), stage = grid.coord(kPP);
+    const Placement placement = schedule_placement(deck.parallel.schedule);
     for (const auto& plan : stage_chunks(deck.model.n_layers, pp, deck.parallel.virtual_stages, stage,
-                                         deck.parallel.pp_layers)) {
+                                         deck.parallel.pp_layers, placement)) {
         chunks_.push_back(std::make_unique<ModelChunk>(be_, deck.model, deck.rope, table_, plan, tp_,
                                                        dc.micro_batch_size, dc.seq_len, opt));
         if (params_bf16_) chunks_.back()->set_bf16_weights(params_, params_bf16_);
@@ -67,11 +74,22 @@ RankModel::RankModel(const Deck& deck, const ProcessGrid& grid, Backend& be)
     exec_ = std::make_unique<PipelineExecutor>(
         std::move(stages), be_, comms_.group(Group::pp), stage, deck.parallel.virtual_stages,
         make_schedule(deck.parallel.schedule, pp, stage, deck.parallel.microbatches, deck.parallel.virtual_stages),
-        deck.parallel.microbatches, dc.micro_batch_size, dc.seq_len);
-    // Layout-invariant init: each element is a function of (seed, name, logical index) only.
-    std::vector<float> host(table_.total);
-    init_params(host.data(), table_, deck.model, deck.init, uint64_t(deck.train.seed), 0, table_.total);
-    be_.from_host(params_, host.data(), table_.total);
+        deck.parallel.microbatches, dc.micro_batch_size, dc.seq_len, placement);
+    // Layout-invariant init: each element is a function of (seed, name, logical index) only --
+    // under ZeRO-3 only this rank's slices of it.
+    if (params_) {
+        std::vector<float> host(table_.total);
+        init_params(host.data(), table_, deck.model, deck.init, uint64_t(deck.train.seed), 0, table_.total);
+        be_.from_host(params_, host.data(), table_.total);
+    } else {
+        std::vector<float> host;
+        for (const auto& p : zero_->layout().pieces) {
+            host.resize(p.owned.size());
+            init_params_range(host.data(), table_, deck.model, deck.init, uint64_t(deck.train.seed), p.owned.lo,
+                              p.owned.hi);
+            be_.from_host(zero_->param_shard() + p.at, host.data(), host.size());
+        }
+    }
     refresh_bf16_weights();
     flops_per_token_ = model_flops_per_token(table_, dims_, dc.seq_len);
 }
@@ -79,25 +97,33 @@ RankModel::RankModel(const Deck& deck, const ProcessGrid& grid, Backend& be)
 RankModel::~RankModel() {
     exec_.reset();
     chunks_.clear();
+    zero_.reset();
     if (params_) be_.release(params_);
     if (params_bf16_) be_.release_bf16(params_bf16_);
 }
 
 void RankModel::refresh_bf16_weights() {
     if (params_bf16_) be_.to_bf16(params_bf16_, params_, table_.total);
+    if (zero_) zero_->params_changed();
 }
 
 void RankModel::load_weights(const std::string& path) {
     checkpoint_inspect(path, table_, false);
     std::vector<float> hp;
     float* dst = params_;
-    if (!host_arena_) {
+    if (!host_arena_ || !params_) {
         hp.resize(table_.total);
         dst = hp.data();
     }
     checkpoint_load(path, table_, dst, nullptr, nullptr, {});
-    if (!host_arena_) be_.from_host(params_, hp.data(), table_.total);
+    if (!params_) load_shard(hp.data());
+    else if (!host_arena_) be_.from_host(params_, hp.data(), table_.total);
     refresh_bf16_weights();
+}
+
+void RankModel::load_shard(const float* whole) {
+    for (const auto& p : zero_->layout().pieces)
+        be_.from_host(zero_->param_shard() + p.at, whole + p.owned.lo, p.owned.size());
 }
 
 void RankModel::take_moe_counts(MoeCounts& counts) {
@@ -109,6 +135,7 @@ void RankModel::update_balance_bias(const MoeCounts& step) {
 }
 
 double RankModel::param_bytes() const {
+    if (zero_) return zero_->param_bytes();
     const double total = double(table_.total);
     return total * 4 + (params_bf16_ ? total * 2 : 0);
 }

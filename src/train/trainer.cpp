@@ -1,5 +1,6 @@
 #include "quintet/train/trainer.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "quintet/core/clock.hpp"
@@ -13,9 +14,10 @@ namespace quintet {
 Trainer::Trainer(RankModel& model, const std::string& deck_text, const TokenFile& data, WeightsSource source,
                  const RunLock* lock)
     : model_(model), deck_(model.deck()), grid_(model.grid()), be_(model.backend()),
-      grads_(be_.alloc(model.table().total)),
+      // Under ZeRO-2/3 a rank keeps no whole gradient arena (ZeroState: shard and windows).
+      grads_(be_.alloc(model.zero() ? 1 : model.table().total)),
       sync_(std::make_unique<GradientSync>(model.table(), be_, model.comms(), model.tp(), deck_.parallel.bucket_mb,
-                                           deck_.parallel.zero == 1, deck_.parallel.overlap_dp)),
+                                           deck_.parallel.zero == 1, deck_.parallel.overlap_dp, model.zero())),
       opt_(std::make_unique<AdamW>(model.table(), be_, *sync_, deck_.train)),
       sampler_(data.tokens, deck_.data.val_fraction, deck_.data.seq_len, deck_.data.order == "random",
                uint64_t(deck_.train.seed)),
@@ -33,7 +35,9 @@ Trainer::Trainer(RankModel& model, const std::string& deck_text, const TokenFile
     if (deck_.eval.every > 0) eval_.emplace(model, sampler_);
     // On a GPU the kernels run asynchronously: host-side scopes would time launches, not work.
     profile::enable(deck_.train.profile && model.host_arena());
-    telemetry_.set_training_bytes(double(model.table().total) * 4 + double(opt_->shard_floats()) * 4,
+    if (model.zero()) model.zero()->enable_gradients();
+    telemetry_.set_training_bytes(model.zero() ? model.zero()->grad_bytes()
+                                               : double(model.table().total) * 4 + double(opt_->shard_floats()) * 4,
                                   2.0 * double(std::max<size_t>(opt_->state_floats(), 1)) * 4);
     if (model.moe()) moe_ = MoeCounts(deck_.model.n_layers, deck_.model.moe.experts, grid_.ep().size());
 }
@@ -62,15 +66,17 @@ StepStats Trainer::step(int64_t s, bool locate) {
     tp.counters.reset();
     if (cp) cp->counters.reset();
     if (ep) ep->dispatch_counters.reset(), ep->combine_counters.reset();
-    be_.zero(grads_, model_.table().total);
-    if (poison)  // the first element of this rank's first trainable tensor; the backward keeps it NaN
+    ZeroState* zero = model_.zero();
+    if (!zero) be_.zero(grads_, model_.table().total);
+    const float nan = std::nanf("");
+    if (poison && !zero)  // the first element of this rank's first trainable tensor; the backward keeps it NaN
         for (const auto& spec : model_.table().specs)
             if (spec.trainable()) {
-                const float nan = std::nanf("");
                 be_.from_host(grads_ + spec.offset, &nan, 1);
                 break;
             }
     sync_->begin_step(grads_);
+    if (poison && zero) be_.from_host(zero->grad_shard(), &nan, 1);  // this rank's first slice
     if (!moe_.empty()) model_.take_moe_counts(moe_);  // what evaluation counted is not this step's
     // 1. This replica's microbatches through the pipeline schedule: forward, backward.
     // Microbatch g of the global batch (docs/math.md §10): replica r runs [r*m, (r+1)*m).
@@ -82,13 +88,14 @@ StepStats Trainer::step(int64_t s, bool locate) {
     const float grad_scale = float(1.0 / (double(gb) * T));
     PipelineExecutor::Result r = model_.executor().run(params, grads_, grad_scale, data, locate ? nullptr : sync_->hook());
     const double t1 = now_s();
-    if (locate) st.origin = locate_nonfinite(model_.table(), be_, grads_, r.ce_sum + r.aux_sum, grid_.world());
+    if (locate && !zero) st.origin = locate_nonfinite(model_.table(), be_, grads_, r.ce_sum + r.aux_sum, grid_.world());
     // 2. Gradients summed over their replica groups (tp/kv/tied partials, then dp x cp / edp).
     st.dp_early = sync_->buckets_overlapped();
     auto [t_sync, t_dp] = [&] {
         QUINTET_PROFILE("comm.dp");
         return sync_->finish_step(grads_, opt_->shards());
     }();
+    if (locate && zero) st.origin = locate_nonfinite(zero_nonfinite(r.ce_sum + r.aux_sum), grid_.world());
     // 3. The step's loss: cross-entropy summed over every target token of the global batch
     //    (only the last stage has it), aux averaged over the microbatches.
     double sums[2] = {r.ce_sum, r.aux_sum};
@@ -139,15 +146,34 @@ StepStats Trainer::step(int64_t s, bool locate) {
         st.ep_combine = ep->combine_counters;
         // Every rank's bytes against the theory from the routed counts (docs/math.md §9): each
         // row routed to another rank crosses four times (dispatch and combine, forward and
-        // backward), six under full recomputation, C fp32 values each.
+        // backward), six under full recomputation -- eight when a zero-bubble schedule's W
+        // recomputes the forward once more -- C fp32 values each.
         st.ep_bytes_all = st.ep_dispatch.bytes + st.ep_combine.bytes;
         grid_.world().all_reduce_sum(&st.ep_bytes_all, 1);
         double foreign = 0;
         for (int l = 0; l < deck_.model.n_layers; ++l) foreign += moe_.sent_away(l);
-        const double crossings = deck_.train.recompute == "full" ? 6 : 4;
+        const double crossings =
+            deck_.train.recompute == "full" ? (schedule_splits_backward(deck_.parallel.schedule) ? 8 : 6) : 4;
         st.ep_bytes_theory = foreign * crossings * double(deck_.model.d_model) * sizeof(float);
     }
     return st;
+}
+
+std::string Trainer::zero_nonfinite(double local_loss) const {
+    // ZeRO-2/3: the gradients exist only as each rank's reduced slices; the first tensor whose
+    // slice on this rank is not finite.
+    if (!std::isfinite(local_loss)) return "loss";
+    const ZeroState& z = *model_.zero();
+    for (const auto& spec : model_.table().specs) {
+        if (!spec.trainable()) continue;
+        for (const ZeroPiece& p : z.layout().pieces) {
+            if (p.unit != spec.unit || p.region != int(spec.replicas)) continue;
+            const size_t a = std::max(p.owned.lo, spec.offset), b = std::min(p.owned.hi, spec.offset + spec.numel());
+            if (a < b && !std::isfinite(be_.sumsq(z.grad_shard() + p.at + (a - p.owned.lo), b - a)))
+                return "gradient of " + spec.name + " (this rank's reduced slice)";
+        }
+    }
+    return "";
 }
 
 int Trainer::run() {

@@ -1,7 +1,8 @@
 // The MPI communicator on 4 ranks (and its 2- and 3-rank sub-communicators): all-to-all-v with
 // uneven (and zero) counts for float and int32 payloads, the counts exchange that precedes it,
 // and deadlines -- a receive that never arrives throws DeadlineError naming the communicator,
-// the operation and the peer; the watchdog reports a blocking operation that overran.
+// the operation and the peer; the watchdog reports a blocking operation that overran; the
+// non-blocking reduce-scatter and all-gather, several in flight at once.
 // ctest: labels=mpi ranks=4
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -61,6 +62,41 @@ TEST(Communicator, AllToAllvWithUnevenCountsOn2To4Ranks) {
         MPI_Comm_split(MPI_COMM_WORLD, color, world.rank(), &sub);
         MpiCommunicator c(sub, "sub");
         check_all_to_allv(c);
+    }
+}
+
+// ZeRO-2/3's overlapped collectives: several reduce-scatters and all-gathers in flight at
+// once (one of them in place), completed in any order by wait_reduce; the handles restart
+// once all are done, and a second round reuses them.
+TEST(Communicator, NonBlockingReduceScatterAndAllGather) {
+    MpiCommunicator world(MPI_COMM_WORLD);
+    const int n = world.size(), r = world.rank();
+    const size_t count = 5;
+    for (int round = 0; round < 2; ++round) {
+        std::vector<float> send(count * size_t(n)), recv(count, -1.0f), gathered(count * size_t(n), -1.0f);
+        std::vector<float> inplace(count * size_t(n), -1.0f);
+        for (size_t i = 0; i < send.size(); ++i) send[i] = float(100 * r + int(i) + round);
+        std::vector<float> mine(count);
+        for (size_t i = 0; i < count; ++i) mine[i] = float(1000 * r + int(i));
+        std::copy(mine.begin(), mine.end(), inplace.begin() + long(size_t(r) * count));
+        const int h1 = world.ireduce_scatter_sum(send.data(), recv.data(), count);
+        const int h2 = world.iall_gather(mine.data(), gathered.data(), count);
+        const int h3 = world.iall_gather(inplace.data() + size_t(r) * count, inplace.data(), count);
+        EXPECT_EQ(h1, 0);  // handles restart at 0 every round
+        world.progress();
+        world.wait_reduce(h3);
+        world.wait_reduce(h1);
+        world.wait_reduce(h2);
+        for (size_t i = 0; i < count; ++i) {
+            float want = 0;
+            for (int q = 0; q < n; ++q) want += float(100 * q + int(size_t(r) * count + i) + round);
+            EXPECT_EQ(recv[i], want) << "reduce-scatter element " << i;
+        }
+        for (int q = 0; q < n; ++q)
+            for (size_t i = 0; i < count; ++i) {
+                EXPECT_EQ(gathered[size_t(q) * count + i], float(1000 * q + int(i)));
+                EXPECT_EQ(inplace[size_t(q) * count + i], float(1000 * q + int(i)));
+            }
     }
 }
 

@@ -62,7 +62,7 @@ TEST(Deck, BadValuesNameKeyValueAndWhatIsValid) {
              {"--train.lr=nan", "train.lr", "nan", "number in"},
              {"--model.tie_embeddings=maybe", "model.tie_embeddings", "maybe", "true or false"},
              {"--rope.scaling=ntk", "rope.scaling", "ntk", "none | yarn"},
-             {"--parallel.zero=2", "parallel.zero", "2", "[0, 1]"},
+             {"--parallel.zero=4", "parallel.zero", "4", "[0, 3]"},
              {"--nosection=1", "nosection", "", "sections:"},
              {"--model.d_model", "model.d_model", "", "--section.key=value"},
          }) {

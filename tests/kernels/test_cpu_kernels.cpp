@@ -37,6 +37,13 @@ TEST(CpuKernels, RmsnormBackwardMatchesFiniteDifferences) {
     std::vector<float> dx2 = dx;
     b->rmsnorm_backward(dx2.data(), dw.data(), R.data(), x.data(), w.data(), rstd.data(), N, C);
     EXPECT_NEAR(dx2[7], 2 * dx[7], 1e-5);
+    // The split backward: each part alone (the other pointer null) gives the same bits.
+    std::vector<float> dx_only(N * C, 0.0f), dw_only(C, 0.0f), dw_once(C, 0.0f), dx_once(N * C, 0.0f);
+    b->rmsnorm_backward(dx_once.data(), dw_once.data(), R.data(), x.data(), w.data(), rstd.data(), N, C);
+    b->rmsnorm_backward(dx_only.data(), nullptr, R.data(), x.data(), w.data(), rstd.data(), N, C);
+    b->rmsnorm_backward(nullptr, dw_only.data(), R.data(), x.data(), nullptr, rstd.data(), N, C);
+    EXPECT_EQ(0, std::memcmp(dx_only.data(), dx_once.data(), dx_once.size() * 4));
+    EXPECT_EQ(0, std::memcmp(dw_only.data(), dw_once.data(), dw_once.size() * 4));
 }
 
 TEST(CpuKernels, SwigluBackwardMatchesFiniteDifferences) {

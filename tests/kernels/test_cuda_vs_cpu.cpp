@@ -198,6 +198,12 @@ TEST_F(CudaVsCpu, RmsnormForwardBackwardDeterministic) {
         float *ddx2 = dev(dx0), *ddw2 = dev(dw0);
         gpu_->rmsnorm_backward(ddx2, ddw2, ddy, dxin, dwv, drstd, N, C);
         EXPECT_TRUE(same_bits(host(ddw2, C), gdw)) << "dw is not deterministic";
+        // The split backward: either part alone (the other null) gives the same bits.
+        float *ddx3 = dev(dx0), *ddw3 = dev(dw0);
+        gpu_->rmsnorm_backward(ddx3, nullptr, ddy, dxin, dwv, drstd, N, C);
+        gpu_->rmsnorm_backward(nullptr, ddw3, ddy, dxin, nullptr, drstd, N, C);
+        EXPECT_TRUE(same_bits(host(ddx3, dx.size()), host(ddx, dx.size()))) << "C=" << C;
+        EXPECT_TRUE(same_bits(host(ddw3, C), gdw)) << "C=" << C;
     }
 }
 

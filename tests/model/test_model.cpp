@@ -82,7 +82,8 @@ void random_tokens(int N, std::vector<int32_t>& ids, std::vector<int32_t>& tgt) 
 // probes), as much as 3% of a rarely routed expert's largest gradient (0.047 under the capacity
 // cut): it is measured for every tensor and allowed for. A tensor whose round-off is not below a
 // fifth of its largest gradient fails (an expert's is only left out of the count of checked ones).
-void check_model_gradient(bool tied, bool yarn, const std::string& kind = "mha") {
+// split: the chunk runs its backward in two parts (B, then W), as the zero-bubble schedules do.
+void check_model_gradient(bool tied, bool yarn, const std::string& kind = "mha", bool split = false) {
     const bool moe = kind.rfind("moe", 0) == 0;
     const float h = moe ? 1e-3f : 1e-2f;
     const double tol = moe ? 3e-2 : 2e-2, min_grad = moe ? 1e-5 : 1e-4;
@@ -92,12 +93,22 @@ void check_model_gradient(bool tied, bool yarn, const std::string& kind = "mha")
     const int B = 2, T = 9, N = B * T;
     quintet::MpiCommunicator self(MPI_COMM_SELF);
     TensorParallel tp(self, false);
-    ModelChunk model(*be, c.m, c.rope, table, stage_chunks(c.m.n_layers, 1, 1, 0, {})[0], tp, B, T);
+    ChunkOptions o;
+    o.split_bw = split;
+    ModelChunk model(*be, c.m, c.rope, table, stage_chunks(c.m.n_layers, 1, 1, 0, {})[0], tp, B, T, o);
     std::vector<float> params(table.total), grads(table.total, 0.0f);
     init_params(params.data(), table, c.m, c.init, 42, 0, table.total);
     std::vector<int32_t> ids, tgt;
     random_tokens(N, ids, tgt);
-    const double ce = model.forward_backward(params.data(), grads.data(), ids.data(), tgt.data(), 1.0f);
+    double ce = 0;
+    if (split) {
+        model.add_slot();
+        ce = model.forward(0, params.data(), ids.data(), tgt.data(), 1.0f, true);
+        model.backward_input(0, params.data());
+        model.backward_weight(0, params.data(), grads.data());
+    } else {
+        ce = model.forward_backward(params.data(), grads.data(), ids.data(), tgt.data(), 1.0f);
+    }
     const double aux = model.aux_loss(0);
     if (kind == "moe") EXPECT_GT(aux, 0.0);
     auto f = [&] { return model.forward_loss(params.data(), ids.data(), tgt.data()) + model.aux_loss(0); };
@@ -142,6 +153,14 @@ TEST(Model, MlaGradientMatchesFiniteDifferencesPlainQueryWithYarn) { check_model
 TEST(Model, MoeGradientMatchesFiniteDifferences) { check_model_gradient(false, false, "moe"); }
 TEST(Model, MoeAuxFreeOnOneLayerGradientMatchesFiniteDifferences) { check_model_gradient(false, false, "moe_free"); }
 TEST(Model, MoeWithCapacityDropsGradientMatchesFiniteDifferences) { check_model_gradient(false, false, "moe_cap"); }
+// The backward split into B (input gradients) and W (weight gradients), as zb_h1 and zbv run it:
+// every block kind against central differences too.
+TEST(Model, SplitBackwardMatchesFiniteDifferences) {
+    check_model_gradient(true, true, "mha", true);
+    check_model_gradient(false, false, "mla", true);
+    check_model_gradient(false, false, "mla_q", true);
+    check_model_gradient(false, false, "moe", true);
+}
 
 // train.precision = bf16: the same chunk with bf16 GEMM operands. Its loss and gradients follow
 // the fp32 ones to bf16's precision (8 bits of mantissa), yet really differ from them (the bf16
@@ -279,6 +298,90 @@ TEST(Model, RecomputationGivesTheSameBits) {
             EXPECT_LT(kept[k], kept[0]) << k << " " << kind;
         }
         EXPECT_LT(kept[2], kept[1]);
+    }
+}
+
+// The zero-bubble split: B (backward_input) then W (backward_weight), with other microbatches'
+// forwards, B's and W's run in between, gives the whole backward's gradients and input gradients
+// bit for bit -- every block kind (MHA, MLA with and without query compression, SwiGLU, MoE
+// with aux loss, aux-free bias and capacity drops), tied or not, fp32 and bf16, under each
+// recomputation -- and keeps W's operands per slot only when split.
+TEST(Model, SplitBackwardGivesTheWholeBackwardsBits) {
+    struct Case {
+        std::string kind;
+        bool tied;
+        Precision prec;
+        Recompute r;
+    };
+    std::vector<Case> cases;
+    for (const std::string kind : {"mha", "mla", "mla_q", "moe", "moe_free", "moe_cap"})
+        for (Precision prec : {Precision::fp32, Precision::bf16})
+            for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
+                cases.push_back({kind, kind == "mha" && r == Recompute::none, prec, r});
+    for (const Case& k : cases) {
+        const std::string what = k.kind + (k.tied ? " tied" : "") + (k.prec == Precision::bf16 ? " bf16" : " fp32") +
+                                 " recompute " + std::to_string(int(k.r));
+        SCOPED_TRACE(what);
+        Tiny c(k.tied, false, k.kind);
+        auto be = make_cpu_backend(1);
+        ParamTable table = make_param_table(c.m);
+        quintet::MpiCommunicator self(MPI_COMM_SELF);
+        TensorParallel tp(self, false);
+        const ChunkPlan plan = stage_chunks(c.m.n_layers, 1, 1, 0, {})[0];
+        const int B = 2, T = 9, N = B * T, C = c.m.d_model;
+        std::vector<float> params(table.total);
+        init_params(params.data(), table, c.m, c.init, 42, 0, table.total);
+        std::vector<bf16_bits> shadow(table.total);
+        be->to_bf16(shadow.data(), params.data(), table.total);
+        std::vector<int32_t> ids, tgt;
+        random_tokens(N, ids, tgt);
+        // Three microbatches: ids/tgt, tgt/ids, and ids/ids.
+        const int32_t* mb_ids[3] = {ids.data(), tgt.data(), ids.data()};
+        const int32_t* mb_tgt[3] = {tgt.data(), ids.data(), ids.data()};
+        std::vector<float> g_whole(table.total, 0.0f), g_split(table.total, 0.0f);
+        std::vector<std::vector<float>> dx_whole(3), dx_split(3);
+        double l_whole = 0, l_split = 0;
+        size_t slot_whole = 0, slot_split = 0;
+        for (bool split : {false, true}) {
+            ChunkOptions o;
+            o.precision = k.prec;
+            o.recompute = k.r;
+            o.split_bw = split;
+            ModelChunk m(*be, c.m, c.rope, table, plan, tp, B, T, o);
+            if (k.prec == Precision::bf16) m.set_bf16_weights(params.data(), shadow.data());
+            for (int i = 0; i < 3; ++i) m.add_slot();
+            auto& g = split ? g_split : g_whole;
+            auto& dx = split ? dx_split : dx_whole;
+            double& l = split ? l_split : l_whole;
+            auto fwd = [&](int i) { l += m.forward(i, params.data(), mb_ids[i], mb_tgt[i], 1.0f, true) + m.aux_loss(i); };
+            auto take_dx = [&](int i) {
+                dx[size_t(i)].resize(size_t(N) * C);
+                be->to_host(dx[size_t(i)].data(), m.grad_input(i), size_t(N) * C);
+            };
+            if (!split) {  // the order a 1F1B stage runs: F0 F1 B0 F2 B1 B2
+                fwd(0), fwd(1);
+                m.backward(0, params.data(), g.data()), take_dx(0);
+                fwd(2);
+                m.backward(1, params.data(), g.data()), take_dx(1);
+                m.backward(2, params.data(), g.data()), take_dx(2);
+            } else {  // ZB-H1-like: F0 F1 B0 F2 B1 W0 B2 W1 W2 (each W after other work)
+                fwd(0), fwd(1);
+                m.backward_input(0, params.data()), take_dx(0);
+                fwd(2);
+                m.backward_input(1, params.data()), take_dx(1);
+                m.backward_weight(0, params.data(), g.data());
+                m.backward_input(2, params.data()), take_dx(2);
+                m.backward_weight(1, params.data(), g.data());
+                m.backward_weight(2, params.data(), g.data());
+            }
+            (split ? slot_split : slot_whole) = m.slot_bytes();
+        }
+        EXPECT_EQ(l_split, l_whole);
+        EXPECT_EQ(0, std::memcmp(g_split.data(), g_whole.data(), g_whole.size() * 4));
+        for (int i = 0; i < 3; ++i)
+            EXPECT_EQ(0, std::memcmp(dx_split[size_t(i)].data(), dx_whole[size_t(i)].data(), size_t(N) * C * 4))
+                << "microbatch " << i;
+        EXPECT_GT(slot_split, slot_whole);  // W's operands, per slot
     }
 }
 

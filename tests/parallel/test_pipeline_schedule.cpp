@@ -2,7 +2,8 @@
 // valid (kind, p, m, v) with p <= 8, m <= 16, v <= 4, each stage's action list is checked
 // structurally, the neighbours' send/recv sequences are matched link by link, all stages are
 // simulated together (no deadlock, dependencies respected in time), and the idle fractions and
-// in-flight peaks equal the theory.
+// in-flight peaks equal the theory -- for 1f1b, gpipe and interleaved, and (below) for the
+// zero-bubble schedules zb_h1 and zbv, whose backwards are split into B and W.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -357,4 +358,235 @@ TEST(PipelineSchedule, TimelineChart) {
         if (line.rfind("stage", 0) == 0) {
             EXPECT_LE(line.size(), 100u) << line;
         }
+}
+
+// ---- the zero-bubble schedules: the backward split into B (input) and W (weights) -----------
+
+namespace {
+
+std::vector<Case> zero_bubble_cases() {
+    std::vector<Case> out;
+    for (int pp = 1; pp <= 8; ++pp)
+        for (int m = 1; m <= 16; ++m) {
+            out.push_back({"zb_h1", pp, m, 1});
+            if (pp >= 2) out.push_back({"zbv", pp, m, 2});
+        }
+    return out;
+}
+
+// The microbatches from which the formula of bubble_theory is exact (fewer leave more idle).
+int theory_from(const Case& c) { return c.kind == "zbv" ? 2 * c.pp - 1 : c.pp; }
+
+}  // namespace
+
+// Each (mb, chunk) once as F, B (backward_input) and W (backward_weight), in that order; no
+// whole backward; B carries the backward's transfers exactly where a backward would.
+TEST(ZeroBubbleSchedule, EveryMicrobatchOnceAsFBW) {
+    for (const Case& c : zero_bubble_cases()) {
+        SCOPED_TRACE(c.name());
+        const Placement pl = schedule_placement(c.kind);
+        EXPECT_TRUE(schedule_splits_backward(c.kind));
+        const int last_vs = c.pp * c.v - 1;
+        for (int s = 0; s < c.pp; ++s) {
+            SCOPED_TRACE("stage " + std::to_string(s));
+            const auto acts = make_schedule(c.kind, c.pp, s, c.m, c.v);
+            std::map<std::pair<int, int>, int> f_at, b_at, w_at;
+            for (size_t i = 0; i < acts.size(); ++i) {
+                const Action& a = acts[i];
+                ASSERT_GE(a.microbatch, 0);
+                ASSERT_LT(a.microbatch, c.m);
+                ASSERT_LT(a.chunk, c.v);
+                const int vs = virtual_stage(c.pp, s, a.chunk, pl);
+                auto prev = [&](Op op) { return i > 0 && acts[i - 1] == Action{op, a.microbatch, a.chunk}; };
+                auto next = [&](Op op) {
+                    return i + 1 < acts.size() && acts[i + 1] == Action{op, a.microbatch, a.chunk};
+                };
+                const std::pair<int, int> key{a.microbatch, a.chunk};
+                switch (a.op) {
+                    case Op::forward:
+                        ASSERT_EQ(f_at.count(key), 0u);
+                        f_at[key] = int(i);
+                        EXPECT_EQ(prev(Op::recv_fwd), vs != 0);
+                        EXPECT_EQ(next(Op::send_fwd), vs != last_vs);
+                        break;
+                    case Op::backward_input:
+                        ASSERT_EQ(b_at.count(key), 0u);
+                        ASSERT_EQ(f_at.count(key), 1u) << "B before F";
+                        b_at[key] = int(i);
+                        EXPECT_EQ(prev(Op::recv_bwd), vs != last_vs);
+                        EXPECT_EQ(next(Op::send_bwd), vs != 0);
+                        break;
+                    case Op::backward_weight:
+                        ASSERT_EQ(w_at.count(key), 0u);
+                        ASSERT_EQ(b_at.count(key), 1u) << "W before B";
+                        w_at[key] = int(i);
+                        break;
+                    case Op::backward: ADD_FAILURE() << "a whole backward in a split schedule"; break;
+                    case Op::recv_fwd: EXPECT_TRUE(next(Op::forward)); break;
+                    case Op::send_fwd: EXPECT_TRUE(prev(Op::forward)); break;
+                    case Op::recv_bwd: EXPECT_TRUE(next(Op::backward_input)); break;
+                    case Op::send_bwd: EXPECT_TRUE(prev(Op::backward_input)); break;
+                }
+            }
+            EXPECT_EQ(f_at.size(), size_t(c.m) * c.v);
+            EXPECT_EQ(b_at.size(), size_t(c.m) * c.v);
+            EXPECT_EQ(w_at.size(), size_t(c.m) * c.v);
+        }
+    }
+}
+
+// Links match in order; under the V the message from virtual stage pp-1 to pp stays on stage
+// pp-1 (a transfer to itself, which the executor stages locally).
+TEST(ZeroBubbleSchedule, LinksMatchInOrderAndTheVTurnsOnTheLastStage) {
+    for (const Case& c : zero_bubble_cases()) {
+        SCOPED_TRACE(c.name());
+        const Placement pl = schedule_placement(c.kind);
+        using Link = std::tuple<int, int, bool>;
+        std::map<Link, std::vector<std::pair<int, int>>> sent, received;
+        const auto lists = all_stages(c);
+        for (int s = 0; s < c.pp; ++s) {
+            for (const Action& a : lists[s]) {
+                if (is_compute(a.op)) continue;
+                const SchedulePeer peer = schedule_peer(c.pp, c.v, s, a, pl);
+                const bool bwd = a.op == Op::send_bwd || a.op == Op::recv_bwd;
+                if (a.op == Op::send_fwd || a.op == Op::send_bwd) {
+                    EXPECT_EQ(virtual_stage(c.pp, peer.stage, peer.chunk, pl),
+                              virtual_stage(c.pp, s, a.chunk, pl) + (bwd ? -1 : 1));
+                    sent[{s, peer.stage, bwd}].push_back({a.microbatch, peer.chunk});
+                } else {
+                    received[{peer.stage, s, bwd}].push_back({a.microbatch, a.chunk});
+                }
+            }
+            const int self = self_messages_in_flight(lists[s], c.pp, c.v, s, pl);
+            EXPECT_EQ(self > 0, c.kind == "zbv" && s == c.pp - 1) << "stage " << s;
+            EXPECT_LE(self, c.m);
+        }
+        EXPECT_EQ(sent, received);
+        size_t messages = 0;
+        for (auto& [link, seq] : sent) messages += seq.size();
+        EXPECT_EQ(messages, 2u * c.m * (c.pp * c.v - 1));
+    }
+}
+
+// All stages together: no deadlock, every dependency met in simulated time (F after the previous
+// virtual stage's F, B after the next one's B, W after its own B), busy = m (F + B + W).
+TEST(ZeroBubbleSchedule, SimulationRespectsDependencies) {
+    for (const Case& c : zero_bubble_cases()) {
+        SCOPED_TRACE(c.name());
+        const Placement pl = schedule_placement(c.kind);
+        Simulation sim;
+        ASSERT_NO_THROW(sim = simulate(c.kind, c.pp, c.m, c.v, 1.0, 2.0));
+        const int nvs = c.pp * c.v;
+        std::vector<std::vector<std::pair<double, double>>> f(nvs, std::vector<std::pair<double, double>>(c.m, {-1, -1})),
+            b = f, w = f;
+        for (int s = 0; s < c.pp; ++s) {
+            const auto& T = sim.stages[s];
+            EXPECT_NEAR(T.busy, c.m * 3.0, 1e-9);
+            double clock = 0;
+            for (const auto& [t0, t1, op, mb, chunk] : T.slots) {
+                EXPECT_GE(t0, clock - 1e-12);
+                clock = t1;
+                auto& slot = (op == Op::forward ? f : op == Op::backward_input ? b : w)[virtual_stage(c.pp, s, chunk, pl)][mb];
+                slot = {t0, t1};
+            }
+        }
+        for (int vs = 0; vs < nvs; ++vs)
+            for (int i = 0; i < c.m; ++i) {
+                ASSERT_GE(f[vs][i].first, 0);
+                ASSERT_GE(b[vs][i].first, f[vs][i].second - 1e-12);
+                ASSERT_GE(w[vs][i].first, b[vs][i].second - 1e-12);
+                if (vs > 0) EXPECT_GE(f[vs][i].first, f[vs - 1][i].second - 1e-12);
+                if (vs + 1 < nvs) EXPECT_GE(b[vs][i].first, b[vs + 1][i].second - 1e-12);
+            }
+    }
+}
+
+// The bubble: exactly the formula with F = B = W once there are enough microbatches (zb_h1:
+// (p-1)/(3m+p-1), a third of 1F1B's when m >> p; zbv: (p-1)/(6m+p-1)), never above 1F1B's, and
+// zbv's never above zb_h1's.
+TEST(ZeroBubbleSchedule, BubbleEqualsTheoryAndBeatsOneFOneB) {
+    for (const Case& c : zero_bubble_cases()) {
+        SCOPED_TRACE(c.name());
+        const Simulation sim = simulate(c.kind, c.pp, c.m, c.v, 1.0, 2.0);
+        const double theory = bubble_theory(c.kind, c.pp, c.m, c.v), one = bubble_theory("1f1b", c.pp, c.m, 1);
+        double mean = 0;
+        for (int s = 0; s < c.pp; ++s) {
+            if (c.m >= theory_from(c)) EXPECT_NEAR(sim.stages[s].idle_fraction, theory, 1e-9) << "stage " << s;
+            mean += sim.stages[s].idle_fraction / c.pp;
+        }
+        EXPECT_LE(mean, one + 1e-9);
+        if (c.kind == "zbv" && c.m >= theory_from(c)) EXPECT_LE(theory, bubble_theory("zb_h1", c.pp, c.m, 1));
+        // Any costs: never worse than 1F1B with the same split of the backward.
+        for (double tw : {0.5, 1.5}) {
+            const Simulation any = simulate(c.kind, c.pp, c.m, c.v, 1.0, 2.0, tw);
+            const Simulation ref = simulate("1f1b", c.pp, c.m, 1, 1.0, 2.0);
+            EXPECT_LE(any.makespan, ref.makespan + 1e-9) << "tw " << tw;
+        }
+    }
+    EXPECT_DOUBLE_EQ(bubble_theory("zb_h1", 4, 8, 1), 3.0 / 27.0);
+    EXPECT_DOUBLE_EQ(bubble_theory("zbv", 4, 8, 2), 3.0 / 51.0);
+}
+
+// Activation memory at 1F1B's: a microbatch is held from its F to its W. zb_h1 holds at most
+// min(pp, m) on any stage (1F1B's stage 0); zbv at most 2 min(pp, m) chunk-microbatches of half
+// a stage each, and on stage 0 exactly 1F1B's stage-0 figure once m >= 2pp-1.
+TEST(ZeroBubbleSchedule, PeakInFlightIsOneFOneBs) {
+    for (const Case& c : zero_bubble_cases()) {
+        SCOPED_TRACE(c.name());
+        const Simulation sim = simulate(c.kind, c.pp, c.m, c.v);
+        for (int s = 0; s < c.pp; ++s) {
+            const int peak = sim.stages[s].peak_in_flight;
+            if (c.kind == "zb_h1") EXPECT_LE(peak, std::min(c.pp, c.m)) << "stage " << s;
+            else EXPECT_LE(peak, 2 * std::min(c.pp, c.m)) << "stage " << s;
+        }
+        if (c.kind == "zb_h1") EXPECT_EQ(sim.stages[0].peak_in_flight, std::min(c.pp, c.m));
+        if (c.kind == "zbv" && c.m >= theory_from(c)) EXPECT_EQ(sim.stages[0].peak_in_flight, 2 * c.pp);
+    }
+}
+
+TEST(ZeroBubbleSchedule, ListsReadLikeThePaper) {
+    // ZB-H1, pp = 2: stage 0 is 1F1B with each W after its B; stage 1 holds back its first W.
+    EXPECT_EQ(format_actions(make_zb_h1(2, 0, 4), 1), "F0 F1 B0 W0 F2 B1 W1 F3 B2 W2 B3 W3");
+    EXPECT_EQ(format_actions(make_zb_h1(2, 1, 4), 1), "F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3");
+    EXPECT_EQ(format_actions(make_zb_h1(2, 1, 2), 1, true), "rF0 F0 B0 sB0 rF1 F1 B1 sB1 W0 W1");
+    // ZB-V, pp = 2: stage 0 holds virtual stages 0 and 3, stage 1 stages 1 and 2 and turns the V.
+    EXPECT_EQ(format_actions(make_zbv(2, 0, 3), 2),
+              "F0a F1a F2a F0b B0b W0b F1b B1b W1b B0a W0a F2b B2b W2b B1a W1a B2a W2a");
+    EXPECT_EQ(format_actions(make_zbv(2, 1, 2), 2, true),
+              "rF0a F0a sF0a rF0b F0b sF0b rF1a F1a sF1a rF1b F1b sF1b rB0b B0b sB0b W0b rB0a B0a sB0a W0a "
+              "rB1b B1b sB1b W1b rB1a B1a sB1a W1a");
+    EXPECT_EQ(virtual_stage(4, 0, 1, Placement::vee), 7);
+    EXPECT_EQ(virtual_stage(4, 3, 1, Placement::vee), 4);
+    const SchedulePeer turn = schedule_peer(4, 2, 3, {Op::send_fwd, 0, 0}, Placement::vee);
+    EXPECT_EQ(turn.stage, 3);
+    EXPECT_EQ(turn.chunk, 1);
+    const SchedulePeer up = schedule_peer(4, 2, 1, {Op::send_fwd, 0, 1}, Placement::vee);
+    EXPECT_EQ(up.stage, 0);
+    EXPECT_EQ(up.chunk, 1);
+    EXPECT_THROW(schedule_peer(4, 2, 0, {Op::send_fwd, 0, 1}, Placement::vee), std::invalid_argument);
+}
+
+TEST(ZeroBubbleSchedule, CheckNamesTheKey) {
+    EXPECT_NE(schedule_check("zbv", 4, 8, 1, 0).find("'parallel.virtual_stages' = '1'"), std::string::npos);
+    EXPECT_NE(schedule_check("zbv", 4, 8, 3, 0).find("must be 2 with parallel.schedule = zbv"), std::string::npos);
+    EXPECT_NE(schedule_check("zbv", 1, 8, 2, 0).find("'parallel.pp'"), std::string::npos);
+    EXPECT_NE(schedule_check("zbv", 2, 8, 2, 6).find("'model.n_layers' = '6'"), std::string::npos);
+    EXPECT_NE(schedule_check("zb_h1", 2, 8, 2, 0).find("'parallel.virtual_stages'"), std::string::npos);
+    EXPECT_EQ(schedule_check("zbv", 2, 3, 2, 8), "");
+    EXPECT_EQ(schedule_check("zb_h1", 4, 3, 1, 4), "");
+    EXPECT_NE(schedule_check("zigzag", 2, 4, 1, 0).find("zb_h1, zbv"), std::string::npos);
+    // The simulator catches a W before its B.
+    auto broken = make_zb_h1(1, 0, 2);
+    std::swap(broken[1], broken[2]);  // F0 W0 B0 ...
+    EXPECT_THROW(simulate_actions({broken}, 1), std::logic_error);
+}
+
+TEST(ZeroBubbleSchedule, TimelineChart) {
+    const std::string zb = render_timeline(simulate("zb_h1", 4, 8, 1), 4);
+    EXPECT_NE(zb.find("B<mb> input backward, W<mb> weight backward"), std::string::npos) << zb;
+    // The last stage: B right after each F, its three held-back W's at the end.
+    EXPECT_NE(zb.find("stage 3  .  .  .  F0 B0 F1 B1 F2 B2 F3 B3 W0 F4"), std::string::npos) << zb;
+    EXPECT_NE(zb.find("W4 W5 W6 W7"), std::string::npos) << zb;
+    const std::string v = render_timeline(simulate("zbv", 4, 8, 2), 4);
+    EXPECT_NE(v.find("stage 0  F0a F1a F2a F3a F4a F5a F6a F0b B0b W0b"), std::string::npos) << v;
 }

@@ -1,7 +1,9 @@
 // perf/inventory against what it stands in for: a rank's parameters composed per layer kind
 // equal the trainer's parameter table for that rank to the float (every region, every stage,
 // MHA and MLA, MoE on some layers, tied embeddings, uneven pipeline splits, interleaving, tp
-// and ep); the capped replay of a schedule gives the full action list's in-flight counts; the
+// and ep, zbv's V); the ZeRO-2/3 slice sizes composed by unit equal those of the table laid out
+// by unit; the capped replay of a schedule gives the full action list's in-flight counts (the
+// zero-bubble schedules' held until W); the
 // whole-model counts are exact (the Llama 3 405B shape has 405,853,388,800 parameters).
 // ctest: labels=unit
 #include <gtest/gtest.h>
@@ -23,18 +25,37 @@ ModelConfig base() {
     return m;
 }
 
-void expect_same(const ModelConfig& m, int tp, int pp, int v, int ep, const std::vector<int>& pp_layers) {
+void expect_same(const ModelConfig& m, int tp, int pp, int v, int ep, const std::vector<int>& pp_layers,
+                 Placement placement = Placement::loop) {
     const ModelInventory inv(m, tp, ep, tp > 1);
     for (int stage = 0; stage < pp; ++stage) {
         ShardPlan plan;
         plan.tp = tp, plan.sequence_parallel = tp > 1, plan.pp = pp, plan.ep = ep;
-        plan.chunks = stage_chunks(m.n_layers, pp, v, stage, pp_layers);
+        plan.chunks = stage_chunks(m.n_layers, pp, v, stage, pp_layers, placement);
         const ParamTable t = make_param_table(m, plan);
         const RegionFloats f = inv.stage_params(plan.chunks, pp);
-        for (int r = 0; r < kNumRegions; ++r)
-            EXPECT_EQ(f.r[size_t(r)], double(t.region_used[r]))
-                << "region " << r << " stage " << stage << " tp " << tp << " pp " << pp << " v " << v << " ep " << ep
-                << " attention " << m.attention << " moe " << m.moe.experts << " tied " << m.tie_embeddings;
+        const std::string what = " stage " + std::to_string(stage) + " tp " + std::to_string(tp) + " pp " +
+                                 std::to_string(pp) + " v " + std::to_string(v) + " ep " + std::to_string(ep) +
+                                 " attention " + m.attention + " moe " + std::to_string(m.moe.experts) + " tied " +
+                                 std::to_string(m.tie_embeddings) + " vee " + std::to_string(placement == Placement::vee);
+        for (int r = 0; r < kNumRegions; ++r) EXPECT_EQ(f.r[size_t(r)], double(t.region_used[r])) << "region " << r << what;
+        // ZeRO-2/3: the slices' sizes composed by unit equal those of the table laid out by unit.
+        for (int g : {1, 3, 4}) {
+            const int ge = std::max(1, g / ep);
+            ShardPlan zp = plan;
+            zp.zero = 2, zp.pad[int(Replicas::dense)] = g, zp.pad[int(Replicas::expert)] = ge;
+            const ParamTable zt = make_param_table(m, zp);
+            const int size[kNumRegions] = {g, ge, 1}, rank[kNumRegions] = {0, 0, 0};
+            const ZeroLayout want = zero_layout(zt, size, rank);
+            const double group[kNumRegions] = {double(g), double(ge), 1};
+            double arena = 0;
+            const ZeroLayout got = zero_sizes(inv.stage_units(plan.chunks, pp), group, &arena);
+            EXPECT_EQ(arena, double(zt.total)) << "g " << g << what;
+            EXPECT_EQ(got.trainable, want.trainable) << "g " << g << what;
+            EXPECT_EQ(got.buffers, want.buffers) << "g " << g << what;
+            EXPECT_EQ(got.largest_unit, want.largest_unit) << "g " << g << what;
+            EXPECT_EQ(got.largest_unit_shard, want.largest_unit_shard) << "g " << g << what;
+        }
     }
 }
 
@@ -49,6 +70,7 @@ TEST(Inventory, StageParamsEqualTheParameterTable) {
             expect_same(m, tp, 2, 1, 1, {});
             expect_same(m, tp, 3, 1, 1, {1, 3, 2});
             expect_same(m, tp, 3, 2, 1, {});
+            expect_same(m, tp, 3, 2, 1, {}, Placement::vee);  // zbv's V: stage 0 holds both ends
         }
     // MoE on some layers, with a shared expert and aux-free biases (the buffers region).
     ModelConfig moe = base();
@@ -76,17 +98,17 @@ TEST(Inventory, StageParamsEqualTheParameterTable) {
 }
 
 TEST(Inventory, ChunkSlotsMatchTheFullSchedule) {
-    for (const std::string kind : {"1f1b", "gpipe", "interleaved"})
+    for (const std::string kind : {"1f1b", "gpipe", "interleaved", "zb_h1", "zbv"})
         for (int pp = 1; pp <= 6; ++pp)
-            for (int v : kind == "interleaved" ? std::vector<int>{2, 3} : std::vector<int>{1}) {
-                if (kind == "interleaved" && pp < 2) continue;
+            for (int v : kind == "interleaved" ? std::vector<int>{2, 3} : kind == "zbv" ? std::vector<int>{2} : std::vector<int>{1}) {
+                if ((kind == "interleaved" || kind == "zbv") && pp < 2) continue;
                 for (int m = 1; m <= 12 * pp; ++m) {
                     if (!schedule_check(kind, pp, m, v, 0).empty()) continue;
                     for (int stage = 0; stage < pp; ++stage) {
                         std::vector<int> now(size_t(v), 0), peak(size_t(v), 0);
                         for (const Action& a : make_schedule(kind, pp, stage, m, v)) {
                             if (a.op == Op::forward) peak[size_t(a.chunk)] = std::max(peak[size_t(a.chunk)], ++now[size_t(a.chunk)]);
-                            else if (a.op == Op::backward) --now[size_t(a.chunk)];
+                            else if (a.op == Op::backward || a.op == Op::backward_weight) --now[size_t(a.chunk)];
                         }
                         EXPECT_EQ(chunk_slots(kind, pp, stage, m, v), peak)
                             << kind << " pp " << pp << " v " << v << " m " << m << " stage " << stage;

@@ -96,6 +96,20 @@ TEST_F(PlannerTest, OneRankAndDataParallel) {
     check(2, "dp2_zero", "--parallel.zero=1");
 }
 
+// ZeRO-2/3: the gradient shard and windows, the parameter slices and gather windows (bf16
+// copies included), the moments of the slices -- on dense and expert groups, with buffers (the
+// aux-free bias), a pipeline under zbv, tensor parallelism.
+TEST_F(PlannerTest, ZeroTwoAndThree) {
+    check(2, "dp2_zero2", "--parallel.zero=2");
+    check(2, "dp2_zero3", "--parallel.zero=3");
+    check(2, "dp2_zero3_bf16", "--parallel.zero=3 --train.precision=bf16");
+    check(4, "tp2_dp2_zero3", "--parallel.tp=2 --parallel.sequence_parallel=true --parallel.zero=3");
+    check(4, "pp2_dp2_zero3_zbv", "--parallel.pp=2 --parallel.microbatches=4 --parallel.zero=3 --parallel.schedule=zbv"
+                                  " --parallel.virtual_stages=2");
+    check(4, "moe_ep2_zero3", std::string(kMoe) + " --parallel.ep=2 --parallel.zero=3 --moe.balance=aux_free");
+    check(4, "moe_ep2_zero2_bf16", std::string(kMoe) + " --parallel.ep=2 --parallel.zero=2 --train.precision=bf16");
+}
+
 TEST_F(PlannerTest, TensorAndSequenceParallel) {
     check(2, "tp2", "--parallel.tp=2");
     check(2, "tp2sp", "--parallel.tp=2 --parallel.sequence_parallel=true");
@@ -105,6 +119,12 @@ TEST_F(PlannerTest, PipelineSchedules) {
     check(2, "pp2", "--parallel.pp=2 --parallel.microbatches=4");
     check(2, "pp2_gpipe", "--parallel.pp=2 --parallel.microbatches=4 --parallel.schedule=gpipe");
     check(2, "pp2_int", "--parallel.pp=2 --parallel.microbatches=4 --parallel.schedule=interleaved --parallel.virtual_stages=2");
+    // The zero-bubble schedules: W's operands kept per slot, slots held from F to W, zbv's
+    // local staging of the V's turn.
+    check(2, "pp2_zbh1", "--parallel.pp=2 --parallel.microbatches=4 --parallel.schedule=zb_h1");
+    check(2, "pp2_zbv", "--parallel.pp=2 --parallel.microbatches=4 --parallel.schedule=zbv --parallel.virtual_stages=2");
+    check(2, "pp2_zbv_moe_bf16_full", std::string(kMoe) + " --parallel.pp=2 --parallel.microbatches=4 --parallel.schedule=zbv"
+                                       " --parallel.virtual_stages=2 --train.precision=bf16 --train.recompute=full");
 }
 
 TEST_F(PlannerTest, ContextParallel) { check(2, "cp2", "--parallel.cp=2"); }

@@ -69,6 +69,11 @@ const std::vector<std::pair<int, std::string>> kLayouts = {
     {4, "--parallel.cp=2 --parallel.pp=2 --parallel.microbatches=8 --parallel.schedule=interleaved "
         "--parallel.virtual_stages=2"},
     {4, "--parallel.cp=2 --parallel.microbatches=4 --parallel.zero=1"},  // dp = 2
+    {4, "--parallel.cp=2 --parallel.pp=2 --parallel.microbatches=8 --parallel.schedule=zb_h1"},
+    {4, "--parallel.cp=2 --parallel.microbatches=4 --parallel.zero=2"},  // dp = 2: shards over dp x cp = 4
+    {4, "--parallel.cp=2 --parallel.microbatches=4 --parallel.zero=3"},
+    {4, "--parallel.cp=2 --parallel.pp=2 --parallel.microbatches=8 --parallel.schedule=zbv "
+        "--parallel.virtual_stages=2 --train.recompute=selective"},
 };
 
 TEST_F(ContextParallel, EveryLayoutMatchesOneRank) { compare("", kLayouts); }

@@ -373,6 +373,12 @@ TEST_F(Fixture, BadInputsFailCleanlyBeforeAnyWork) {
         {2, "--parallel.pp=2 --parallel.schedule=interleaved --parallel.virtual_stages=2 --parallel.microbatches=3",
          {"parallel.microbatches", "3", "interleaved"}},
         {2, "--parallel.pp=2 --parallel.pp_layers=1,2", {"parallel.pp_layers", "1,2"}},
+        {2, "--parallel.pp=2 --parallel.schedule=zbv", {"parallel.virtual_stages", "1", "zbv"}},
+        {1, "--parallel.zero=4", {"parallel.zero", "4", "[0, 3]"}},
+        {2, "--parallel.pp=2 --parallel.schedule=zbv --parallel.virtual_stages=2 --parallel.zero=3 "
+            "--model.tie_embeddings=true --model.n_layers=4", {"parallel.zero", "3", "tie_embeddings"}},
+        {2, "--parallel.pp=2 --parallel.schedule=zbv --parallel.virtual_stages=2 --model.n_layers=6",
+         {"model.n_layers", "6", "2 * parallel.pp = 4"}},
         {1, "--data.seq_len=30000", {"data.seq_len", "30000", "train split"}},
         {1, "--train.device=cuda", {"train.device", "cuda"}},
         {1, "--data.path=" + (dir / "missing.h5").string(), {"missing.h5"}},

@@ -123,24 +123,33 @@ const std::vector<std::pair<int, std::string>> kLayouts = {
     {4, "--parallel.ep=2 --parallel.microbatches=2 --parallel.zero=1"},          // ZeRO over edp2
     {2, "--parallel.ep=2 --parallel.microbatches=4 --train.recompute=full"},
     {8, "--parallel.ep=2 --parallel.tp=2 --parallel.sequence_parallel=true --parallel.microbatches=2"},
+    {4, "--parallel.ep=2 --parallel.pp=2 --parallel.microbatches=4 --parallel.schedule=zb_h1"},
+    {4, "--parallel.ep=2 --parallel.microbatches=2 --parallel.zero=2"},          // ZeRO-2 over edp2
+    {4, "--parallel.ep=2 --parallel.microbatches=2 --parallel.zero=3"},          // ZeRO-3 over edp2
+    {4, "--parallel.ep=2 --parallel.cp=2 --parallel.microbatches=4 --parallel.zero=3"},
+    {4, "--parallel.ep=2 --parallel.pp=2 --parallel.microbatches=4 --parallel.schedule=zbv "
+        "--parallel.virtual_stages=2 --train.recompute=full"},
 };
 
 TEST_F(ExpertParallel, EveryLayoutMatchesOneRank) { compare("", kLayouts); }
 
 TEST_F(ExpertParallel, AuxFreeOnALayerSubsetMatchesOneRank) {
+    // (l4: ZeRO-3 over edp2, where every rank keeps the buffers whole beside its slices.)
     compare("--moe.balance=aux_free --moe.bias_rate=0.01 --moe.layers=0,3 --moe.shared_experts=0",
-            {kLayouts[0], kLayouts[1], kLayouts[4], kLayouts[6]});
+            {kLayouts[0], kLayouts[1], kLayouts[4], kLayouts[6], {4, "--parallel.ep=2 --parallel.microbatches=2 --parallel.zero=3"}});
     // The bias is a buffer moved identically everywhere: the final checkpoints agree on it.
     auto ta = checkpoint_tensors((dir / "ref/checkpoints/step_00000010.h5").string());
-    auto tb = checkpoint_tensors((dir / "l1/checkpoints/step_00000010.h5").string());
-    ASSERT_EQ(ta.size(), tb.size());
-    int biases = 0;
-    for (size_t i = 0; i < ta.size(); ++i)
-        if (ta[i].first.find("e_score_correction_bias") != std::string::npos && ta[i].first.rfind("params/", 0) == 0) {
-            ++biases;
-            EXPECT_EQ(ta[i].second, tb[i].second) << ta[i].first;
-        }
-    EXPECT_EQ(biases, 2);
+    for (const char* run : {"l1", "l4"}) {
+        auto tb = checkpoint_tensors((dir / run / "checkpoints/step_00000010.h5").string());
+        ASSERT_EQ(ta.size(), tb.size());
+        int biases = 0;
+        for (size_t i = 0; i < ta.size(); ++i)
+            if (ta[i].first.find("e_score_correction_bias") != std::string::npos && ta[i].first.rfind("params/", 0) == 0) {
+                ++biases;
+                EXPECT_EQ(ta[i].second, tb[i].second) << ta[i].first << " " << run;
+            }
+        EXPECT_EQ(biases, 2);
+    }
 }
 
 TEST_F(ExpertParallel, Bf16FollowsOneRank) {

@@ -86,6 +86,127 @@ TEST_F(Layouts, PipelineParallelMatchesSingleRank) {
     });
 }
 
+// The zero-bubble schedules (backwards split into B and W, the W's filling the bubble): zb_h1 on
+// pp2 and pp4, zbv (two chunks per stage in a V) on pp2 and -- with 8 layers -- pp4 (also with
+// fewer microbatches than the V's 2pp-1), under tp+SP, full and selective recomputation, dp with
+// the overlapped reduction (buckets of 1024 floats, so most start during the last W's) and tied
+// embeddings (zbv holds both ends on stage 0).
+TEST_F(Layouts, ZeroBubbleSchedulesMatchSingleRank) {
+    const std::string zb = " --parallel.schedule=zb_h1", zv = " --parallel.schedule=zbv --parallel.virtual_stages=2";
+    compare("", {
+        {2, "--parallel.pp=2 --parallel.microbatches=8" + zb},
+        {4, "--parallel.pp=4 --parallel.microbatches=8" + zb},
+        {2, "--parallel.pp=2 --parallel.microbatches=8" + zv},
+        {4, "--parallel.pp=2 --parallel.tp=2 --parallel.sequence_parallel=true --parallel.microbatches=8" + zb},
+        {4, "--parallel.pp=2 --parallel.tp=2 --parallel.sequence_parallel=true --parallel.microbatches=8" + zv},
+        {2, "--parallel.pp=2 --parallel.microbatches=8 --train.recompute=full" + zb},
+        {2, "--parallel.pp=2 --parallel.microbatches=8 --train.recompute=full" + zv},
+        {2, "--parallel.pp=2 --parallel.microbatches=8 --train.recompute=selective" + zv},
+        {4, "--parallel.pp=2 --parallel.microbatches=4 --parallel.bucket_mb=0.001" + zb},  // dp2
+        {4, "--parallel.pp=2 --parallel.microbatches=4 --parallel.bucket_mb=0.001" + zv},
+    });
+}
+
+TEST_F(Layouts, ZeroBubbleSchedulesOnFourStages) {
+    const std::string zb = " --parallel.schedule=zb_h1", zv = " --parallel.schedule=zbv --parallel.virtual_stages=2";
+    compare("--model.n_layers=8", {
+        {4, "--parallel.pp=4 --parallel.microbatches=8" + zv},
+        {4, "--parallel.pp=4 --parallel.microbatches=8" + zb},
+        {8, "--parallel.pp=4 --parallel.microbatches=4" + zv},  // dp2; fewer microbatches than the V's 2pp-1
+    });
+}
+
+TEST_F(Layouts, ZeroBubbleSchedulesWithTiedEmbeddings) {
+    const std::string zb = " --parallel.schedule=zb_h1", zv = " --parallel.schedule=zbv --parallel.virtual_stages=2";
+    compare("--model.tie_embeddings=true", {
+        {2, "--parallel.pp=2 --parallel.microbatches=8" + zb},
+        {2, "--parallel.pp=2 --parallel.microbatches=8" + zv},
+        {4, "--parallel.pp=2 --parallel.microbatches=4 --parallel.bucket_mb=0.001" + zv},
+    });
+}
+
+// ZeRO-2 (gradients reduce-scattered unit by unit during the backward, each rank keeping its
+// slice) and ZeRO-3 (the parameters too, each unit gathered before its forward and backward):
+// dp2, dp4, dp x tp+SP, dp x pp under 1F1B, interleaved, zb_h1 (with full recomputation) and zbv,
+// and tied embeddings on one stage and across two.
+TEST_F(Layouts, ZeroTwoAndThreeMatchSingleRank) {
+    std::vector<std::pair<int, std::string>> layouts;
+    for (const std::string z : {" --parallel.zero=2", " --parallel.zero=3"}) {
+        layouts.push_back({2, "--parallel.microbatches=4" + z});
+        layouts.push_back({4, "--parallel.microbatches=2" + z});
+        layouts.push_back({4, "--parallel.tp=2 --parallel.sequence_parallel=true --parallel.microbatches=4" + z});
+        layouts.push_back({4, "--parallel.pp=2 --parallel.microbatches=4" + z});
+        layouts.push_back({4, "--parallel.pp=2 --parallel.microbatches=4 --parallel.schedule=interleaved "
+                              "--parallel.virtual_stages=2" + z});
+        layouts.push_back({4, "--parallel.pp=2 --parallel.microbatches=4 --parallel.schedule=zb_h1 "
+                              "--train.recompute=full" + z});
+        layouts.push_back({4, "--parallel.pp=2 --parallel.microbatches=4 --parallel.schedule=zbv "
+                              "--parallel.virtual_stages=2" + z});
+        layouts.push_back({8, "--parallel.pp=2 --parallel.tp=2 --parallel.microbatches=4 --train.recompute=selective" + z});
+    }
+    compare("", layouts);
+}
+
+TEST_F(Layouts, ZeroTwoAndThreeWithTiedEmbeddings) {
+    compare("--model.tie_embeddings=true", {
+        {2, "--parallel.microbatches=4 --parallel.zero=2"},
+        {2, "--parallel.microbatches=4 --parallel.zero=3"},
+        {4, "--parallel.pp=2 --parallel.microbatches=4 --parallel.zero=3"},
+        {4, "--parallel.pp=2 --parallel.microbatches=4 --parallel.zero=2 --parallel.schedule=zb_h1"},
+    });
+}
+
+// Every ZeRO level writes the same step-0 checkpoint bit for bit (a parameter element is a
+// function of (seed, name, index) whoever holds it), and a checkpoint moves between levels and
+// layouts mid-run: the curve continues as if nothing had happened (optimizer state included).
+TEST_F(Layouts, ZeroLevelsShareCheckpointsAndResumeAcrossLevels) {
+    const std::vector<std::pair<int, std::string>> layouts = {
+        {1, "--parallel.microbatches=8"},
+        {2, "--parallel.microbatches=4 --parallel.zero=1"},
+        {2, "--parallel.microbatches=4 --parallel.zero=2"},
+        {2, "--parallel.microbatches=4 --parallel.zero=3"},
+        {4, "--parallel.pp=2 --parallel.tp=2 --parallel.microbatches=8 --parallel.zero=3"},
+        {4, "--parallel.microbatches=2 --parallel.zero=3 --train.precision=bf16"},
+    };
+    std::vector<std::vector<std::pair<std::string, std::vector<float>>>> all;
+    int k = 0;
+    for (const auto& [ranks, args] : layouts) {
+        std::string name = "s0_" + std::to_string(k++);
+        auto r = train(ranks, name, "--train.steps=0 " + args);
+        ASSERT_EQ(r.status, 0) << r.output;
+        all.push_back(checkpoint_tensors((dir / name / "checkpoints/step_00000000.h5").string()));
+    }
+    for (size_t k = 1; k < all.size(); ++k) {
+        ASSERT_EQ(all[k].size(), all[0].size());
+        for (size_t i = 0; i < all[0].size(); ++i)
+            EXPECT_EQ(0, std::memcmp(all[k][i].second.data(), all[0][i].second.data(), all[0][i].second.size() * 4))
+                << all[0][i].first << " differs in " << layouts[k].second;
+    }
+    auto ref = train(1, "ref", "--parallel.microbatches=8");
+    ASSERT_EQ(ref.status, 0) << ref.output;
+    auto lref = losses("ref");
+    struct Move { int from_ranks; std::string from; int to_ranks; std::string to; };
+    const std::vector<Move> moves = {
+        {2, "--parallel.microbatches=4 --parallel.zero=3", 4, "--parallel.microbatches=2 --parallel.zero=1"},
+        {4, "--parallel.microbatches=2 --parallel.zero=1", 2, "--parallel.microbatches=4 --parallel.zero=2"},
+        {1, "--parallel.microbatches=8", 4, "--parallel.pp=2 --parallel.microbatches=4 --parallel.zero=3"},
+        {4, "--parallel.tp=2 --parallel.microbatches=4 --parallel.zero=2", 2, "--parallel.microbatches=4 --parallel.zero=3"},
+    };
+    k = 0;
+    for (const auto& mv : moves) {
+        std::string name = "mv" + std::to_string(k++);
+        auto a = train(mv.from_ranks, name, mv.from + " --train.exit_after=5");
+        ASSERT_EQ(a.status, 0) << a.output;
+        auto b = train(mv.to_ranks, name, mv.to);
+        ASSERT_EQ(b.status, 0) << b.output;
+        EXPECT_NE(b.output.find("resumed from"), std::string::npos);
+        auto l = losses(name);
+        ASSERT_EQ(l.size(), 10u);
+        for (size_t i = 0; i < 10; ++i)
+            EXPECT_LE(std::abs(l[i] - lref[i]), 1e-5 * lref[i]) << mv.from << " -> " << mv.to << " step " << i + 1;
+    }
+}
+
 TEST_F(Layouts, PipelineWithTiedEmbeddings) {
     compare("--model.tie_embeddings=true", {
         {2, "--parallel.pp=2 --parallel.microbatches=8"},
@@ -123,6 +244,10 @@ TEST_F(Layouts, Bf16LayoutsMatchSingleRankBf16) {
         {4, "--parallel.tp=4 --parallel.microbatches=8"},
         {2, "--parallel.pp=2 --parallel.microbatches=8"},
         {4, "--parallel.pp=2 --parallel.microbatches=4 --parallel.zero=1"},  // dp=2
+        {2, "--parallel.pp=2 --parallel.microbatches=8 --parallel.schedule=zb_h1"},
+        {2, "--parallel.pp=2 --parallel.microbatches=8 --parallel.schedule=zbv --parallel.virtual_stages=2"},
+        {2, "--parallel.microbatches=4 --parallel.zero=2"},
+        {4, "--parallel.pp=2 --parallel.microbatches=4 --parallel.zero=3"},  // dp=2
     }, 1e-3);
 }
 

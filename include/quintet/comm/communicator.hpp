@@ -85,6 +85,17 @@ public:
         return -1;
     }
     virtual void wait_reduce(int handle) const { (void)handle; }
+    // Non-blocking reduce_scatter_sum and all_gather (ZeRO-2/3's gradient reductions and
+    // parameter gathers, overlapped with compute), completed by wait_reduce like the above;
+    // neither buffer is touched meanwhile. The defaults run at once.
+    virtual int ireduce_scatter_sum(const float* send, float* recv, size_t count) const {
+        reduce_scatter_sum(send, recv, count);
+        return -1;
+    }
+    virtual int iall_gather(const float* send, float* recv, size_t count) const {
+        all_gather(send, recv, count);
+        return -1;
+    }
     // Lets started operations advance while the caller computes (MPI moves data only inside
     // its calls, unless it runs a progress thread).
     virtual void progress() const {}

@@ -57,6 +57,8 @@ public:
     int irecv(float* buf, size_t n, int peer, int tag) const override;
     void wait_recv(int handle, const char* what = "recv") const override;
     int iall_reduce_sum(float* buf, size_t n) const override;
+    int ireduce_scatter_sum(const float* send, float* recv, size_t count) const override;
+    int iall_gather(const float* send, float* recv, size_t count) const override;
     void wait_reduce(int handle) const override;
     void progress() const override;  // tests the started reductions and exchanges
 
@@ -106,6 +108,7 @@ private:
     // iall_reduce_sum handles index this (apart from requests_: progress() completes these
     // requests, and a completed slot of requests_ may be handed to the next isend)
     mutable std::vector<MPI_Request> reductions_;
+    mutable std::vector<const char*> reduction_ops_;  // what each of reductions_ is (deadline messages)
     mutable std::vector<MPI_Request> exchanges_;  // iall_to_allv handles index this
 };
 

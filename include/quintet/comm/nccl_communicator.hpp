@@ -82,6 +82,10 @@ public:
         all_reduce_sum_async(buf, n);
         return 0;
     }
+    // ZeRO-2/3: the same, on the comm stream, for the gradient reduce-scatters and the
+    // parameter all-gathers.
+    int ireduce_scatter_sum(const float* send, float* recv, size_t count) const override;
+    int iall_gather(const float* send, float* recv, size_t count) const override;
     void wait_reduce(int) const override { wait_pending(); }
 
 private:

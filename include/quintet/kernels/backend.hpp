@@ -90,6 +90,8 @@ public:
     virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N,
                                  int C, float eps) = 0;
     // dinp[N,C] += d(out)/d(inp)^T dout (accumulates: the residual stream); dw[C] += ...
+    // Either part may be skipped with a null pointer (the split backward: dinp in B, dw in W);
+    // w may be null when dinp is. Each part's bits do not depend on the other's presence.
     virtual void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
                                   const float* w, const float* rstd, int N, int C) = 0;
     // RoPE (rotate-half, docs/math.md §3) in place on rows x[N, row_stride]: in each of heads

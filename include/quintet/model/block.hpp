@@ -52,7 +52,7 @@ public:
     // that is 0. cp: the context-parallel ring (null: cp = 1).
     BlockContext(Backend& be, TensorParallel& tp, const ModelDims& d, int B, int T, Precision p,
                  const RopeConfig& rope, int rope_seq_len, int max_positions,
-                 ContextParallel* cp = nullptr, Recompute recompute = Recompute::none);
+                 ContextParallel* cp = nullptr, Recompute recompute = Recompute::none, bool split_bw = false);
     BlockContext(const BlockContext&) = delete;
     BlockContext& operator=(const BlockContext&) = delete;
 
@@ -65,6 +65,8 @@ public:
     ContextParallel* const cp;  // null without context parallelism
     ExpertParallel* ep = nullptr;  // MoE's token exchange; null without expert parallelism
     const Recompute recompute;
+    // The schedule runs each backward's W later than its B (BufferShape::split_bw).
+    const bool split_bw;
     bool bf16() const { return bf16_; }
 
     // What the context itself uses of the chunk's shared arena (declare), and where it is once
@@ -96,6 +98,9 @@ public:
     Mat local(const Act& a) const { return {a.f, a.b}; }
     Mat gathered(const Act& a, size_t rows, size_t C);  // tp.gather in the stored precision
     Mat lowp(const float* x, size_t n);                 // x, as a GEMM operand (bf16: into lowp_)
+    // x[n] kept in `w` (a deferred buffer, Elem::act) as the GEMM operand lowp(x) would be -- the
+    // same bits -- for B now and W later. No copy when x is already w.f (see produce()).
+    Mat save(const Act& w, const float* x, size_t n);
     Mat weight(const float* w) const { return {w, bf16_ ? shadow_ + (w - master_) : nullptr}; }
     // C[M,N] = op(A) op(B) + beta * C in the chunk's precision.
     // The role the next GEMMs are profiled under (`train.profile`): "gemm.<role>.fwd|dx|dw" by
@@ -180,10 +185,21 @@ public:
     // cache and attend to everything cached so far (no backward follows).
     virtual void forward(int slot, const TokenInfo& tok, const float* params, const Act& xn,
                          const float* x, float* h, KvCache* cache = nullptr) = 0;
-    // From dh[Nr, C] = dL/dh: parameter gradients accumulate into `grads` (and are reported to
-    // ctx.done); returns dL/dxn [Nr, C] (this rank's rows; scratch valid until the next call).
-    virtual const float* backward(int slot, const TokenInfo& tok, const float* params,
-                                  float* grads, const Act& xn, const float* dh) = 0;
+    // What the block's W needs of its B for one more microbatch: views of what the kind declared
+    // deferred (per slot under a split schedule, else the chunk's shared scratch). The n-th call
+    // is `wslot` n below.
+    virtual void add_deferred(const BufferViews& w) = 0;
+    // The backward in two parts (docs/parallelism.md, "Zero-bubble schedules"). B, from
+    // dh[Nr, C] = dL/dh: returns dL/dxn [Nr, C] (this rank's rows; scratch valid until the next
+    // call) and keeps what W needs in deferred slot `wslot`; writes no parameter gradient.
+    virtual const float* backward_input(int slot, int wslot, const TokenInfo& tok, const float* params,
+                                        const Act& xn, const float* dh) = 0;
+    // W: the parameter gradients, accumulated into `grads` (and reported to ctx.done), from what
+    // B kept and the forward's saved values. `later`: other work ran since B (a split schedule),
+    // so what selective recomputation shares is recomputed first. B then W at once is the whole
+    // backward, bit for bit.
+    virtual void backward_weight(int slot, int wslot, const TokenInfo& tok, float* grads, const Act& xn,
+                                 bool later) = 0;
     // full_kv: cache what training attends to (per-head K and V) even where the kind has a
     // compressed form (MLA's latent); for measuring what the compression saves.
     virtual std::unique_ptr<KvCache> make_cache(int max_len, bool full_kv = false) const = 0;
@@ -194,9 +210,12 @@ class FeedForwardBlock {
 public:
     virtual ~FeedForwardBlock() = default;
     virtual void add_slot(const BufferViews& saved) = 0;
+    virtual void add_deferred(const BufferViews& w) = 0;  // as AttentionBlock's
     virtual void forward(int slot, const float* params, const Act& hn, const float* h, float* y) = 0;
-    virtual const float* backward(int slot, const float* params, float* grads, const Act& hn,
-                                  const float* dy) = 0;
+    // The backward in two parts, as AttentionBlock's: B returns dL/dhn, W the weight gradients.
+    virtual const float* backward_input(int slot, int wslot, const float* params, const Act& hn,
+                                        const float* dy) = 0;
+    virtual void backward_weight(int slot, int wslot, float* grads, const Act& hn) = 0;
     // This microbatch's auxiliary loss (MoE load balancing), already weighted; 0 for dense.
     virtual double aux_loss(int slot) const { (void)slot; return 0.0; }
     // MoE: experts (0 for dense); what the block counted since it was last asked, added to

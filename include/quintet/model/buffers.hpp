@@ -55,12 +55,20 @@ struct BufferShape {
     bool mla_latent = false;  // parallel.cp_mla_kv = latent (cp > 1)
     int ep = 1;
     int max_positions = 1;    // RoPE tables cover positions [0, max_positions)
+    // The schedule splits each backward into B (the input's gradient) and W (the weights'),
+    // and W may run later (parallel.schedule = zb_h1, zbv): what W needs of B is kept per slot.
+    bool split_bw = false;
 };
 
 // One block's (or the chunk's own) declarations.
 struct BufferDecl {
     std::vector<BufferSpec> saved;   // per microbatch in flight
     std::vector<BufferSpec> shared;  // one per chunk and name
+    // What the weight-gradient part of the backward (W) needs of its input part (B): the output
+    // gradients of the linear layers, as GEMM operands. Per microbatch in flight when the
+    // schedule runs W later (BufferShape::split_bw; then even under full recomputation), else
+    // shared scratch (W follows B at once).
+    std::vector<BufferSpec> deferred;
     size_t operand = 0;              // bf16 staging of GEMM operands, elements (bf16 mode only)
     // The context ring (parallel/context_parallel): floats of one K|V block, of a partial
     // output and of its log-sum-exp. The expert exchange: floats of its staging.
@@ -68,6 +76,7 @@ struct BufferDecl {
 
     void save(std::string name, size_t n, Elem e = Elem::f32) { saved.push_back({std::move(name), n, e}); }
     void scratch(std::string name, size_t n, Elem e = Elem::f32) { shared.push_back({std::move(name), n, e}); }
+    void defer(std::string name, size_t n, Elem e = Elem::act) { deferred.push_back({std::move(name), n, e}); }
     void operands(size_t n) { operand = n > operand ? n : operand; }
 };
 

@@ -21,6 +21,7 @@
 #include "quintet/kernels/backend.hpp"
 #include "quintet/model/block.hpp"
 #include "quintet/model/params.hpp"
+#include "quintet/parallel/param_units.hpp"
 #include "quintet/parallel/pipeline_executor.hpp"
 #include "quintet/parallel/tensor_parallel.hpp"
 #include "quintet/parallel/vocab_parallel.hpp"
@@ -39,21 +40,31 @@ struct ChunkOptions {
     int eos_id = -1;
     Recompute recompute = Recompute::none;  // train.recompute
     ExpertParallel* ep = nullptr;  // MoE's token exchange (null: ep = 1)
+    // The schedule splits each backward into B and W and runs W later (zb_h1, zbv): what W needs
+    // of B is kept per slot (BufferShape::split_bw).
+    bool split_bw = false;
+    // parallel.zero >= 2: parameters and gradients come unit by unit from here (the table is laid
+    // out by unit); the params and grads arguments of forward/backward are then ignored.
+    ParamUnits* units = nullptr;
 };
 
 // One chunk's activation memory, laid out from its blocks' declarations (no backend: the
 // planner counts it without building the model).
 struct ChunkBuffers {
-    bool bf16 = false, full_recompute = false;
+    bool bf16 = false, full_recompute = false, split_bw = false;
     std::vector<BufferSpec> own;                 // per slot: the residual stream, head, tokens
     std::vector<std::vector<BufferSpec>> layer;  // per layer: what its norms and blocks keep
+    // split_bw: per layer and slot, what its W needs of its B (the blocks' deferred buffers and
+    // the norms' incoming gradients), kept even under full recomputation.
+    std::vector<std::vector<BufferSpec>> deferred;
     std::vector<BufferSpec> workspace_own;       // full recompute: the recomputed layer's output
     std::vector<BufferSpec> shared;              // the blocks' scratch, the context's, operand staging
     size_t ring_kv = 0, ring_out = 0, ring_lse = 0, exchange = 0;  // the largest any layer needs
     size_t layer_bytes(size_t i) const { return layout_bytes(layer[i], bf16); }
+    size_t deferred_bytes(size_t i) const { return split_bw ? layout_bytes(deferred[i], bf16) : 0; }
     size_t largest_layer_bytes() const;
     // One slot (one microbatch in flight): the chunk's own values and, unless full recompute,
-    // every layer's.
+    // every layer's (and, split_bw, every layer's deferred ones).
     size_t slot_bytes() const;
     // Full recompute: one layer's values, which every layer reuses in turn, and its output.
     size_t workspace_bytes() const;
@@ -97,6 +108,13 @@ public:
     // `hook` (the step's last microbatch only) is told of each tensor as its gradient completes.
     // collective over tp
     void backward(int slot, const float* params, float* grads, GradReadyHook* hook = nullptr) override;
+    // The same backward in two parts (split_bw chunks; docs/parallelism.md, "Zero-bubble
+    // schedules"). B: grad_input(slot) (every input gradient, no parameter gradient), keeping in
+    // the slot what W needs. W, any time later: the parameter gradients, accumulated into
+    // `grads` (params are read only under full recomputation, which runs the forward again).
+    // B then W is backward(), bit for bit. collective over tp
+    void backward_input(int slot, const float* params) override;
+    void backward_weight(int slot, const float* params, float* grads, GradReadyHook* hook = nullptr) override;
 
     // Convenience for a chunk that is the whole model (tests, tp-only layouts).
     double forward_backward(const float* params, float* grads, const int32_t* ids,
@@ -147,9 +165,14 @@ private:
         float *rstd1, *h, *rstd2;
         Act xn1, xn2;
     };
+    struct LayerDeferred {  // per slot, per layer (split_bw): the norms' incoming gradients, B -> W
+        float *dy1 = nullptr, *dy2 = nullptr;  // [Nr, C]
+    };
     struct Slot {
         std::vector<float*> res;  // res[i]: input of layer i; res[n_layers]: chunk output
         std::vector<LayerSaved> layers;
+        std::vector<LayerDeferred> deferred;         // split_bw
+        float* dxf = nullptr;                        // split_bw, last chunk: the final norm's incoming gradient
         float *rstd_f = nullptr, *logits = nullptr;  // last chunk
         Act xf;
         float *dout = nullptr, *dres = nullptr;
@@ -168,6 +191,19 @@ private:
     void forward_layer(size_t i, int bslot, LayerSaved& l, const TokenInfo& tok, const float* params,
                        const float* x, float* y, KvCache* cache);
     static LayerSaved layer_saved(const BufferViews& v);
+    void embedding_weight(Slot& s, float* grads);  // the first chunk's last backward step (W)
+    void recompute_layer(size_t i, Slot& s, const float* params);  // full recompute: layer i's forward again
+    // The last chunk's first backward step; weight: also the head's and norm's gradients.
+    void head_input(Slot& s, const float* params, float* grads, bool weight);
+    void head_done(float* grads);
+    // Units (ZeRO >= 2), or the whole arenas: the parameters of `unit` (base pointer; bf16
+    // weights set), the unit released, the next one prefetched; its gradient window, then
+    // reduced. Without units these return the arenas and do nothing else.
+    const float* use(int unit, const float* params);
+    void release(int unit) { if (units_ && unit >= 0) units_->release(unit); }
+    void prefetch(int unit) { if (units_ && unit >= 0) units_->prefetch(unit); }
+    float* grads_of(int unit, float* grads) { return units_ ? units_->grads(unit) : grads; }
+    void reduce(int unit) { if (units_ && unit >= 0) units_->reduce(unit); }
     void* arena(size_t bytes);  // backend memory owned by the chunk (64-byte aligned)
     double loss(Slot& s, const float* params, float grad_scale, bool need_grad);
 
@@ -192,6 +228,13 @@ private:
     VocabParallelScratch xent_;
     std::vector<Slot> slots_;
     bool full_recompute_ = false;
+    bool split_bw_ = false;
+    // The head is this rank's own embedding (tied, and held here untied to any other stage):
+    // its gradient completes only with the embedding's backward.
+    bool head_is_local_embedding_ = false;
+    ParamUnits* units_ = nullptr;
+    int embed_unit_ = -1, norm_unit_ = -1, head_unit_ = -1;  // ZeRO >= 2: ParamTable::units indices
+    std::vector<int> layer_unit_;                           // per layer of the chunk (-1 without units)
     std::vector<LayerSaved> ws_layers_;  // full recompute: every layer's (shared) saved values
     float* recompute_out_ = nullptr;     // full recompute: the recomputed layer's output [Nr, C]
 };

@@ -34,6 +34,10 @@ public:
     // Backward of the microbatch in `slot`; gradients accumulate into `grads`; `hook` is told of
     // each finished gradient (or null).
     virtual void backward(int slot, const float* params, float* grads, GradReadyHook* hook) = 0;
+    // The backward in two parts (zero-bubble schedules): B leaves grad_input(slot) and writes no
+    // gradient; W, later, accumulates the parameter gradients. B then W = backward.
+    virtual void backward_input(int slot, const float* params) = 0;
+    virtual void backward_weight(int slot, const float* params, float* grads, GradReadyHook* hook) = 0;
     virtual bool needs_tokens() const = 0;
     virtual float* input(int slot) = 0;        // from the previous stage
     virtual float* output(int slot) = 0;       // to the next stage
@@ -46,10 +50,13 @@ public:
 
 class PipelineExecutor {
 public:
-    // stages: this rank's virtual stages (stage c = virtual stage c*pp + stage); all share B and T.
+    // stages: this rank's virtual stages (chunk c = virtual_stage(pp, stage, c, placement)); all
+    // share B and T. A transfer whose peer is this stage itself (zbv's turn of the V) is staged
+    // in local buffers, as many as the list ever has in flight (self_messages_in_flight).
     PipelineExecutor(std::vector<PipelineStage*> chunks, Backend& be,
                      const Communicator& pp_comm, int stage, int virtual_stages,
-                     std::vector<Action> actions, int microbatches, int B, int T);
+                     std::vector<Action> actions, int microbatches, int B, int T,
+                     Placement placement = Placement::loop);
     ~PipelineExecutor();
 
     // Fills microbatch mb's tokens: ids[B*T], targets[B*T] (host).
@@ -70,23 +77,31 @@ public:
 
     // Activation bytes of the microbatches in flight at this step's peak, over this stage's chunks.
     size_t activation_bytes() const;
-    // The receive staging of the next message (one microbatch's boundary activations).
+    // The receive staging of the next message (one microbatch's boundary activations), and the
+    // local staging of the messages this stage sends itself.
     size_t buffer_bytes() const;
 
 private:
     int acquire_slot(int chunk);
+    bool to_self(const Action& a) const { return schedule_peer(pp_, v_, stage_, a, placement_).stage == stage_; }
     std::vector<PipelineStage*> chunks_;
     Backend& be_;
     const Communicator& comm_;
     int pp_, stage_, v_, m_, B_, T_;
     std::vector<Action> actions_;
+    Placement placement_;
     float* recv_stage_ = nullptr;  // [Nr, C] the pre-posted receive lands here
+    // Messages to this stage itself: a pool of [Nr, C] buffers, and per direction (fwd, bwd) the
+    // ones sent and not yet received, in order.
+    std::vector<float*> local_;
+    std::vector<float*> local_free_;
+    std::vector<float*> local_queue_[2];
     std::vector<int32_t> ids_, tgt_;
     // per chunk: free slots, the slot of each microbatch, sends in flight per slot
     std::vector<std::vector<int>> free_slots_, slot_of_mb_;
     std::vector<std::vector<std::vector<int>>> pending_;
     std::vector<int> in_flight_, peak_in_flight_;
-    std::vector<int> backwards_left_;  // per chunk: backward actions still to run this step
+    std::vector<int> backwards_left_;  // per chunk: backward (or backward_weight) actions still to run this step
 };
 
 }  // namespace quintet

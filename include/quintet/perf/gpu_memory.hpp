@@ -1,7 +1,8 @@
 // Memory of one GPU rank in a bf16 (or fp32) mixed-precision run, as GPU frameworks lay it out
 // (docs/planner.md §5): the weights in the run's precision, gradients accumulated in fp32, the
 // fp32 master weights and both AdamW moments in the optimizer (sharded over the replica group
-// under ZeRO-1, Megatron-Core's "distributed optimizer"), the activations the layer modules
+// under ZeRO-1, Megatron-Core's "distributed optimizer"; ZeRO-2 shards the gradients and ZeRO-3
+// the weights too, each plus two windows of the largest unit), the activations the layer modules
 // declare (model/buffers.hpp) with every floating value in the run's precision, the
 // communication staging, and a stated allowance for the framework itself.
 #pragma once
@@ -20,6 +21,9 @@ struct GpuMemoryInput {
     int zero = 0;
     double dense_group = 1;   // dp x cp: the dense tensors' replica group
     double expert_group = 1;  // edp: the experts'
+    // ZeRO-2/3: the largest unit's values (a layer, or the embedding / head): the windows its
+    // gradients (zero 2, 3) and its gathered weights (zero 3) pass through, two of each.
+    double largest_unit = 0;
     // The stage's chunks: their declared buffers and the microbatches each holds at once.
     std::vector<std::pair<const ChunkBuffers*, int>> chunks;
     double boundary_values = 0;  // pp > 1: one microbatch's boundary activations (Nr x C)

@@ -63,6 +63,14 @@ public:
     const LayerKind& kind(int layer) const { return moe_layer(m_, layer) ? moe_ : dense_; }
     // This rank's floats when it holds `chunks` (a pipeline stage; pp stages in all).
     RegionFloats stage_params(const std::vector<ChunkPlan>& chunks, int pp) const;
+    // The same by ZeRO-2/3 unit, in the arena's unit order (model/params.cpp: the embedding,
+    // each layer, the final norm, the head or a tied embedding's second copy); units this rank
+    // holds nothing of are left out.
+    struct Unit {
+        RegionFloats f;
+        bool layer = false;
+    };
+    std::vector<Unit> stage_units(const std::vector<ChunkPlan>& chunks, int pp) const;
     // The LM head's matmul (last chunk): [Vl, C].
     const Gemm& head() const { return head_; }
     double head_active() const { return head_active_; }  // the LM head's matmul parameters (whole model)
@@ -90,6 +98,11 @@ ModelCounts model_counts(const ModelConfig& m);
 // grow, so m is capped there (tests/perf/test_inventory.cpp checks the cap against the full
 // list). Cached.
 std::vector<int> chunk_slots(const std::string& kind, int pp, int stage, int m, int v);
+
+// ZeRO-2/3 (model/params.hpp ZeroLayout): the sizes of a rank's slices composed from its units,
+// each unit's region parts padded to their group's multiple (group[r]: dense dp x cp, expert
+// edp, buffers 1) -- the arena's floats in `arena`; the pieces themselves are not listed.
+ZeroLayout zero_sizes(const std::vector<ModelInventory::Unit>& units, const double group[kNumRegions], double* arena);
 
 // A chunk's activation buffers (model/transformer.hpp chunk_buffers), cached by what they depend
 // on: the buffer shape, the chunk's layer counts of each kind and whether it is first / last.

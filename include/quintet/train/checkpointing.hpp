@@ -68,6 +68,7 @@ private:
     // buffers from the first rank of its dp x cp group), and those whose moments it holds.
     std::vector<ArenaRange> writes() const;
     std::vector<ArenaRange> state() const;
+    std::vector<float> whole_from_shard() const;  // ZeRO-3 (host)
     RankModel& model_;
     const GradientSync& sync_;
     AdamW& opt_;

@@ -37,6 +37,9 @@ void arm_watchdog(const ProcessGrid& grid, const std::string& run_dir, const std
 // or "rank R, loss"; "" when every rank is finite. collective over world
 std::string locate_nonfinite(const ParamTable& table, Backend& be, const float* grads, double local_loss,
                              const MpiCommunicator& world);
+// The same from what each rank found itself ("" when finite), e.g. under ZeRO >= 2, whose
+// gradients exist only as each rank's reduced slices. collective over world
+std::string locate_nonfinite(const std::string& local_what, const MpiCommunicator& world);
 
 // train.on_nonfinite. A step whose loss or gradient norm is not finite (every rank agrees: both
 // are all-reduced) left the state untouched; it is run again from the same state: finite now is a

@@ -3,7 +3,9 @@
 // weights under sequence parallelism, kv heads shared by several tp ranks, the tied embedding's
 // two copies), then the data-parallel sum of each arena region over its group -- dense tensors
 // over dp x cp, expert tensors over edp -- bucketed, overlapped with the backward
-// (parallel.overlap_dp), or reduce-scattered into ZeRO-1 shards.
+// (parallel.overlap_dp), or reduce-scattered into ZeRO-1 shards. Under ZeRO-2/3 the chunks
+// reduce-scatter each unit's gradient into this rank's shard as they go (train/zero_state); what
+// is left here is to wait for those and complete the partial sums on the shard.
 #pragma once
 #include <memory>
 #include <unordered_map>
@@ -14,19 +16,23 @@
 #include "quintet/parallel/data_parallel.hpp"
 #include "quintet/parallel/tensor_parallel.hpp"
 #include "quintet/parallel/device_comms.hpp"
+#include "quintet/train/zero_state.hpp"
 
 namespace quintet {
 
 class GradientSync {
 public:
     // zero: ZeRO-1 for the trainable regions; overlap: start bucket reductions during the last
-    // backward (without ZeRO; only where a region's group has more than one rank).
+    // backward (without ZeRO; only where a region's group has more than one rank). sharded: the
+    // ZeRO-2/3 state (then zero and overlap are ignored).
     GradientSync(const ParamTable& table, Backend& be, const DeviceComms& comms,
-                 TensorParallel& tp, double bucket_mb, bool zero, bool overlap);
-    // Region r's data parallelism (r = Replicas::dense or ::expert); null for buffers.
+                 TensorParallel& tp, double bucket_mb, bool zero, bool overlap, ZeroState* sharded = nullptr);
+    // Region r's data parallelism (r = Replicas::dense or ::expert); null for buffers and under
+    // ZeRO-2/3.
     DataParallel* region(int r) { return dp_[size_t(r)].get(); }
     const DataParallel* region(int r) const { return dp_[size_t(r)].get(); }
-    bool zero() const { return zero_; }
+    bool zero() const { return zero_; }          // ZeRO-1
+    ZeroState* sharded() const { return sharded_; }  // ZeRO-2/3, or null
 
     // At the start of a step (grads zeroed by the caller).
     void begin_step(float* grads);
@@ -40,6 +46,8 @@ public:
 
 private:
     void sync_one(size_t i, float* grads);
+    // ZeRO-2/3: tensor i's partial sums completed on this rank's slice of its gradient.
+    void sync_shard(size_t i);
     struct Hook final : GradReadyHook {
         GradientSync* s = nullptr;
         void ready(float* g, size_t n) override;
@@ -47,7 +55,8 @@ private:
     const ParamTable& table_;
     const DeviceComms& comms_;
     TensorParallel& tp_;
-    bool zero_, overlap_;
+    bool zero_, overlap_ = false;
+    ZeroState* sharded_ = nullptr;
     Hook hook_;
     float* grads_ = nullptr;
     std::unique_ptr<DataParallel> dp_[kNumRegions];

@@ -1,6 +1,8 @@
 // AdamW exactly as PyTorch's (docs/math.md §6), global-norm clipping, and the optimizer state: per
 // trainable arena region, the moments of the whole region (plain data parallelism) or of this
-// rank's ZeRO-1 shard. Buffers (not trainable) get no moments, no decay, no update.
+// rank's ZeRO-1 shard; under ZeRO-2/3 the moments of this rank's slices of every unit (the
+// gradient shard's layout, train/zero_state). Buffers (not trainable) get no moments, no decay,
+// no update.
 #pragma once
 #include <vector>
 
@@ -38,10 +40,14 @@ public:
     // each with the index of its first element in exp_avg()/exp_avg_sq().
     ArenaRange write_range(int r) const;
     ArenaRange state_range(int r) const;
+    // The same for every region (ZeRO-2/3: every trainable slice this rank owns; it writes what it
+    // holds the moments of).
+    std::vector<ArenaRange> write_ranges() const;
+    std::vector<ArenaRange> state_ranges() const;
     float* exp_avg() const { return m_; }
     float* exp_avg_sq() const { return v_; }
     size_t state_floats() const { return state_; }
-    size_t shard_floats() const { return shard_floats_; }  // ZeRO: the reduced gradient shards
+    size_t shard_floats() const { return shard_floats_; }  // ZeRO-1: the reduced gradient shards
 
 private:
     // The range of region r this rank updates (its ZeRO shard, or the whole region) and the

@@ -17,6 +17,7 @@
 #include "quintet/parallel/pipeline_executor.hpp"
 #include "quintet/parallel/process_grid.hpp"
 #include "quintet/parallel/tensor_parallel.hpp"
+#include "quintet/train/zero_state.hpp"
 
 namespace quintet {
 
@@ -39,13 +40,20 @@ public:
     ExpertParallel* ep() { return ep_.get(); }     // null when ep = 1
     PipelineExecutor& executor() { return *exec_; }
     const std::vector<std::unique_ptr<ModelChunk>>& chunks() const { return chunks_; }
+    // The whole parameter arena; null under parallel.zero = 3, where this rank keeps only its
+    // slices (zero()->param_shard()).
     float* params() const { return params_; }
+    // parallel.zero >= 2: the sharded parameters and gradients, by unit (null below 2).
+    ZeroState* zero() const { return zero_.get(); }
     bool host_arena() const { return host_arena_; }  // the arenas are host memory (CPU backend)
 
-    // bf16: the GEMMs' copy of the parameters, refreshed after every change of params().
+    // After every change of the parameters: the GEMMs' bf16 copy refreshed; under ZeRO-3 the
+    // gathered copies dropped.
     void refresh_bf16_weights();
     // The parameters of any layout's checkpoint `path` (no optimizer state). collective
     void load_weights(const std::string& path);
+    // ZeRO-3: this rank's slices of a whole arena (host memory) into its shard.
+    void load_shard(const float* whole);
     // PaLM-convention model FLOPs per token of the whole model (docs/math.md §1).
     double flops_per_token() const { return flops_per_token_; }
 
@@ -77,6 +85,7 @@ private:
     ParamTable table_;
     std::vector<std::unique_ptr<ModelChunk>> chunks_;
     std::unique_ptr<PipelineExecutor> exec_;
+    std::unique_ptr<ZeroState> zero_;
     float* params_ = nullptr;
     bf16_bits* params_bf16_ = nullptr;  // train.precision = bf16
     bool host_arena_ = true;

@@ -43,6 +43,7 @@ public:
 private:
     int run_steps();
     int64_t global_batch() const;  // samples per step
+    std::string zero_nonfinite(double local_loss) const;  // this rank's finding under ZeRO-2/3
 
     RankModel& model_;
     const Deck& deck_;

@@ -27,7 +27,8 @@ void CpuBackend::rmsnorm_forward(float* out, float* rstd, const float* inp, cons
 
 void CpuBackend::rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
                                   const float* w, const float* rstd, int N, int C) {
-    // dx = r*w*dy - x * r^3/C * sum(dy*w*x);  dw = sum_n dy * x * r.
+    // dx = r*w*dy - x * r^3/C * sum(dy*w*x);  dw = sum_n dy * x * r. A null dinp or dw skips it.
+    if (dinp) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; ++n) {
         const float* x = inp + size_t(n) * C;
@@ -40,6 +41,8 @@ void CpuBackend::rmsnorm_backward(float* dinp, float* dw, const float* dout, con
 #pragma omp simd
         for (int c = 0; c < C; ++c) dx[c] += r * w[c] * dy[c] - k * x[c];
     }
+    }
+    if (!dw) return;
     // dw: columns split over threads, rows summed in order (deterministic).
 #pragma omp parallel
     {

@@ -26,8 +26,11 @@ void rmsnorm_backward(cudaStream_t st, float* dinp, float* dw, const float* dout
                       const float* inp, const float* w, const float* rstd, int N, int C,
                       float* scratch) {
     if (N <= 0 || C <= 0) return;
-    rmsnorm_backward_dx_kernel<<<N, kThreads, 0, st>>>(dinp, dout, inp, w, rstd, C);
-    QUINTET_CUDA_LAUNCHED();
+    if (dinp) {  // a null part is skipped (the split backward: dinp in B, dw in W)
+        rmsnorm_backward_dx_kernel<<<N, kThreads, 0, st>>>(dinp, dout, inp, w, rstd, C);
+        QUINTET_CUDA_LAUNCHED();
+    }
+    if (!dw) return;
     const int rows = dw_rows_per_chunk(N), chunks = dw_chunks(N);
     const unsigned cblocks = unsigned((C + kThreads - 1) / kThreads);
     rmsnorm_dw_partial_kernel<<<dim3(cblocks, unsigned(chunks)), kThreads, 0, st>>>(

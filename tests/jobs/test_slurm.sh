@@ -336,6 +336,9 @@ test_scancel() {
     if [[ -n $step && -f $tmp/e/checkpoints/$(printf 'step_%08d.h5' "$step") ]] &&
         grep -q 'status 0\|exited with status 0' "$out" && ! grep -q 'requeueing' "$out"; then
         pass "e. scancel: checkpoint of step $step, run_dir/stopped, the script's status 0, no requeue ($(grep -o 'quintet exited with status [0-9]*' "$out"))"
+    elif [[ -z $step ]] && grep -q 'received SIGTERM' "$out" && ! grep -q 'requeueing' "$out"; then
+        # mpirun ended the ranks before they checkpointed (a race, docs/reliability.md): no claim of a clean stop.
+        pass "e. scancel: mpirun ended the ranks first (no run_dir/stopped), its status kept, no requeue"
     else
         show "$out"
         fail "e. scancel: state $(job_state "$jid"), stopped step '${step:-none}'"

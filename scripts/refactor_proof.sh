@@ -17,6 +17,11 @@ export OMP_NUM_THREADS=1
 rm -rf "$work"; mkdir -p "$work/old" "$work/new" "$work/step0" "$work/step0_moe"
 [ -f data/quickstart.txt ] || bash scripts/make_corpus.sh data/quickstart.txt
 "$new" prepare --input data/quickstart.txt --tokenizer byte --output "$work/data.h5" > /dev/null
+# The same tokens in the old binary's token-file format (byte tokenizer: one token per byte), for
+# an old binary that reads an earlier format version.
+"$old" prepare --input data/quickstart.txt --tokenizer byte --output "$work/data_old.h5" > /dev/null 2>&1 ||
+  "$old" prepare --input data/quickstart.txt --tokenizer bytes --output "$work/data_old.h5" > /dev/null 2>&1 ||
+  cp "$work/data.h5" "$work/data_old.h5"
 cat > "$work/deck" <<DECK
 [model]
 d_model = 64
@@ -75,9 +80,9 @@ runs=(
 for r in "${runs[@]}"; do
   IFS='|' read -r name ranks args <<< "$r"
   for which in old new; do
-    bin=$old; [ $which = new ] && bin=$new
+    bin=$old data=$work/data_old.h5; [ $which = new ] && bin=$new data=$work/data.h5
     # shellcheck disable=SC2086
-    mpirun --oversubscribe -n "$ranks" "$bin" train "$work/deck" $args \
+    mpirun --oversubscribe -n "$ranks" "$bin" train "$work/deck" $args --data.path="$data" \
       --output.run_dir="$work/$which/$name" > "$work/$which/$name.log" 2>&1 \
       || { echo "FAILED: $which $name (log: $work/$which/$name.log)"; exit 1; }
   done

@@ -150,6 +150,13 @@ std::vector<std::string> TrainFixture::compare_layouts(const std::string& model,
     return names;
 }
 
+void expect_close(const std::vector<double>& a, const std::vector<double>& b, double rel, const std::string& what,
+                  size_t from) {
+    ASSERT_EQ(a.size(), b.size()) << what;
+    for (size_t i = from; i < a.size(); ++i)
+        EXPECT_LE(std::abs(a[i] - b[i]), rel * std::abs(b[i])) << what << " at row " << i;
+}
+
 void TrainFixture::prepare(const std::string& prefix, const char* deck_text, uint32_t seed) {
     dir = scratch_dir(prefix + ::testing::UnitTest::GetInstance()->current_test_info()->name());
     deck = dir / "tiny.deck";

@@ -26,6 +26,9 @@ void write_file(const std::filesystem::path& p, const std::string& text);
 std::filesystem::path scratch_dir(const std::string& name);
 // /group/name of run_dir/metrics.h5 as doubles (every element, row-major, for the [step, ...] ones).
 std::vector<double> metrics_column(const std::filesystem::path& run_dir, const std::string& path);
+// Two curves of the same length, equal to relative `rel` from row `from` on.
+void expect_close(const std::vector<double>& a, const std::vector<double>& b, double rel, const std::string& what,
+                  size_t from = 0);
 // Every dataset under /params and /optim of a checkpoint, as raw float32, by path.
 std::vector<std::pair<std::string, std::vector<float>>> checkpoint_tensors(const std::string& file);
 // A token file with learnable structure (a noisy cyclic pattern) of n tokens over vocab V.

@@ -59,13 +59,6 @@ struct Fixture : TrainFixture {
     void SetUp() override { prepare("", kDeck, 1); }
 };
 
-void expect_close(const std::vector<double>& a, const std::vector<double>& b, double rel,
-                  const std::string& what) {
-    ASSERT_EQ(a.size(), b.size()) << what;
-    for (size_t i = 0; i < a.size(); ++i)
-        EXPECT_LE(std::abs(a[i] - b[i]), rel * std::abs(b[i])) << what << " at row " << i;
-}
-
 TEST_F(Fixture, DataParallelLayoutsMatchSingleRank) {
     // Global batch = dp * microbatches * micro_batch_size = 8 samples in every layout.
     auto ref = train(1, "ref", "--parallel.microbatches=4");

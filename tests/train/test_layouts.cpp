@@ -49,6 +49,23 @@ struct Layouts : TrainFixture {
     std::vector<double> losses(const std::string& name, const char* what = "/train/loss") {
         return metrics_column(dir / name, what);
     }
+    // Writes the step-0 checkpoint of each layout (ranks, overrides): every one bit for bit the first's.
+    void step_zero_identical(const std::vector<std::pair<int, std::string>>& layouts) {
+        std::vector<std::vector<std::pair<std::string, std::vector<float>>>> all;
+        int k = 0;
+        for (const auto& [ranks, args] : layouts) {
+            std::string name = "s0_" + std::to_string(k++);
+            auto r = train(ranks, name, "--train.steps=0 " + args);
+            ASSERT_EQ(r.status, 0) << r.output;
+            all.push_back(checkpoint_tensors((dir / name / "checkpoints/step_00000000.h5").string()));
+        }
+        for (size_t j = 1; j < all.size(); ++j) {
+            ASSERT_EQ(all[j].size(), all[0].size());
+            for (size_t i = 0; i < all[0].size(); ++i)
+                EXPECT_EQ(0, std::memcmp(all[j][i].second.data(), all[0][i].second.data(), all[0][i].second.size() * 4))
+                    << all[0][i].first << " differs in " << layouts[j].second;
+        }
+    }
     // Runs `layouts` (ranks, overrides) and compares each with the single-rank `ref` run.
     void compare(const std::string& model, const std::vector<std::pair<int, std::string>>& layouts,
                  double tol = 1e-5) {
@@ -168,20 +185,7 @@ TEST_F(Layouts, ZeroLevelsShareCheckpointsAndResumeAcrossLevels) {
         {4, "--parallel.pp=2 --parallel.tp=2 --parallel.microbatches=8 --parallel.zero=3"},
         {4, "--parallel.microbatches=2 --parallel.zero=3 --train.precision=bf16"},
     };
-    std::vector<std::vector<std::pair<std::string, std::vector<float>>>> all;
-    int k = 0;
-    for (const auto& [ranks, args] : layouts) {
-        std::string name = "s0_" + std::to_string(k++);
-        auto r = train(ranks, name, "--train.steps=0 " + args);
-        ASSERT_EQ(r.status, 0) << r.output;
-        all.push_back(checkpoint_tensors((dir / name / "checkpoints/step_00000000.h5").string()));
-    }
-    for (size_t k = 1; k < all.size(); ++k) {
-        ASSERT_EQ(all[k].size(), all[0].size());
-        for (size_t i = 0; i < all[0].size(); ++i)
-            EXPECT_EQ(0, std::memcmp(all[k][i].second.data(), all[0][i].second.data(), all[0][i].second.size() * 4))
-                << all[0][i].first << " differs in " << layouts[k].second;
-    }
+    step_zero_identical(layouts);
     auto ref = train(1, "ref", "--parallel.microbatches=8");
     ASSERT_EQ(ref.status, 0) << ref.output;
     auto lref = losses("ref");
@@ -192,7 +196,7 @@ TEST_F(Layouts, ZeroLevelsShareCheckpointsAndResumeAcrossLevels) {
         {1, "--parallel.microbatches=8", 4, "--parallel.pp=2 --parallel.microbatches=4 --parallel.zero=3"},
         {4, "--parallel.tp=2 --parallel.microbatches=4 --parallel.zero=2", 2, "--parallel.microbatches=4 --parallel.zero=3"},
     };
-    k = 0;
+    int k = 0;
     for (const auto& mv : moves) {
         std::string name = "mv" + std::to_string(k++);
         auto a = train(mv.from_ranks, name, mv.from + " --train.exit_after=5");
@@ -277,21 +281,7 @@ TEST_F(Layouts, StepZeroCheckpointsAreBitIdentical) {
         {4, "--parallel.pp=4 --parallel.microbatches=8"},
         {4, "--parallel.tp=2 --parallel.microbatches=4 --parallel.zero=1"},
     };
-    std::vector<std::vector<std::pair<std::string, std::vector<float>>>> all;
-    int k = 0;
-    for (const auto& [ranks, args] : layouts) {
-        std::string name = "s0_" + std::to_string(k++);
-        auto r = train(ranks, name, "--train.steps=0 " + args);
-        ASSERT_EQ(r.status, 0) << r.output;
-        all.push_back(checkpoint_tensors((dir / name / "checkpoints/step_00000000.h5").string()));
-    }
-    for (size_t k = 1; k < all.size(); ++k) {
-        ASSERT_EQ(all[k].size(), all[0].size());
-        for (size_t i = 0; i < all[0].size(); ++i)
-            EXPECT_EQ(0, std::memcmp(all[k][i].second.data(), all[0][i].second.data(),
-                                     all[0][i].second.size() * 4))
-                << all[0][i].first << " differs in " << layouts[k].second;
-    }
+    step_zero_identical(layouts);
 }
 
 TEST_F(Layouts, CheckpointsReshardOnResume) {
@@ -329,21 +319,17 @@ TEST_F(Layouts, GlobalBatchIsTheDecksOnEveryLayout) {
     ASSERT_EQ(ref.status, 0) << ref.output;
     const auto lref = losses("ref");
     ASSERT_EQ(lref.size(), 10u);
-    auto close = [&](const std::vector<double>& l, const std::vector<double>& r, size_t from, const std::string& what) {
-        ASSERT_EQ(l.size(), r.size()) << what;
-        for (size_t i = from; i < l.size(); ++i) EXPECT_LE(std::abs(l[i] - r[i]), 1e-5 * r[i]) << what << " step " << i + 1;
-    };
     // dp 4 with the global batch (and a parallel.microbatches it overrides, said so).
     auto gb = train(4, "gb", "--train.global_batch=16 --parallel.microbatches=8");
     ASSERT_EQ(gb.status, 0) << gb.output;
     EXPECT_NE(gb.output.find("parallel.microbatches = 2, not 8"), std::string::npos) << gb.output;
-    close(losses("gb"), lref, 0, "dp4 global_batch 16");
+    expect_close(losses("gb"), lref, 1e-5, "dp4 global_batch 16");
     // tp2 x dp2 for 5 steps, then pp2 on 2 ranks with no batch key: the checkpoint's 16 stays.
     auto a = train(4, "mv", "--parallel.tp=2 --train.global_batch=16 --train.exit_after=5");
     ASSERT_EQ(a.status, 0) << a.output;
     auto b = train(2, "mv", "--parallel.pp=2");
     ASSERT_EQ(b.status, 0) << b.output;
-    close(losses("mv"), lref, 5, "tp2 dp2 -> pp2");
+    expect_close(losses("mv"), lref, 1e-5, "tp2 dp2 -> pp2", 5);
     // A run without the key: dp 4 x 1 microbatch x 2 = 8 samples, resumed on one rank.
     auto r8 = train(1, "ref8", "--parallel.microbatches=4");
     ASSERT_EQ(r8.status, 0) << r8.output;
@@ -352,7 +338,7 @@ TEST_F(Layouts, GlobalBatchIsTheDecksOnEveryLayout) {
     auto d = train(1, "legacy", "--parallel.microbatches=8");
     ASSERT_EQ(d.status, 0) << d.output;
     EXPECT_NE(d.output.find("the global batch stays the checkpoint's 8 samples per step"), std::string::npos) << d.output;
-    close(losses("legacy"), losses("ref8"), 5, "dp4 (8 samples) -> 1 rank");
+    expect_close(losses("legacy"), losses("ref8"), 1e-5, "dp4 (8 samples) -> 1 rank", 5);
     // A global batch this layout cannot split, given or inherited: exit 2 before any work.
     auto bad = train(4, "bad", "--train.global_batch=12");
     EXPECT_EQ(bad.status, 2) << bad.output;

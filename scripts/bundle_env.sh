@@ -46,6 +46,9 @@ bundle_libraries_missing() {
     for d in /usr/include/$ma/blis-openmp /usr/include/blis; do [[ -f $d/blis.h ]] && f=1; done
     [[ $f == 1 ]] || missing+=("BLIS (OpenMP build)")
     [[ -f /usr/include/gtest/gtest.h ]] || missing+=("GoogleTest")
+    [[ -f /usr/include/pcre2.h ]] || missing+=("PCRE2")
+    [[ -f /usr/include/sentencepiece_processor.h ]] || missing+=("SentencePiece")
+    [[ -f /usr/include/nlohmann/json.hpp ]] || missing+=("nlohmann-json")
     ((${#missing[@]} == 0)) && return 0
     local IFS=,
     echo "${missing[*]}"

@@ -44,9 +44,11 @@ done
 LIMIT_MIB=48
 
 # What quintet's build and runs need (scripts/setup.sh's list without the compiler, CMake,
-# Python, git and the optional OpenBLAS): make is CMake's default generator's tool.
+# Python, git, the optional OpenBLAS and ICU): make is CMake's default generator's tool. ICU
+# (libicu-dev and libicu72, about 20 MiB) would not fit the limit; it serves only tokenizer.json
+# files with an NFC normalizer, so gpu_check.sh builds with -DQUINTET_NFC=OFF where it is absent.
 TOP=(openmpi-bin libopenmpi-dev libhdf5-openmpi-dev libboost-program-options-dev
-     libblis-openmp-dev libgtest-dev make)
+     libblis-openmp-dev libgtest-dev libpcre2-dev libsentencepiece-dev nlohmann-json3-dev make)
 # What the machine is assumed to have (the GPU image: a C++ compiler and Python 3).
 BASELINE=(g++ python3)
 # Packages apt would pull in that quintet does not use: "regex<TAB>reason" (whole package names).

@@ -129,6 +129,11 @@ if [[ $CPU_ONLY == 0 ]]; then
     fi
 fi
 log "libraries: $status_deps ($DEPS); NCCL: $NCCL"
+# ICU is not in the bundle (its size): without it the build leaves out tokenizer.json's NFC.
+if [[ ! -f /usr/include/unicode/normalizer2.h ]]; then
+    CUDA_ARGS+=(-DQUINTET_NFC=OFF)
+    log "no ICU headers: building with -DQUINTET_NFC=OFF (tokenizer.json files with an NFC normalizer are refused)"
+fi
 
 # ---- 1. build ---------------------------------------------------------------------------------
 GEN=()

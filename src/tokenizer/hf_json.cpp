@@ -5,8 +5,10 @@
 #include "quintet/tokenizer/hf_json.hpp"
 
 #include <nlohmann/json.hpp>
+#if QUINTET_WITH_NFC
 #include <unicode/normalizer2.h>
 #include <unicode/bytestream.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -69,11 +71,15 @@ void nfc(std::string_view text, std::string& out) {
         out.assign(text);
         return;
     }
+#if QUINTET_WITH_NFC
     UErrorCode err = U_ZERO_ERROR;
     const icu::Normalizer2* n = icu::Normalizer2::getNFCInstance(err);
     icu::StringByteSink<std::string> sink(&out, int32_t(text.size()));
     if (U_SUCCESS(err)) n->normalizeUTF8(0, icu::StringPiece(text.data(), int32_t(text.size())), sink, nullptr, err);
     if (U_FAILURE(err)) throw ConfigError(std::string("NFC normalization failed: ") + u_errorName(err));
+#else
+    throw ConfigError("NFC normalization: this build has no ICU (-DQUINTET_NFC=OFF)");  // refused at load
+#endif
 }
 
 struct Stage {
@@ -259,9 +265,12 @@ Tokenizer read_tokenizer_json(const std::string& json_text, const std::string& o
                                       "models: spm:FILE.model)");
     bool normalize_nfc = false;
     if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-        if (j["normalizer"].is_object() && j["normalizer"].value("type", "") == "NFC")
+        if (j["normalizer"].is_object() && j["normalizer"].value("type", "") == "NFC") {
             normalize_nfc = true;
-        else
+            if (!QUINTET_WITH_NFC)
+                refuse(origin, "/normalizer", "NFC: this quintet was built without ICU (-DQUINTET_NFC=OFF, as "
+                                              "the GPU bundle builds it); rebuild with libicu-dev installed");
+        } else
             refuse(origin, "/normalizer", j["normalizer"].dump().substr(0, 80) +
                                               ": the normalizers quintet reads are none and NFC");
     }

@@ -61,7 +61,23 @@ Mat BlockContext::save(const Act& w, const float* x, size_t n) {
         be.to_bf16(w.b, x, n);
         return {nullptr, w.b};
     }
+    if (!split_bw) {
+        int i = 0;
+        while (i < n_stand_in_ && stand_in_[size_t(i)].first != w.f) ++i;
+        if (i < int(stand_in_.size())) {
+            stand_in_[size_t(i)] = {w.f, x};
+            n_stand_in_ = std::max(n_stand_in_, i + 1);
+            return {x, nullptr};
+        }
+    }
     if (w.f != x) be.copy(w.f, x, n);
+    return {w.f, nullptr};
+}
+
+Mat BlockContext::deferred(const Act& w) const {
+    if (bf16_ || split_bw) return {w.f, w.b};
+    for (int i = 0; i < n_stand_in_; ++i)
+        if (stand_in_[size_t(i)].first == w.f) return {stand_in_[size_t(i)].second, nullptr};
     return {w.f, nullptr};
 }
 

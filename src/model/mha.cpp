@@ -178,11 +178,11 @@ public:
         if (later && c_.recompute == Recompute::selective) core_forward(s, tok);
         {
             auto role = c_.role("gemm.attn_out");
-            c_.mm(true, false, C, A_, N, c_.local(w.dh), C, c_.local(s.att), A_, 1.0f, grads + wo_, A_);
+            c_.mm(true, false, C, A_, N, c_.deferred(w.dh), C, c_.local(s.att), A_, 1.0f, grads + wo_, A_);
         }
         {
             auto role = c_.role("gemm.attn_qkv");
-            c_.mm(true, false, QKV_, C, N, c_.local(w.dqkv), QKV_, c_.gathered(xn, N, C), C, 1.0f, grads + wqkv_, C);
+            c_.mm(true, false, QKV_, C, N, c_.deferred(w.dqkv), QKV_, c_.gathered(xn, N, C), C, 1.0f, grads + wqkv_, C);
         }
         c_.done(grads + wo_, size_t(C) * A_);
         c_.done(grads + wqkv_, size_t(QKV_) * C);

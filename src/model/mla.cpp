@@ -294,18 +294,18 @@ public:
         Deferred& w = wslots_[size_t(wslot)];
         auto role = c_.role("gemm.mla");
         if (later && c_.recompute == Recompute::selective) core_forward(s, tok);  // o_proj's input again
-        c_.mm(true, false, C, Aw, N, c_.local(w.dh), C, c_.local(s.att), Aw, 1.0f, grads + wo_, Aw);
-        c_.mm(true, false, KVBw, s_.rkv, R, c_.local(w.dkvb), KVBw, c_.local(s.cn), s_.rkv, 1.0f, grads + wkvb_, s_.rkv);
+        c_.mm(true, false, C, Aw, N, c_.deferred(w.dh), C, c_.local(s.att), Aw, 1.0f, grads + wo_, Aw);
+        c_.mm(true, false, KVBw, s_.rkv, R, c_.deferred(w.dkvb), KVBw, c_.local(s.cn), s_.rkv, 1.0f, grads + wkvb_, s_.rkv);
         c_.be.rmsnorm_backward(nullptr, grads + wkvan_, w.dcn, s.c, nullptr, s.c_rstd, R, s_.rkv);
         const Mat X = c_.gathered(xn, N, C);
-        c_.mm(true, false, s_.rkv, C, N, c_.local(w.dc), s_.rkv, X, C, 1.0f, grads + wkva_, C);
-        c_.mm(true, false, s_.dr, C, N, c_.local(w.dkr), s_.dr, X, C, 1.0f, grads + wkva_ + size_t(s_.rkv) * C, C);
+        c_.mm(true, false, s_.rkv, C, N, c_.deferred(w.dc), s_.rkv, X, C, 1.0f, grads + wkva_, C);
+        c_.mm(true, false, s_.dr, C, N, c_.deferred(w.dkr), s_.dr, X, C, 1.0f, grads + wkva_ + size_t(s_.rkv) * C, C);
         if (s_.rq > 0) {
-            c_.mm(true, false, Qw, s_.rq, N, c_.local(w.dq), Qw, c_.local(s.qan), s_.rq, 1.0f, grads + wq_, s_.rq);
+            c_.mm(true, false, Qw, s_.rq, N, c_.deferred(w.dq), Qw, c_.local(s.qan), s_.rq, 1.0f, grads + wq_, s_.rq);
             c_.be.rmsnorm_backward(nullptr, grads + wqan_, w.dqan, s.qa, nullptr, s.qa_rstd, N, s_.rq);
-            c_.mm(true, false, s_.rq, C, N, c_.local(w.dqa), s_.rq, X, C, 1.0f, grads + wqa_, C);
+            c_.mm(true, false, s_.rq, C, N, c_.deferred(w.dqa), s_.rq, X, C, 1.0f, grads + wqa_, C);
         } else {
-            c_.mm(true, false, Qw, C, N, c_.local(w.dq), Qw, X, C, 1.0f, grads + wq_, C);
+            c_.mm(true, false, Qw, C, N, c_.deferred(w.dq), Qw, X, C, 1.0f, grads + wq_, C);
         }
         c_.done(grads + wo_, size_t(C) * Aw);
         c_.done(grads + wkvb_, size_t(KVBw) * s_.rkv);

@@ -243,12 +243,12 @@ public:
         const Mat X = c_.local(hn);
         if (Fs_ > 0) {
             auto role = c_.role("gemm.shared_expert");
-            c_.mm(true, false, C, Fs_, Nr, c_.local(w.dy), C, c_.local(s.act_s), Fs_, 1.0f, grads + wd_s_, Fs_);
-            c_.mm(true, false, 2 * Fs_, C, Nr, c_.local(w.dgu_s), 2 * Fs_, X, C, 1.0f, grads + wgu_s_, C);
+            c_.mm(true, false, C, Fs_, Nr, c_.deferred(w.dy), C, c_.local(s.act_s), Fs_, 1.0f, grads + wd_s_, Fs_);
+            c_.mm(true, false, 2 * Fs_, C, Nr, c_.deferred(w.dgu_s), 2 * Fs_, X, C, 1.0f, grads + wgu_s_, C);
         }
         {
             auto router = c_.role("gemm.router");
-            c_.mm(true, false, E_, C, Nr, c_.local(w.dz), E_, X, C, 1.0f, grads + wg_, C);
+            c_.mm(true, false, E_, C, Nr, c_.deferred(w.dz), E_, X, C, 1.0f, grads + wg_, C);
         }
         experts_.backward_weight(expert_rows(s), grads, w.dye, w.dgu);
         experts_.done(grads);

@@ -71,7 +71,7 @@ void MoeExperts::backward_input(const Rows& ex, const float* params, int rows, c
 void MoeExperts::backward_weight(const Rows& ex, float* grads, const Act& wdy, const Act& wdgu) {
     auto role = c_.role("gemm.experts");
     const int C = c_.d.C;
-    const Mat Dy = c_.local(wdy), Dgu = c_.local(wdgu);
+    const Mat Dy = c_.deferred(wdy), Dgu = c_.deferred(wdgu);
     for (int j = 0; j < El_; ++j)
         if (ex.count[j] > 0) {
             const int n = ex.count[j];

@@ -86,11 +86,11 @@ public:
         Deferred& w = wslots_[size_t(wslot)];
         {
             auto role = c_.role("gemm.ffn_down");
-            c_.mm(true, false, C, F, N, c_.local(w.dy), C, c_.local(s.act), F, 1.0f, grads + wdown_, F);
+            c_.mm(true, false, C, F, N, c_.deferred(w.dy), C, c_.local(s.act), F, 1.0f, grads + wdown_, F);
         }
         {
             auto role = c_.role("gemm.ffn_gate_up");
-            c_.mm(true, false, 2 * F, C, N, c_.local(w.dgu), 2 * F, c_.gathered(hn, N, C), C, 1.0f, grads + wgu_, C);
+            c_.mm(true, false, 2 * F, C, N, c_.deferred(w.dgu), 2 * F, c_.gathered(hn, N, C), C, 1.0f, grads + wgu_, C);
         }
         c_.done(grads + wdown_, size_t(C) * F);
         c_.done(grads + wgu_, size_t(2) * F * C);

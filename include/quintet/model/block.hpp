@@ -11,6 +11,7 @@
 // time uses, and the hook told of finished gradients. Row counts: N = B*T tokens of a microbatch;
 // Nr = N/tp rows of the residual stream under sequence parallelism, else N.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -100,7 +101,10 @@ public:
     Mat lowp(const float* x, size_t n);                 // x, as a GEMM operand (bf16: into lowp_)
     // x[n] kept in `w` (a deferred buffer, Elem::act) as the GEMM operand lowp(x) would be -- the
     // same bits -- for B now and W later. No copy when x is already w.f (see produce()).
+    // Without a split schedule W follows B at once, so in fp32 save() copies nothing: it notes x
+    // as w's stand-in, and W reads through deferred(w) (w itself otherwise).
     Mat save(const Act& w, const float* x, size_t n);
+    Mat deferred(const Act& w) const;
     Mat weight(const float* w) const { return {w, bf16_ ? shadow_ + (w - master_) : nullptr}; }
     // C[M,N] = op(A) op(B) + beta * C in the chunk's precision.
     // The role the next GEMMs are profiled under (`train.profile`): "gemm.<role>.fwd|dx|dw" by
@@ -142,6 +146,9 @@ private:
     BufferViews shared_;
     bf16_bits *lowp_ = nullptr, *gather_bf16_ = nullptr;  // bf16 scratch: operands, SP gathers
     size_t lowp_n_ = 0;
+    // save()'s stand-ins (deferred buffer -> B's own buffer); more than fit fall back to a copy.
+    std::array<std::pair<const float*, const float*>, 32> stand_in_{};
+    int n_stand_in_ = 0;
     std::vector<std::pair<int, double>> rope_filled_;  // tables filled so far: width, amplitude
 };
 

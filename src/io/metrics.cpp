@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <ctime>
 #include <filesystem>
@@ -105,19 +106,29 @@ MetricsFile::MetricsFile(const std::string& run_dir, const std::string& deck_tex
         hsize_t keep_rows = 0;
         double prev = -1;
         while (keep_rows < v.size() && v[keep_rows] <= first_step && v[keep_rows] > prev) prev = v[keep_rows++];
-        h5::Handle g = h5::group(H5Gopen2(file_, group, H5P_DEFAULT));
-        H5G_info_t info;
-        H5Gget_info(g, &info);
-        for (hsize_t i = 0; i < info.nlinks; ++i) {
-            char name[256];
-            H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT);
-            h5::Handle d = h5::dataset(H5Dopen2(g, name, H5P_DEFAULT));
-            auto dims = h5::dataset_shape(d);  // [step, ...]: keep the trailing dims
-            if (dims.empty()) continue;
-            std::vector<hsize_t> ext(dims.begin(), dims.end());
-            ext[0] = std::min<hsize_t>(keep_rows, ext[0]);
-            H5Dset_extent(d, ext.data());
-        }
+        // Every dataset of the group, and under /eval those of its per-source subgroups.
+        std::function<void(const std::string&, bool)> trim = [&](const std::string& gpath, bool into_subgroups) {
+            h5::Handle g = h5::group(H5Gopen2(file_, gpath.c_str(), H5P_DEFAULT));
+            H5G_info_t info;
+            H5Gget_info(g, &info);
+            for (hsize_t i = 0; i < info.nlinks; ++i) {
+                char name[256];
+                H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT);
+                H5O_info_t oi;
+                if (H5Oget_info_by_name2(g, name, &oi, H5O_INFO_BASIC, H5P_DEFAULT) < 0) continue;
+                if (oi.type == H5O_TYPE_GROUP) {
+                    if (into_subgroups) trim(gpath + "/" + name, false);
+                    continue;
+                }
+                h5::Handle d = h5::dataset(H5Dopen2(g, name, H5P_DEFAULT));
+                auto dims = h5::dataset_shape(d);  // [step, ...]: keep the trailing dims
+                if (dims.empty()) continue;
+                std::vector<hsize_t> ext(dims.begin(), dims.end());
+                ext[0] = std::min<hsize_t>(keep_rows, ext[0]);
+                H5Dset_extent(d, ext.data());
+            }
+        };
+        trim(group, group == std::string(metrics_schema::kEval));
     }
 }
 
@@ -144,6 +155,12 @@ hid_t MetricsFile::extendible(const std::string& path, const std::vector<hsize_t
                         dcpl, H5P_DEFAULT);
     }
     return open_.emplace(path, h5::dataset(h5::check(id, "metrics dataset " + path))).first->second;
+}
+
+void MetricsFile::set_attr(const std::string& path, const std::string& name, const std::string& value) {
+    h5::Handle obj(h5::check(H5Oopen(file_, path.c_str(), H5P_DEFAULT), "open " + path), H5Oclose);
+    if (h5::has_attr(obj, name)) H5Adelete(obj, name.c_str());
+    h5::write_attr_string(obj, name, value);
 }
 
 void MetricsFile::append_value(const std::string& path, double v) {

@@ -319,15 +319,13 @@ void Telemetry::record_eval(int64_t s, double loss, const std::vector<double>& p
     char buf[96];
     std::snprintf(buf, sizeof buf, "eval step %lld | val loss %.4f", (long long)s, loss);
     std::string line = buf;
-    if (per_source.size() == sources.size() && !sources.empty()) {
+    // Each source's own loss when there are several (one source's is /eval/loss itself).
+    if (per_source.size() == sources.size() && sources.size() > 1)
         for (size_t v = 0; v < sources.size(); ++v) {
             if (metrics_) metrics_->append(std::string(ms::kEval) + "/" + sources[v].name, {{ms::kLoss, per_source[v]}});
-            if (sources.size() > 1) {
-                std::snprintf(buf, sizeof buf, " | %s %.4f", sources[v].name.c_str(), per_source[v]);
-                line += buf;
-            }
+            std::snprintf(buf, sizeof buf, " | %s %.4f", sources[v].name.c_str(), per_source[v]);
+            line += buf;
         }
-    }
     log(line);
 }
 

@@ -256,13 +256,15 @@ int prepare_corpus(const CorpusJob& job, const Tokenizer& tok, const MpiCommunic
         if (ec) bad_input("option --output = '" + job.output + "': cannot create '" + tmp + "': " + ec.message());
     }
     world.barrier();
-    auto raw_path = [&](size_t f) { return tmp + "/file_" + std::to_string(f) + ".u32"; };
+    auto raw_path = [&](size_t f) { return tmp + "/file_" + std::to_string(f) + ".ids"; };
 
     // 1. Every rank encodes its files into raw id files (in order), parts over the threads.
     std::vector<double> counts(nf, 0.0), docs(nf, 0.0);
     std::string error;
     const int threads = omp_get_max_threads();
     const bool can_cut = tok.cuts_at_line_starts();
+    const int width = tok.vocab_size() <= 65536 ? 2 : 4;  // the raw ids as the shards store them
+    std::vector<uint16_t> narrow;
     int64_t done_bytes = 0, my_tokens = 0, my_docs = 0;
     Clock::time_point last_print = Clock::now();
     const auto t_enc = Clock::now();
@@ -283,8 +285,14 @@ int prepare_corpus(const CorpusJob& job, const Tokenizer& tok, const MpiCommunic
                     if (p.last && job.eos_id >= 0) p.ids.push_back(uint32_t(job.eos_id));
                 }
                 for (const Part& p : batch) {
-                    if (!p.ids.empty() && std::fwrite(p.ids.data(), 4, p.ids.size(), out) != p.ids.size())
-                        rank_fail("prepare: cannot write '" + raw_path(f) + "' (disk full?)");
+                    size_t wrote = 0;
+                    if (width == 2) {
+                        narrow.assign(p.ids.begin(), p.ids.end());
+                        wrote = std::fwrite(narrow.data(), 2, narrow.size(), out);
+                    } else {
+                        wrote = std::fwrite(p.ids.data(), 4, p.ids.size(), out);
+                    }
+                    if (wrote != p.ids.size()) rank_fail("prepare: cannot write '" + raw_path(f) + "' (disk full?)");
                     file_tokens += int64_t(p.ids.size());
                     my_docs += p.last ? 1 : 0;
                     docs[f] += p.last ? 1 : 0;
@@ -351,6 +359,7 @@ int prepare_corpus(const CorpusJob& job, const Tokenizer& tok, const MpiCommunic
     if (n_shards > 1 && last_len < 2) --n_shards, last_len += per;
     const auto t_write = Clock::now();
     std::vector<uint32_t> buf(size_t(1) << 20);
+    std::vector<uint16_t> buf16(width == 2 ? buf.size() : 0);
     for (int64_t k = rank; k < n_shards; k += size) {
         const int64_t a = k * per, b = k + 1 == n_shards ? total : a + per;
         char name[32];
@@ -362,10 +371,12 @@ int prepare_corpus(const CorpusJob& job, const Tokenizer& tok, const MpiCommunic
             while (start[f + 1] <= at) ++f;
             const int64_t n = std::min<int64_t>({b - at, start[f + 1] - at, int64_t(buf.size())});
             FILE* in = std::fopen(raw_path(f).c_str(), "rb");
-            if (!in || std::fseek(in, long((at - start[f]) * 4), SEEK_SET) != 0 ||
-                std::fread(buf.data(), 4, size_t(n), in) != size_t(n))
+            void* into = width == 2 ? static_cast<void*>(buf16.data()) : static_cast<void*>(buf.data());
+            if (!in || std::fseek(in, long((at - start[f]) * width), SEEK_SET) != 0 ||
+                std::fread(into, size_t(width), size_t(n), in) != size_t(n))
                 rank_fail("prepare: cannot read back '" + raw_path(f) + "'");
             std::fclose(in);
+            if (width == 2) std::copy(buf16.begin(), buf16.begin() + n, buf.begin());
             w.write(at - a, buf.data(), n);
             at += n;
         }

@@ -216,16 +216,20 @@ std::vector<std::string> corpus_inputs(const std::vector<std::string>& inputs) {
 }
 
 std::string corpus_sample_text(const CorpusJob& job, size_t limit) {
+    // Parts cut at every 8 MB block (the sample is only bytes), and reading stops at the limit,
+    // so the memory is the sample's.
+    struct Enough {};
     std::string text;
     bool first = true;
-    for (const auto& f : job.files) {
-        for_each_part(job, f, false, [&](Part&& p) {
-            if (limit && text.size() >= limit) return;
-            if (p.first && !first) text += '\n';
-            first = false;
-            text.append(p.text, p.begin, p.end - p.begin);
-        }, [](int64_t) {});
-        if (limit && text.size() >= limit) break;
+    try {
+        for (const auto& f : job.files)
+            for_each_part(job, f, true, [&](Part&& p) {
+                if (p.first && !first) text += '\n';
+                first = false;
+                text.append(p.text, p.begin, p.end - p.begin);
+                if (limit && text.size() >= limit) throw Enough{};
+            }, [](int64_t) {});
+    } catch (const Enough&) {
     }
     if (limit && text.size() > limit) text.resize(limit);
     return text;

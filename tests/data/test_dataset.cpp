@@ -3,6 +3,7 @@
 // same tokens as direct reads, and the bad inputs each named.
 // ctest: labels=unit
 #include <gtest/gtest.h>
+#include <hdf5.h>
 
 #include <cmath>
 #include <fstream>
@@ -260,4 +261,45 @@ TEST(Dataset, BadInputsAreNamed) {
     EXPECT_TRUE(io);
     EXPECT_NE(what.find("c.h5"), std::string::npos) << what;
     EXPECT_NE(what.find("[100] = 4000"), std::string::npos) << what;
+}
+
+// A /tokens that is not one contiguous run (chunked and compressed, as h5py may write it) is
+// read through HDF5 hyperslabs on the calling thread: the same tokens.
+TEST(Dataset, ChunkedTokensReadThroughHdf5) {
+    const fs::path dir = scratch_dir("dataset_chunked");
+    const auto all = pattern(5000, 9);
+    write(dir / "plain.h5", all);
+    fs::copy_file(dir / "plain.h5", dir / "chunked.h5");
+    {
+        hid_t f = H5Fopen((dir / "chunked.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+        ASSERT_GE(f, 0);
+        H5Ldelete(f, "tokens", H5P_DEFAULT);
+        const hsize_t n = all.size(), chunk = 512;
+        hid_t sp = H5Screate_simple(1, &n, nullptr), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+        H5Pset_chunk(dcpl, 1, &chunk);
+        H5Pset_deflate(dcpl, 4);
+        hid_t ds = H5Dcreate2(f, "tokens", H5T_STD_U16LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+        ASSERT_GE(H5Dwrite(ds, H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, all.data()), 0);
+        H5Dclose(ds), H5Pclose(dcpl), H5Sclose(sp), H5Fclose(f);
+    }
+    const DataConfig dc = config((dir / "chunked.h5").string(), 16, "random", 0.1);
+    const DataSet d = data_open(dc);
+    EXPECT_TRUE(d.any_hdf5_reads);
+    EXPECT_EQ(d.train[0].shards[0].file_offset, -1);
+    const DataConfig pc = config((dir / "plain.h5").string(), 16, "random", 0.1);
+    const DataSet p = data_open(pc);
+    EXPECT_FALSE(p.any_hdf5_reads);
+    Sampler a(d, dc, 4), b(p, pc, 4);
+    a.prefetch_range(0, 4, 4);
+    std::vector<int32_t> x(16), xt(16), y(16), yt(16);
+    for (int64_t s = 0; s < 20; ++s)
+        for (int64_t j = 0; j < 4; ++j) {
+            a.train_sample(s, j, 4, x.data(), xt.data());
+            b.train_sample(s, j, 4, y.data(), yt.data());
+            ASSERT_EQ(x, y);
+            ASSERT_EQ(xt, yt);
+        }
+    a.val_sample(0, 2, 1, 2, x.data(), xt.data());
+    b.val_sample(0, 2, 1, 2, y.data(), yt.data());
+    EXPECT_EQ(x, y);
 }

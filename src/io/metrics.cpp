@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <functional>
+#include <cstring>
+#include <cerrno>
 #include <cmath>
 #include <ctime>
 #include <filesystem>
@@ -240,12 +242,34 @@ void MetricsFile::snapshot_to(const std::string& to) {
     const std::string tmp = to + ".tmp";
     std::error_code ec;
     fs::create_directories(fs::path(to).parent_path(), ec);
-    fs::copy_file(name, tmp, fs::copy_options::overwrite_existing, ec);
-    if (ec) throw IoError("cannot copy the metrics to " + tmp + ": " + ec.message());
-    const int fd = ::open(tmp.c_str(), O_RDONLY);
-    if (fd >= 0) {
-        ::fsync(fd);
-        ::close(fd);
+    // A plain read/write copy, so a full disk is reported as such (the kernel's in-place copy
+    // calls said "Input/output error" on a full tmpfs).
+    {
+        const int in = ::open(name, O_RDONLY | O_CLOEXEC);
+        const int out = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        std::string why = in < 0 || out < 0 ? std::strerror(errno) : "";
+        std::vector<char> buf(size_t(1) << 20);
+        while (why.empty()) {
+            const ssize_t n = ::read(in, buf.data(), buf.size());
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) {
+                if (n < 0) why = std::strerror(errno);
+                break;
+            }
+            for (ssize_t done = 0; why.empty() && done < n;) {
+                const ssize_t w = ::write(out, buf.data() + done, size_t(n - done));
+                if (w < 0 && errno == EINTR) continue;
+                if (w <= 0) why = std::strerror(w < 0 ? errno : ENOSPC);
+                else done += w;
+            }
+        }
+        if (why.empty() && ::fsync(out) != 0) why = std::strerror(errno);
+        if (in >= 0) ::close(in);
+        if (out >= 0 && ::close(out) != 0 && why.empty()) why = std::strerror(errno);
+        if (!why.empty()) {
+            fs::remove(tmp, ec);
+            throw IoError("cannot copy the metrics to " + tmp + ": " + why);
+        }
     }
     fs::rename(tmp, to, ec);
     if (ec) throw IoError("cannot rename " + tmp + ": " + ec.message());

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "quintet/core/clock.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/core/rng.hpp"
 
@@ -154,8 +155,10 @@ void Sampler::train_sample(int64_t s, int64_t j, int64_t gb, int32_t* ids, int32
         decode(slot.tokens.data() + size_t(j - lo_) * size_t(T_ + 1) * size_t(reader_.width()), ids, targets);
         return;
     }
+    const double t0 = now_s();
     const Ref r = train_ref(s, j, gb);
     reader_.read(data_.train[size_t(r.source)], r.offset, T_ + 1, scratch_.data(), reader_.width());
+    wait_s_ += now_s() - t0;
     decode(scratch_.data(), ids, targets);
 }
 
@@ -222,11 +225,13 @@ void Sampler::submit(int64_t s) {
 
 Sampler::Slot& Sampler::ready_slot(int64_t s) {
     Slot& slot = slots_[s & 1];
+    const double t0 = now_s();
     if (slot.step != s) submit(s);
     {
         std::unique_lock<std::mutex> lock(m_);
         cv_.wait(lock, [&] { return slot.ready; });
     }
+    wait_s_ += now_s() - t0;
     if (slot.error) std::rethrow_exception(slot.error);
     // Step s + 1 is read while step s trains (the HDF5 fallback reads it when it is asked for).
     if (async_ && slots_[(s + 1) & 1].step != s + 1) submit(s + 1);

@@ -329,9 +329,11 @@ void Telemetry::record_eval(int64_t s, double loss, const std::vector<double>& p
     log(line);
 }
 
-void Telemetry::record_data(int64_t s, const std::vector<int64_t>& counts, const std::vector<Source>& sources) {
+void Telemetry::record_data(int64_t s, const std::vector<int64_t>& counts, const std::vector<Source>& sources,
+                            double wait_s) {
     (void)s;
     if (!metrics_) return;
+    metrics_->append(ms::kTiming, {{ms::kTimeDataWait, wait_s}});
     std::vector<double> row(counts.begin(), counts.end());
     metrics_->append_vector(ms::kSourceSamples, row);
     if (!sources_named_) {

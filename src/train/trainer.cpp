@@ -195,7 +195,8 @@ int Trainer::run_steps() {
         steps_done_.store(s);
         tokens_seen_ += tokens_per_step;
         telemetry_.record_step(s, st, skipped, moe_);
-        telemetry_.record_data(s, sampler_.source_samples(s * global_batch()), sampler_.train_sources());
+        telemetry_.record_data(s, sampler_.source_samples(s * global_batch()), sampler_.train_sources(),
+                               sampler_.take_wait_seconds());
         if (eval_ && (s % deck_.eval.every == 0 || s == t.steps)) {
             std::vector<double> per_source;
             const double loss = eval_->evaluate(nullptr, &per_source);

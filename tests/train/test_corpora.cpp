@@ -144,6 +144,17 @@ TEST_F(Corpora, ShuffleResumesMidEpochExactly) {
     ASSERT_EQ(b.status, 0) << b.output;
     EXPECT_EQ(metrics_column(dir / "full", "/train/loss"), metrics_column(dir / "part", "/train/loss"));
     EXPECT_EQ(metrics_column(dir / "full", "/data/source_samples"), metrics_column(dir / "part", "/data/source_samples"));
+    // Resumed on another layout (pp = 2 instead of dp = 2, the same 8 samples a step): the same
+    // curve to fp32 reduction order.
+    ASSERT_EQ(train(2, "moved", "--parallel.microbatches=2 --train.exit_after=5").status, 0);
+    const RunResult c = train(2, "moved", "--parallel.pp=2 --parallel.microbatches=4 --checkpoint.resume=auto");
+    ASSERT_EQ(c.status, 0) << c.output;
+    const auto full = metrics_column(dir / "full", "/train/loss"), moved = metrics_column(dir / "moved", "/train/loss");
+    ASSERT_EQ(moved.size(), full.size());
+    for (size_t s = 0; s < full.size(); ++s) EXPECT_LE(std::abs(moved[s] - full[s]), 1e-5 * full[s]) << "step " << s + 1;
+    // The prefetch kept ahead: steps after the first wait little for their tokens.
+    const auto wait = metrics_column(dir / "full", "/timing/data_wait");
+    ASSERT_EQ(wait.size(), full.size());
 }
 
 TEST_F(Corpora, BadDataStopsWithItsStatus) {

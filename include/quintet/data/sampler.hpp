@@ -68,6 +68,13 @@ public:
     // ahead on a background thread into two buffers allocated here.
     void prefetch_range(int64_t lo, int64_t hi, int64_t gb);
     size_t buffer_bytes() const { return buffer_bytes_; }
+    // Seconds train_sample spent waiting for tokens since the last call (0 when the prefetch
+    // kept ahead).
+    double take_wait_seconds() {
+        const double w = wait_s_;
+        wait_s_ = 0;
+        return w;
+    }
     // Samples of each training source among the first n of the run.
     std::vector<int64_t> source_samples(int64_t n);
 
@@ -114,6 +121,7 @@ private:
     std::mutex m_;
     std::condition_variable cv_;
     int pending_ = -1;  // slot the worker fills
+    double wait_s_ = 0;
     bool stop_ = false;
 };
 

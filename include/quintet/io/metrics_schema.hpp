@@ -51,7 +51,7 @@ inline constexpr const char* kTimePipeline = "pipeline", *kTimePipelineWait = "p
                              *kDpBucketsOverlapped = "dp_buckets_overlapped", *kCpComm = "cp_comm",
                              *kCpExposed = "cp_exposed", *kCpBytes = "cp_bytes", *kEpDispatch = "ep_dispatch",
                              *kEpCombine = "ep_combine", *kEpBytes = "ep_bytes", *kEpBytesAll = "ep_bytes_all",
-                             *kEpBytesTheory = "ep_bytes_theory";
+                             *kEpBytesTheory = "ep_bytes_theory", *kTimeDataWait = "data_wait";
 
 // /moe datasets: [step, layer, expert] and [step, layer, 1] ([step, layer, ep] for ep_tokens).
 inline constexpr const char* kExpertLoad = "/moe/expert_load", *kImbalance = "/moe/imbalance",

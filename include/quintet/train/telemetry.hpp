@@ -44,8 +44,10 @@ public:
     // /eval/<source>/loss too.
     void record_eval(int64_t s, double loss, const std::vector<double>& per_source = {},
                      const std::vector<Source>& sources = {});
-    // /data/source_samples: the samples drawn so far from each training source (rank 0 writes).
-    void record_data(int64_t s, const std::vector<int64_t>& counts, const std::vector<Source>& sources);
+    // /data/source_samples: the samples drawn so far from each training source, and
+    // /timing/data_wait: seconds rank 0's step waited for its tokens (rank 0 writes).
+    void record_data(int64_t s, const std::vector<int64_t>& counts, const std::vector<Source>& sources,
+                     double wait_s);
     // After the step's evaluation: metrics.h5 flushed; after the first step, the activation line.
     void end_step(int64_t s);
     // The run reached train.steps: the planner's prediction beside the measurement, and the

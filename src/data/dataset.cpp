@@ -232,27 +232,39 @@ double data_buffer_bytes(const DataConfig& dc, int64_t samples_per_rank, int voc
 
 // ------------------------------------------------------------------------------------------------
 
+// Open shards, at most kMaxOpen at once (a corpus may have more shards than a process may
+// open files): the least recently used is closed. A read holds the lock, so no descriptor is
+// closed under a read of the other thread.
 struct TokenReader::Fds {
+    static constexpr size_t kMaxOpen = 128;
     std::mutex m;
-    std::map<std::string, int> fd;
+    std::map<std::string, std::pair<int, uint64_t>> fd;  // path -> (fd, last use)
+    uint64_t clock = 0;
 };
 
 TokenReader::TokenReader(const DataSet& data)
     : data_(data), width_(data.vocab_size <= 65536 ? 2 : 4), fds_(std::make_unique<Fds>()) {}
 
 TokenReader::~TokenReader() {
-    for (auto& [p, fd] : fds_->fd)
-        if (fd >= 0) ::close(fd);
+    for (auto& [p, f] : fds_->fd) ::close(f.first);
 }
 
-int TokenReader::fd_of(const TokenShard& sh) const {
+ssize_t TokenReader::pread_shard(const TokenShard& sh, void* buf, size_t bytes, int64_t off) const {
     std::lock_guard<std::mutex> lock(fds_->m);
     auto it = fds_->fd.find(sh.path);
-    if (it != fds_->fd.end()) return it->second;
-    const int fd = ::open(sh.path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw IoError("token file '" + sh.path + "' cannot be opened: " + std::strerror(errno));
-    fds_->fd[sh.path] = fd;
-    return fd;
+    if (it == fds_->fd.end()) {
+        if (fds_->fd.size() >= Fds::kMaxOpen) {
+            auto oldest = std::min_element(fds_->fd.begin(), fds_->fd.end(),
+                                           [](auto& a, auto& b) { return a.second.second < b.second.second; });
+            ::close(oldest->second.first);
+            fds_->fd.erase(oldest);
+        }
+        const int fd = ::open(sh.path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) throw IoError("token file '" + sh.path + "' cannot be opened: " + std::strerror(errno));
+        it = fds_->fd.emplace(sh.path, std::pair<int, uint64_t>{fd, 0}).first;
+    }
+    it->second.second = ++fds_->clock;
+    return ::pread(it->second.first, buf, bytes, off_t(off));
 }
 
 // Stream tokens [at, at + n) of the source (within one pass: no wrap), converted to `width`.
@@ -272,7 +284,7 @@ void TokenReader::read_stream(const Source& src, int64_t at, int64_t n, unsigned
                 const off_t off = off_t(sh.file_offset + (local + done) * sh.width);
                 size_t got = 0;
                 while (got < bytes) {
-                    const ssize_t r = ::pread(fd_of(sh), raw + got, bytes - got, off + off_t(got));
+                    const ssize_t r = pread_shard(sh, raw + got, bytes - got, int64_t(off) + int64_t(got));
                     if (r < 0 && errno == EINTR) continue;
                     if (r <= 0)
                         throw IoError("token file '" + sh.path + "': cannot read tokens " +

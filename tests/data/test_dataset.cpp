@@ -303,3 +303,24 @@ TEST(Dataset, ChunkedTokensReadThroughHdf5) {
     b.val_sample(0, 2, 1, 2, y.data(), yt.data());
     EXPECT_EQ(x, y);
 }
+
+// More shards than the reader keeps open (it closes the least recently used): random reads over
+// all of them still give the stream.
+TEST(Dataset, MoreShardsThanOpenFiles) {
+    const fs::path dir = scratch_dir("dataset_many");
+    const auto all = pattern(300 * 40, 4);
+    for (int i = 0; i < 300; ++i) {
+        char name[32];
+        std::snprintf(name, sizeof name, "s_%03d.h5", i);
+        write(dir / name, {all.begin() + 40 * i, all.begin() + 40 * (i + 1)});
+    }
+    const DataSet d = data_open(config(dir.string(), 8, "random"));
+    ASSERT_EQ(d.train[0].shards.size(), 300u);
+    TokenReader r(d);
+    std::vector<uint16_t> got(50);
+    for (int64_t i = 0; i < 2000; ++i) {
+        const int64_t o = (i * 7919) % int64_t(all.size());
+        r.read(d.train[0], o, 50, got.data(), 2);
+        for (int k = 0; k < 50; ++k) ASSERT_EQ(got[size_t(k)], all[size_t((o + k) % all.size())]) << o;
+    }
+}

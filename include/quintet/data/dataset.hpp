@@ -4,6 +4,8 @@
 // one token stream. Only headers are read here; tokens are read on demand by TokenReader, a
 // sample at a time, so a rank never holds the corpus.
 #pragma once
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -81,7 +83,7 @@ public:
 
 private:
     void read_stream(const Source& src, int64_t at, int64_t n, unsigned char* out, int width) const;
-    int fd_of(const TokenShard& sh) const;
+    ssize_t pread_shard(const TokenShard& sh, void* buf, size_t bytes, int64_t off) const;
     const DataSet& data_;
     int width_;
     struct Fds;

@@ -142,8 +142,9 @@ const char* kUsage =
     "document per line (the string field KEY). --shard-tokens N writes shard_000000.h5, ... of N\n"
     "tokens each into the directory --output. These inputs are streamed in bounded memory (a\n"
     "document's parts of 8 MB; a document that cannot be cut, or cut by --split-on, is held\n"
-    "whole); under mpirun the files are shared out over the ranks and the shards do not depend on\n"
-    "the number of ranks. bpe trains on the first --train-sample bytes of the documents (0 = all).\n"
+    "whole); under mpirun the files (large plain or JSON Lines files in pieces of about 64 MiB)\n"
+    "are shared out over the ranks, and the shards do not depend on the number of ranks. bpe\n"
+    "trains on the first --train-sample bytes of the documents (0 = all).\n"
     "\n"
     "Options";
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -68,6 +69,11 @@ public:
         }
     }
     int64_t raw_offset() const { return int64_t(gzoffset(f_)); }
+    // The uncompressed position; seek (plain files only: gzip inputs are never split).
+    int64_t tell() const { return int64_t(gztell(f_)); }
+    void seek(int64_t at) {
+        if (gzseek(f_, z_off_t(at), SEEK_SET) < 0) fail();
+    }
 
 private:
     [[noreturn]] void fail() {
@@ -98,24 +104,71 @@ size_t last_cut(const std::string& s, size_t from) {
     return 0;
 }
 
-// Streams the parts of one input file to `emit(Part&&)`, in order.
+// A unit of work: bytes [begin, end) of one input (end -1: to its end). A large plain or JSON
+// Lines file is cut into units of about kUnitBytes at places where the tokens cannot differ (a
+// line start; for plain text one that begins with an ASCII letter), so ranks share it; the units
+// depend on the file alone, never on the number of ranks.
+struct Unit {
+    size_t file = 0;
+    int64_t begin = 0, end = -1;
+    bool first = true, last = true;  // the file's first / last unit
+};
+
+int64_t unit_bytes() {
+    if (const char* e = std::getenv("QUINTET_PREPARE_UNIT_BYTES"); e && std::atoll(e) > 0) return std::atoll(e);
+    return int64_t(64) << 20;
+}
+
+// The first place at or after `from` where a unit may begin; -1 when none before the end.
+int64_t next_boundary(const std::string& path, int64_t from, bool jsonl) {
+    TextFile in(path);
+    in.seek(from - 1);
+    std::string buf;
+    int64_t base = from - 1;
+    while (in.read(buf, 1 << 16) > 0) {
+        for (size_t i = 1; i < buf.size(); ++i) {
+            const unsigned char c = static_cast<unsigned char>(buf[i]);
+            if (buf[i - 1] == '\n' && (jsonl || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z'))) return base + int64_t(i);
+        }
+        base += int64_t(buf.size()) - 1;
+        buf.erase(0, buf.size() - 1);
+    }
+    return -1;
+}
+
+int64_t lines_before(const std::string& path, int64_t at) {
+    TextFile in(path);
+    std::string buf;
+    int64_t n = 0, seen = 0;
+    while (seen < at && in.read(buf, size_t(std::min<int64_t>(1 << 20, at - seen))) > 0) {
+        n += std::count(buf.begin(), buf.end(), '\n');
+        seen += int64_t(buf.size());
+        buf.clear();
+    }
+    return n;
+}
+
+// Streams the parts of one unit of an input file to `emit(Part&&)`, in order.
 template <class Emit>
-void for_each_part(const CorpusJob& job, const std::string& path, bool can_cut, Emit&& emit,
+void for_each_part(const CorpusJob& job, const std::string& path, const Unit& unit, bool can_cut, Emit&& emit,
                    const std::function<void(int64_t)>& progress) {
     TextFile in(path);
+    if (unit.begin > 0) in.seek(unit.begin);
+    auto left = [&] { return unit.end < 0 ? int64_t(kBlock) : std::min<int64_t>(int64_t(kBlock), unit.end - in.tell()); };
     if (!job.jsonl_key.empty()) {
         std::string line;
-        for (int64_t n = 1; in.line(line); ++n) {
+        auto line_no = [&](int64_t n) { return std::to_string(n + (unit.begin > 0 ? lines_before(path, unit.begin) : 0)); };
+        for (int64_t n = 1; (unit.end < 0 || in.tell() < unit.end) && in.line(line); ++n) {
             if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines
             nlohmann::json j;
             try {
                 j = nlohmann::json::parse(line);
             } catch (const std::exception& e) {
-                bad_input("input '" + path + "' line " + std::to_string(n) + ": not JSON (" + e.what() + ")");
+                bad_input("input '" + path + "' line " + line_no(n) + ": not JSON (" + e.what() + ")");
             }
             const auto it = j.is_object() ? j.find(job.jsonl_key) : j.end();
             if (!j.is_object() || it == j.end() || !it->is_string())
-                bad_input("input '" + path + "' line " + std::to_string(n) + ": no string field \"" + job.jsonl_key +
+                bad_input("input '" + path + "' line " + line_no(n) + ": no string field \"" + job.jsonl_key +
                           "\" (--jsonl-key); the line is a JSON " + std::string(j.type_name()));
             Part p;
             p.text = it->get<std::string>();
@@ -152,8 +205,10 @@ void for_each_part(const CorpusJob& job, const std::string& path, bool can_cut, 
         return;
     }
     // The whole file is one document, in parts cut where the tokenizer allows.
+    doc_open = !unit.first;
     for (bool more = true; more;) {
-        more = in.read(buf, kBlock) > 0;
+        const int64_t n = left();
+        more = n > 0 && in.read(buf, size_t(n)) > 0;
         progress(in.raw_offset());
         if (!more || !can_cut || buf.size() < kBlock) continue;
         const size_t cut = last_cut(buf, 0);
@@ -167,6 +222,19 @@ void for_each_part(const CorpusJob& job, const std::string& path, bool can_cut, 
         buf.erase(0, cut);
     }
     if (buf.empty() && !doc_open) return;  // an empty file: no document
+    if (!unit.last) {
+        // A unit that ends inside the document: its last part sees a little of the next unit.
+        Part p;
+        p.end = buf.size();
+        p.text = std::move(buf);
+        std::string after;
+        in.seek(unit.end);
+        in.read(after, 4096);
+        p.text += after;
+        p.first = !doc_open;
+        emit(std::move(p));
+        return;
+    }
     if (!buf.empty()) {
         Part p;
         p.text = std::move(buf);
@@ -223,7 +291,7 @@ std::string corpus_sample_text(const CorpusJob& job, size_t limit) {
     bool first = true;
     try {
         for (const auto& f : job.files)
-            for_each_part(job, f, true, [&](Part&& p) {
+            for_each_part(job, f, Unit{}, true, [&](Part&& p) {
                 if (p.first && !first) text += '\n';
                 first = false;
                 text.append(p.text, p.begin, p.end - p.begin);
@@ -238,11 +306,34 @@ std::string corpus_sample_text(const CorpusJob& job, size_t limit) {
 int prepare_corpus(const CorpusJob& job, const Tokenizer& tok, const MpiCommunicator& world) {
     const int rank = world.rank(), size = world.size();
     const auto t0 = Clock::now();
-    const size_t nf = job.files.size();
-    // Files to ranks by size (the largest first, to the least loaded rank): deterministic.
-    std::vector<int64_t> bytes(nf);
+    const size_t n_files = job.files.size();
     std::error_code ec;
-    for (size_t i = 0; i < nf; ++i) bytes[i] = int64_t(fs::file_size(job.files[i], ec));
+    const bool can_cut = tok.cuts_at_line_starts();
+    // The units of work: whole files, and large plain or JSON Lines files (not gzip, not
+    // --split-on) cut about every unit_bytes() at a line start.
+    std::vector<Unit> units;
+    const int64_t U = unit_bytes();
+    for (size_t f = 0; f < n_files; ++f) {
+        const std::string& path = job.files[f];
+        const int64_t size_f = int64_t(fs::file_size(path, ec));
+        const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
+        const bool jsonl = !job.jsonl_key.empty();
+        std::vector<int64_t> starts{0};
+        if (!gz && job.sep.empty() && (jsonl || can_cut))
+            for (int64_t at = U; at < size_f; at = std::max(at + U, starts.back() + U)) {
+                const int64_t b = next_boundary(path, std::max(at, starts.back() + 1), jsonl);
+                if (b < 0 || b >= size_f) break;
+                starts.push_back(b);
+            }
+        for (size_t k = 0; k < starts.size(); ++k)
+            units.push_back({f, starts[k], k + 1 < starts.size() ? starts[k + 1] : -1, k == 0, k + 1 == starts.size()});
+    }
+    const size_t nf = units.size();
+    // Units to ranks by size (the largest first, to the least loaded rank): deterministic.
+    std::vector<int64_t> bytes(nf);
+    for (size_t i = 0; i < nf; ++i)
+        bytes[i] = (units[i].end < 0 ? int64_t(fs::file_size(job.files[units[i].file], ec)) : units[i].end) -
+                   units[i].begin;
     std::vector<size_t> by_size(nf);
     std::iota(by_size.begin(), by_size.end(), 0);
     std::stable_sort(by_size.begin(), by_size.end(), [&](size_t a, size_t b) { return bytes[a] > bytes[b]; });
@@ -260,13 +351,12 @@ int prepare_corpus(const CorpusJob& job, const Tokenizer& tok, const MpiCommunic
         if (ec) bad_input("option --output = '" + job.output + "': cannot create '" + tmp + "': " + ec.message());
     }
     world.barrier();
-    auto raw_path = [&](size_t f) { return tmp + "/file_" + std::to_string(f) + ".ids"; };
+    auto raw_path = [&](size_t u) { return tmp + "/unit_" + std::to_string(u) + ".ids"; };
 
     // 1. Every rank encodes its files into raw id files (in order), parts over the threads.
     std::vector<double> counts(nf, 0.0), docs(nf, 0.0);
     std::string error;
     const int threads = omp_get_max_threads();
-    const bool can_cut = tok.cuts_at_line_starts();
     const int width = tok.vocab_size() <= 65536 ? 2 : 4;  // the raw ids as the shards store them
     std::vector<uint16_t> narrow;
     int64_t done_bytes = 0, my_tokens = 0, my_docs = 0;
@@ -305,12 +395,12 @@ int prepare_corpus(const CorpusJob& job, const Tokenizer& tok, const MpiCommunic
                 batch_bytes = 0;
             };
             const int64_t before = done_bytes;
-            for_each_part(job, job.files[f], can_cut, [&](Part&& p) {
+            for_each_part(job, job.files[units[f].file], units[f], can_cut, [&](Part&& p) {
                 batch_bytes += p.text.size();
                 batch.push_back(std::move(p));
                 if (batch_bytes >= size_t(threads) * 2 * kBlock || batch.size() >= size_t(threads) * 256) flush();
             }, [&](int64_t raw) {
-                done_bytes = before + raw;
+                done_bytes = before + raw - units[f].begin;
                 if (rank != 0 || since(last_print) < 2.0) return;
                 last_print = Clock::now();
                 const double s = since(t_enc), mbs = done_bytes / 1e6 / std::max(s, 1e-9);
@@ -395,7 +485,7 @@ int prepare_corpus(const CorpusJob& job, const Tokenizer& tok, const MpiCommunic
     if (rank == 0) {
         const double all_docs = std::accumulate(docs.begin(), docs.end(), 0.0);
         std::printf("prepare: encoded %.1f MB of %zu file(s) in %.2f s (%.1f MB/s; %d rank(s) x %d thread(s))\n",
-                    in_bytes / 1e6, nf, slowest, slowest > 0 ? in_bytes / 1e6 / slowest : 0.0, size, threads);
+                    in_bytes / 1e6, n_files, slowest, slowest > 0 ? in_bytes / 1e6 / slowest : 0.0, size, threads);
         std::printf("prepare: %.0f document(s) -> %lld tokens, tokenizer %s, stored as %s in %lld shard(s) %s '%s' "
                     "(%.2f s; writing %.2f s)\n",
                     all_docs, (long long)total, tok.describe().c_str(), tok.vocab_size() <= 65536 ? "uint16" : "uint32",

@@ -27,7 +27,7 @@ std::vector<std::string> corpus_inputs(const std::vector<std::string>& inputs);
 // The documents of the inputs joined by "\n", up to `limit` bytes (0 = all): what bpe trains on.
 std::string corpus_sample_text(const CorpusJob& job, size_t limit);
 
-// Encodes the inputs on every rank (files shared out by size, documents over the threads) and
+// Encodes the inputs on every rank (units of files shared out by size, parts over the threads) and
 // writes the shards; the shards and their contents do not depend on the number of ranks.
 // collective
 int prepare_corpus(const CorpusJob& job, const Tokenizer& tok, const MpiCommunicator& world);

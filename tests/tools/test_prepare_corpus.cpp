@@ -1,5 +1,6 @@
 // `quintet prepare` at corpus scale (docs/data.md): a directory of JSON Lines (one gzip-compressed,
-// one in a subdirectory) into shards whose tokens do not depend on the number of ranks; plain
+// one in a subdirectory) into shards whose tokens do not depend on the number of ranks, nor on
+// large files being cut into units of work (QUINTET_PREPARE_UNIT_BYTES makes them small); plain
 // text the same tokens in corpus mode as in the one-file mode; a malformed line named by file and
 // line with exit status 2 and no shard left behind; a directory that already holds shards refused.
 // ctest: labels=mpi timeout=600 launches_mpirun
@@ -72,7 +73,9 @@ TEST_F(PrepareCorpus, ShardsDoNotDependOnRanks) {
     std::vector<std::string> names;
     for (int ranks : {1, 2, 3}) {
         const std::string out = (dir / ("out" + std::to_string(ranks))).string();
+        if (ranks == 3) setenv("QUINTET_PREPARE_UNIT_BYTES", "4096", 1);  // each file in several units
         const RunResult r = run_quintet(ranks, "prepare --input " + (dir / "in").string() + common + " --output " + out);
+        unsetenv("QUINTET_PREPARE_UNIT_BYTES");
         ASSERT_EQ(r.status, 0) << r.output;
         EXPECT_NE(r.output.find("450 document(s)"), std::string::npos) << r.output;
         std::vector<std::string> here;
@@ -112,7 +115,17 @@ TEST_F(PrepareCorpus, PlainTextAsInOneFileMode) {
                                            " --tokenizer bpe --vocab-size 300 --shard-tokens 1000000 --output " +
                                            (dir / "shards").string());
     ASSERT_EQ(b.status, 0) << b.output;
-    EXPECT_EQ(all_tokens(dir / "shards"), quintet::token_file_read((dir / "one.h5").string()).tokens);
+    const auto one = quintet::token_file_read((dir / "one.h5").string()).tokens;
+    EXPECT_EQ(all_tokens(dir / "shards"), one);
+    // The one file cut into units of 1 MB shared by 3 ranks: the same ids (with an end-of-text
+    // token after the one document only when asked, so none here).
+    setenv("QUINTET_PREPARE_UNIT_BYTES", "1000000", 1);
+    const RunResult c = run_quintet(3, "prepare --input " + (dir / "big.txt").string() +
+                                           " --tokenizer bpe --vocab-size 300 --shard-tokens 1000000 --output " +
+                                           (dir / "units").string());
+    unsetenv("QUINTET_PREPARE_UNIT_BYTES");
+    ASSERT_EQ(c.status, 0) << c.output;
+    EXPECT_EQ(all_tokens(dir / "units"), one);
 }
 
 TEST_F(PrepareCorpus, MalformedLineIsNamed) {
@@ -124,11 +137,13 @@ TEST_F(PrepareCorpus, MalformedLineIsNamed) {
     EXPECT_NE(r.output.find("d.jsonl' line 3"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("\"text\""), std::string::npos) << r.output;
     for (const auto& e : fs::recursive_directory_iterator(out)) ADD_FAILURE() << "left behind: " << e.path();
-    write_file(dir / "in" / "sub" / "d.jsonl", "{\"text\": \"fine\"}\n{\"text\": \"broken\n");
-    r = run_quintet(0, "prepare --input " + (dir / "in").string() +
+    write_file(dir / "in" / "sub" / "d.jsonl", "{\"text\": \"fine\"}\n{\"text\": \"fine\"}\n{\"text\": \"broken\n");
+    setenv("QUINTET_PREPARE_UNIT_BYTES", "20", 1);  // the bad line in the file's third unit: still line 3
+    r = run_quintet(2, "prepare --input " + (dir / "in").string() +
                            " --jsonl-key text --tokenizer byte --shard-tokens 5000 --output " + out);
+    unsetenv("QUINTET_PREPARE_UNIT_BYTES");
     EXPECT_EQ(r.status, 2) << r.output;
-    EXPECT_NE(r.output.find("d.jsonl' line 2: not JSON"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("d.jsonl' line 3: not JSON"), std::string::npos) << r.output;
     r = run_quintet(0, "prepare --input '" + (dir / "nothing" / "*.jsonl").string() +
                            "' --jsonl-key text --tokenizer byte --output " + (dir / "x.h5").string());
     EXPECT_EQ(r.status, 2) << r.output;

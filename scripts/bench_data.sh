@@ -36,7 +36,17 @@ for ranks in 1 2; do
     echo "$ranks rank(s): $(grep 'prepare: encoded' "$W/prep$ranks.log") | peak RSS (largest process) $(peak_rss "$W/prep$ranks.time")"
     grep "document(s) ->" "$W/prep$ranks.log"
 done
-rm -rf "$W/text_1g" "$W/prep1" "$W/prep2"
+rm -rf "$W/prep1" "$W/prep2"
+echo "== the same 1 GiB as one file (cut into units of about 64 MiB) =="
+cat "$W"/text_1g/part_* > "$W/one.txt" && rm -rf "$W/text_1g"
+for ranks in 1 2; do
+    /usr/bin/time -v $MPI -n $ranks -x OMP_NUM_THREADS=$((2 / ranks)) "$Q" prepare --input "$W/one.txt" \
+        --tokenizer bpe --vocab-size 4096 --train-sample 8000000 --shard-tokens 100000000 \
+        --output "$W/one$ranks" > "$W/one$ranks.log" 2> "$W/one$ranks.time"
+    echo "$ranks rank(s): $(grep 'prepare: encoded' "$W/one$ranks.log") | peak RSS (largest process) $(peak_rss "$W/one$ranks.time")"
+    rm -rf "$W/one$ranks"
+done
+rm -f "$W/one.txt"
 
 echo "== train: the quickstart model, 2 ranks, $STEPS steps, on 4 MiB and 4 GiB token files =="
 repeat_to $((2 << 20)) "$W/text_4m.txt"

@@ -200,11 +200,20 @@ std::vector<DeckOption> deck_options(Deck& d) {
                  "MLA under cp: ring = per-head K/V round the ring; latent = all-gather the compressed "
                  "latent (c_kv and k_rope) and expand it locally (fewer bytes, more compute and memory)"),
         opt_bool("parallel.overlap_dp", &p.overlap_dp, "start each DP bucket's all-reduce during the backward, once its gradients are final (not with zero = 1)"),
-        opt_string("data.path", &da.path, "token file made by `quintet prepare` (HDF5, /tokens)"),
+        opt_string("data.path", &da.path,
+                   "training data: a comma list of sources, each a token file made by `quintet prepare`, a "
+                   "directory (its *.h5, sorted) or a glob, optionally preceded by a weight: \"0.7 web/, 0.3 "
+                   "code/*.h5\"; without weights sources are weighted by their tokens (docs/data.md)"),
+        opt_string("data.val_path", &da.val_path,
+                   "validation sources (the syntax of data.path), each evaluated and reported on its own; empty = "
+                   "the last data.val_fraction of each training source"),
         opt_int("data.seq_len", &da.seq_len, 1, 1 << 24, "sequence length T"),
         opt_int("data.micro_batch_size", &da.micro_batch_size, 1, 1 << 20, "samples per microbatch B"),
-        opt_enum("data.order", &da.order, {"random", "sequential"}, "sample offsets"),
-        opt_double("data.val_fraction", &da.val_fraction, 0, 0.9, "share of tokens held out for validation"),
+        opt_enum("data.order", &da.order, {"random", "sequential", "shuffle"},
+                 "sample offsets: random draws them with replacement, sequential walks each source, shuffle visits "
+                 "every sample of each source once per epoch in a seeded permutation"),
+        opt_double("data.val_fraction", &da.val_fraction, 0, 0.9,
+                   "share of each source's tokens held out for validation (not used with data.val_path)"),
         opt_bool("data.document_mask", &da.document_mask,
                  "a token attends only to earlier tokens of its own document (packed samples; documents end at data.eos_id)"),
         opt_int("data.eos_id", &da.eos_id, -1, 1 << 30,
@@ -245,7 +254,8 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_enum("init.scheme", &in.scheme, {"normal", "scaled", "fan_in"}, "weight initialisation"),
         opt_double("init.std", &in.std, 0, 10, "std of normal/scaled init", true),
         opt_int("eval.every", &ev.every, 0, big, "validation every N steps; 0 = never"),
-        opt_int("eval.batches", &ev.batches, 1, big, "validation batches of micro_batch_size samples"),
+        opt_int("eval.batches", &ev.batches, 0, big,
+                "validation batches of micro_batch_size samples per validation source; 0 = all its whole batches"),
         opt_int("checkpoint.every", &c.every, 0, big, "checkpoint every N steps; 0 = only at the end"),
         opt_string("checkpoint.resume", &c.resume, "auto (from run_dir/checkpoints/latest) | none | PATH"),
         opt_string("checkpoint.init_from", &c.init_from,

@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
+#include <cstring>
+#include <cerrno>
 #include <cmath>
 #include <ctime>
 #include <filesystem>
@@ -105,19 +108,29 @@ MetricsFile::MetricsFile(const std::string& run_dir, const std::string& deck_tex
         hsize_t keep_rows = 0;
         double prev = -1;
         while (keep_rows < v.size() && v[keep_rows] <= first_step && v[keep_rows] > prev) prev = v[keep_rows++];
-        h5::Handle g = h5::group(H5Gopen2(file_, group, H5P_DEFAULT));
-        H5G_info_t info;
-        H5Gget_info(g, &info);
-        for (hsize_t i = 0; i < info.nlinks; ++i) {
-            char name[256];
-            H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT);
-            h5::Handle d = h5::dataset(H5Dopen2(g, name, H5P_DEFAULT));
-            auto dims = h5::dataset_shape(d);  // [step, ...]: keep the trailing dims
-            if (dims.empty()) continue;
-            std::vector<hsize_t> ext(dims.begin(), dims.end());
-            ext[0] = std::min<hsize_t>(keep_rows, ext[0]);
-            H5Dset_extent(d, ext.data());
-        }
+        // Every dataset of the group, and under /eval those of its per-source subgroups.
+        std::function<void(const std::string&, bool)> trim = [&](const std::string& gpath, bool into_subgroups) {
+            h5::Handle g = h5::group(H5Gopen2(file_, gpath.c_str(), H5P_DEFAULT));
+            H5G_info_t info;
+            H5Gget_info(g, &info);
+            for (hsize_t i = 0; i < info.nlinks; ++i) {
+                char name[256];
+                H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT);
+                H5O_info_t oi;
+                if (H5Oget_info_by_name2(g, name, &oi, H5O_INFO_BASIC, H5P_DEFAULT) < 0) continue;
+                if (oi.type == H5O_TYPE_GROUP) {
+                    if (into_subgroups) trim(gpath + "/" + name, false);
+                    continue;
+                }
+                h5::Handle d = h5::dataset(H5Dopen2(g, name, H5P_DEFAULT));
+                auto dims = h5::dataset_shape(d);  // [step, ...]: keep the trailing dims
+                if (dims.empty()) continue;
+                std::vector<hsize_t> ext(dims.begin(), dims.end());
+                ext[0] = std::min<hsize_t>(keep_rows, ext[0]);
+                H5Dset_extent(d, ext.data());
+            }
+        };
+        trim(group, group == std::string(metrics_schema::kEval));
     }
 }
 
@@ -144,6 +157,12 @@ hid_t MetricsFile::extendible(const std::string& path, const std::vector<hsize_t
                         dcpl, H5P_DEFAULT);
     }
     return open_.emplace(path, h5::dataset(h5::check(id, "metrics dataset " + path))).first->second;
+}
+
+void MetricsFile::set_attr(const std::string& path, const std::string& name, const std::string& value) {
+    h5::Handle obj(h5::check(H5Oopen(file_, path.c_str(), H5P_DEFAULT), "open " + path), H5Oclose);
+    if (h5::has_attr(obj, name)) H5Adelete(obj, name.c_str());
+    h5::write_attr_string(obj, name, value);
 }
 
 void MetricsFile::append_value(const std::string& path, double v) {
@@ -223,12 +242,34 @@ void MetricsFile::snapshot_to(const std::string& to) {
     const std::string tmp = to + ".tmp";
     std::error_code ec;
     fs::create_directories(fs::path(to).parent_path(), ec);
-    fs::copy_file(name, tmp, fs::copy_options::overwrite_existing, ec);
-    if (ec) throw IoError("cannot copy the metrics to " + tmp + ": " + ec.message());
-    const int fd = ::open(tmp.c_str(), O_RDONLY);
-    if (fd >= 0) {
-        ::fsync(fd);
-        ::close(fd);
+    // A plain read/write copy, so a full disk is reported as such (the kernel's in-place copy
+    // calls said "Input/output error" on a full tmpfs).
+    {
+        const int in = ::open(name, O_RDONLY | O_CLOEXEC);
+        const int out = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        std::string why = in < 0 || out < 0 ? std::strerror(errno) : "";
+        std::vector<char> buf(size_t(1) << 20);
+        while (why.empty()) {
+            const ssize_t n = ::read(in, buf.data(), buf.size());
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) {
+                if (n < 0) why = std::strerror(errno);
+                break;
+            }
+            for (ssize_t done = 0; why.empty() && done < n;) {
+                const ssize_t w = ::write(out, buf.data() + done, size_t(n - done));
+                if (w < 0 && errno == EINTR) continue;
+                if (w <= 0) why = std::strerror(w < 0 ? errno : ENOSPC);
+                else done += w;
+            }
+        }
+        if (why.empty() && ::fsync(out) != 0) why = std::strerror(errno);
+        if (in >= 0) ::close(in);
+        if (out >= 0 && ::close(out) != 0 && why.empty()) why = std::strerror(errno);
+        if (!why.empty()) {
+            fs::remove(tmp, ec);
+            throw IoError("cannot copy the metrics to " + tmp + ": " + why);
+        }
     }
     fs::rename(tmp, to, ec);
     if (ec) throw IoError("cannot rename " + tmp + ": " + ec.message());

@@ -305,6 +305,87 @@ void token_file_write(const std::string& path, const std::vector<uint32_t>& toke
     }
 }
 
+struct TokenFileWriter::Impl {
+    std::string path, tmp;
+    Tokenizer tok;
+    int64_t n = 0;
+    H5Id file, ds;
+    bool committed = false;
+    [[noreturn]] void fail(const std::string& what) { rank_fail("token file '" + path + "': " + what); }
+};
+
+TokenFileWriter::TokenFileWriter(const std::string& path, int64_t n_tokens, const Tokenizer& tok, int eos_id,
+                                 int bos_id)
+    : impl_(std::make_unique<Impl>()) {
+    Impl& m = *impl_;
+    m.path = path;
+    m.tmp = path + ".tmp";
+    m.tok = tok;
+    m.n = n_tokens;
+    silence_hdf5();
+    m.file = H5Id(H5Fcreate(m.tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    if (!m.file.ok()) m.fail("cannot create '" + m.tmp + "' (does the directory exist and is it writable?)");
+    auto write_int = [&](const char* name, int64_t v) {
+        H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+        H5Id attr(H5Acreate2(m.file.get(), name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+        if (!attr.ok() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &v) < 0) m.fail(std::string("cannot write attribute ") + name);
+    };
+    write_int("format_version", kTokenFileFormatVersion);
+    write_int("vocab_size", tok.vocab_size());
+    if (eos_id >= 0) write_int("eos_id", eos_id);
+    if (bos_id >= 0) write_int("bos_id", bos_id);
+    {
+        const std::string& kind = tok.kind();
+        H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
+        H5Tset_size(type.get(), kind.size());
+        H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
+        H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+        H5Id attr(H5Acreate2(m.file.get(), "tokenizer", type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+        if (!attr.ok() || H5Awrite(attr.get(), type.get(), kind.data()) < 0) m.fail("cannot write attribute tokenizer");
+    }
+    hsize_t n = hsize_t(n_tokens);
+    H5Id space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+    const hid_t file_type = tok.vocab_size() <= 65536 ? H5T_STD_U16LE : H5T_STD_U32LE;
+    m.ds = H5Id(H5Dcreate2(m.file.get(), "tokens", file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                H5Dclose);
+    if (!m.ds.ok()) m.fail("cannot create /tokens");
+}
+
+void TokenFileWriter::write(int64_t at, const uint32_t* ids, int64_t n) {
+    Impl& m = *impl_;
+    if (n <= 0) return;
+    QUINTET_CHECK(at >= 0 && at + n <= m.n, "TokenFileWriter: range out of the dataset");
+    const uint32_t vocab = uint32_t(m.tok.vocab_size());
+    for (int64_t i = 0; i < n; ++i)
+        QUINTET_CHECK(ids[i] < vocab, "TokenFileWriter: token " + std::to_string(ids[i]) + " >= vocab_size");
+    const hsize_t start = hsize_t(at), count = hsize_t(n);
+    H5Id fs(H5Dget_space(m.ds.get()), H5Sclose);
+    H5Id ms(H5Screate_simple(1, &count, nullptr), H5Sclose);
+    if (H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr) < 0 ||
+        H5Dwrite(m.ds.get(), H5T_NATIVE_UINT32, ms.get(), fs.get(), H5P_DEFAULT, ids) < 0)
+        m.fail("cannot write /tokens (disk full?)");
+}
+
+void TokenFileWriter::commit() {
+    Impl& m = *impl_;
+    tokenizer_store_write(m.file.get(), "tokenizer", m.tok.state());
+    if (H5Fflush(m.file.get(), H5F_SCOPE_GLOBAL) < 0) m.fail("cannot flush '" + m.tmp + "'");
+    m.ds = H5Id();
+    m.file = H5Id();
+    std::error_code ec;
+    std::filesystem::rename(m.tmp, m.path, ec);
+    if (ec) m.fail("cannot rename '" + m.tmp + "' to it: " + ec.message());
+    m.committed = true;
+}
+
+TokenFileWriter::~TokenFileWriter() {
+    if (!impl_ || impl_->committed) return;
+    impl_->ds = H5Id();
+    impl_->file = H5Id();
+    std::error_code ec;
+    std::filesystem::remove(impl_->tmp, ec);
+}
+
 TokenFile token_file_read(const std::string& path) {
     H5Id file = open_token_file(path);
     H5Id ds = open_tokens(path, file.get());
@@ -354,6 +435,55 @@ Tokenizer token_file_read_tokenizer(const std::string& path, int& eos_id) {
 Tokenizer token_file_read_tokenizer(const std::string& path) {
     int eos = -1;
     return token_file_read_tokenizer(path, eos);
+}
+
+TokenFileHeader token_file_header(const std::string& path) {
+    H5Id file = open_token_file(path);
+    H5Id ds = open_tokens(path, file.get());
+    TokenFileHeader h;
+    h.tokenizer = read_tokenizer(path, file.get(), ds.get(), h.vocab_size, h.eos_id, h.bos_id, h.format_version);
+    H5Id type(H5Dget_type(ds.get()), H5Tclose);
+    H5Id space(H5Dget_space(ds.get()), H5Sclose);
+    if (!type.ok() || !space.ok()) bad_file(path, "/tokens cannot be opened (corrupt file?)");
+    const size_t width = H5Tget_size(type.get());
+    if (H5Tget_class(type.get()) != H5T_INTEGER || H5Tget_sign(type.get()) != H5T_SGN_NONE ||
+        (width != 2 && width != 4))
+        bad_file(path, "/tokens has type " + describe_type(type.get()) + "; expected uint16 or uint32 token ids");
+    const int rank = H5Sget_simple_extent_ndims(space.get());
+    if (rank != 1) bad_file(path, "/tokens has rank " + std::to_string(rank) + "; expected a 1-D array of token ids");
+    hsize_t n = 0;
+    H5Sget_simple_extent_dims(space.get(), &n, nullptr);
+    if (n < 2)
+        bad_file(path, "/tokens holds " + std::to_string(n) +
+                           " token(s); need at least 2 (an input and its next-token target)");
+    h.n_tokens = int64_t(n);
+    h.width = int(width);
+    // A contiguous, unfiltered, little-endian dataset is read with pread at its offset (from any
+    // thread); anything else through HDF5.
+    H5Id dcpl(H5Dget_create_plist(ds.get()), H5Pclose);
+    const haddr_t at = H5Dget_offset(ds.get());
+    if (dcpl.ok() && H5Pget_layout(dcpl.get()) == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl.get()) == 0 &&
+        H5Tget_order(type.get()) == H5T_ORDER_LE && at != HADDR_UNDEF) {
+        std::error_code ec;
+        const auto size = std::filesystem::file_size(path, ec);
+        if (ec || uint64_t(at) + uint64_t(n) * width > size)
+            bad_file(path, "is truncated: /tokens needs bytes up to " + std::to_string(uint64_t(at) + n * width) +
+                               " but the file has " + std::to_string(ec ? 0 : size));
+        h.file_offset = int64_t(at);
+    }
+    return h;
+}
+
+void token_file_read_range(const std::string& path, int64_t begin, int64_t n, uint32_t* out) {
+    H5Id file = open_token_file(path);
+    H5Id ds = open_tokens(path, file.get());
+    H5Id space(H5Dget_space(ds.get()), H5Sclose);
+    const hsize_t start = hsize_t(begin), count = hsize_t(n);
+    H5Id mem(H5Screate_simple(1, &count, nullptr), H5Sclose);
+    if (!space.ok() || H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr) < 0 ||
+        H5Dread(ds.get(), H5T_NATIVE_UINT32, mem.get(), space.get(), H5P_DEFAULT, out) < 0)
+        throw IoError("token file '" + path + "': /tokens[" + std::to_string(begin) + " .. " +
+                      std::to_string(begin + n) + ") cannot be read (truncated or corrupt file?)");
 }
 
 TokenFileInfo token_file_info(const std::string& path) {

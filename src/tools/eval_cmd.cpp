@@ -34,16 +34,19 @@ namespace {
 
 const char* kUsage =
     "usage: mpirun -n N quintet eval --checkpoint CKPT --data DATA [--section.key=value ...]\n"
-    "                                [--by-position OUT.h5] [--passkey N] [--passkey-out OUT.h5]\n"
+    "                                [--whole] [--by-position OUT.h5] [--passkey N] [--passkey-out OUT.h5]\n"
     "\n"
     "The mean cross-entropy (no auxiliary loss) of the checkpoint's model over eval.batches\n"
-    "batches of data.micro_batch_size samples of DATA's validation split (sample j of batch i at\n"
-    "offset (i*mbs + j)*seq_len, docs/math.md §10). The model, [rope], [data] and [eval] keys are the\n"
+    "batches of data.micro_batch_size samples of the validation split of each source of DATA\n"
+    "(sample j of batch i at offset (i*mbs + j)*seq_len, docs/math.md §10); DATA has the syntax of\n"
+    "data.path (files, directories, globs, weights ignored). With --whole each source of DATA is\n"
+    "validation data from its first token to its last whole batch (data.val_path = DATA,\n"
+    "eval.batches = 0). Several sources: a line val_loss[<source>]=<x> each before the last line. The model, [rope], [data] and [eval] keys are the\n"
     "checkpoint's with the overrides applied (e.g. --data.seq_len=2048 --rope.scaling=yarn\n"
     "--rope.factor=4); [parallel] comes from the command line alone, so any layout evaluates any\n"
     "checkpoint (dp defaults to what the world size leaves). rope.original_max_position = 0\n"
     "means the context the checkpoint was trained at. Nothing is written into the run folder.\n"
-    "The last line of stdout is  val_loss=<x> seq_len=<T> tokens=<eval.batches*mbs*T>.\n"
+    "The last line of stdout is  val_loss=<x> seq_len=<T> tokens=<target tokens evaluated>.\n"
     "\n"
     "  --by-position OUT.h5   the mean cross-entropy at each position: /loss_by_position [T]\n"
     "  --passkey N            passkey retrieval: N prompts per length (a random 5-digit key at\n"
@@ -111,12 +114,12 @@ int eval_main(int argc, char** argv, MPI_Comm world_handle) {
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         const std::string key = a.substr(0, a.find('='));
-        const bool tool = key == "--checkpoint" || key == "--data" || key == "--by-position" ||
+        const bool tool = key == "--checkpoint" || key == "--data" || key == "--by-position" || a == "--whole" ||
                           key == "--passkey" || key == "--passkey-out" || key == "--passkey-lengths" ||
                           key == "--write-passkey-corpus" || a == "-h" || a == "--help";
         if (tool) {
             tool_args.push_back(a);
-            if (a.find('=') == std::string::npos && a != "-h" && a != "--help" && i + 1 < argc)
+            if (a.find('=') == std::string::npos && a != "-h" && a != "--help" && a != "--whole" && i + 1 < argc)
                 tool_args.push_back(argv[++i]);
         } else if (a.rfind("--", 0) == 0 && a.find('.') != std::string::npos) {
             overrides.push_back(a);
@@ -126,7 +129,8 @@ int eval_main(int argc, char** argv, MPI_Comm world_handle) {
     }
     po::options_description desc("options");
     desc.add_options()("help,h", "this text")("checkpoint", po::value(&ckpt), "checkpoint file")(
-        "data", po::value(&data), "token file (its validation split is evaluated)")(
+        "data", po::value(&data), "token sources (their validation splits are evaluated)")(
+        "whole", "evaluate every whole batch of DATA (each source is validation data)")(
         "by-position", po::value(&by_position), "write /loss_by_position [T] to this HDF5 file")(
         "passkey", po::value(&passkey)->default_value(0), "passkey prompts per length")(
         "passkey-lengths", po::value(&passkey_lengths), "comma list of prompt lengths")(
@@ -139,6 +143,7 @@ int eval_main(int argc, char** argv, MPI_Comm world_handle) {
     } catch (const po::error& e) {
         throw ConfigError(std::string("eval: ") + e.what() + " (see quintet eval --help)");
     }
+    const bool whole = vm.count("whole") > 0;
     if (vm.count("help")) {
         if (rank == 0) std::cout << kUsage << desc << "\n";
         return 0;
@@ -188,9 +193,12 @@ int eval_main(int argc, char** argv, MPI_Comm world_handle) {
     for (const auto& o : overrides) sp_given = sp_given || o.rfind("--parallel.sequence_parallel", 0) == 0;
     if (deck.model.moe.experts > 0 && deck.parallel.tp > 1 && !sp_given) deck.parallel.sequence_parallel = true;
     deck.data.path = data;
+    if (whole) {
+        deck.data.val_path = data;
+        deck.eval.batches = 0;
+    }
     deck.checkpoint.resume = "none";
     deck.checkpoint.init_from = ckpt;  // for the trained-context rule of rope.original_max_position
-    if (deck.eval.batches < 1) deck.eval.batches = 1;
     Session job(std::move(deck), world);
     // The data must be tokenized as the weights were trained (the checkpoint's tokenizer; a
     // checkpoint from before has none, and then at least the vocabulary sizes must agree).
@@ -209,17 +217,17 @@ int eval_main(int argc, char** argv, MPI_Comm world_handle) {
     job.resolve();
     const ProcessGrid& grid = job.start_grid();
     RankModel model(job.deck, grid, *job.backend);
-    const Sampler sampler(job.data.tokens, job.deck.data.val_fraction, job.deck.data.seq_len,
-                          job.deck.data.order == "random", uint64_t(job.deck.train.seed));
+    const Sampler sampler(job.data, job.deck.data, uint64_t(job.deck.train.seed));
     Evaluator ev(model, sampler);
     if (rank == 0)
         for (const auto& w : job.source.warnings) std::fprintf(stderr, "quintet eval: warning: %s\n", w.c_str());
     model.load_weights(ckpt);
     std::vector<double> per_pos;
-    const double loss = ev.evaluate(by_position.empty() ? nullptr : &per_pos);
+    std::vector<double> per_source;
+    const double loss = ev.evaluate(by_position.empty() ? nullptr : &per_pos, &per_source);
     const Deck& deck_used = job.deck;
     const std::string& text = job.deck_text;
-    const TokenFile& tokens = job.data;
+    const DataSet& tokens = job.data;
     Backend* backend = job.backend.get();
     const int T = deck_used.data.seq_len;
     if (rank == 0 && !by_position.empty()) write_vector_h5(by_position, {{"/loss_by_position", per_pos}}, text);
@@ -263,8 +271,10 @@ int eval_main(int argc, char** argv, MPI_Comm world_handle) {
         }
     }
     if (rank == 0) {
-        std::printf("val_loss=%.8g seq_len=%d tokens=%lld\n", loss, T,
-                    (long long)deck_used.eval.batches * deck_used.data.micro_batch_size * T);
+        if (per_source.size() > 1)
+            for (size_t v = 0; v < per_source.size(); ++v)
+                std::printf("val_loss[%s]=%.8g\n", sampler.val_sources()[v].name.c_str(), per_source[v]);
+        std::printf("val_loss=%.8g seq_len=%d tokens=%lld\n", loss, T, (long long)ev.tokens());
         std::fflush(stdout);
     }
     return 0;

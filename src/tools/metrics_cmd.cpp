@@ -28,10 +28,11 @@ const char* kUsage =
     "\n"
     "Prints the metrics of a run (its metrics.h5) as text: CSV (a header, then one row per step;\n"
     "the default) or JSON Lines (one object per step). GROUP: train (the default: loss, lr, grad\n"
-    "norm, tokens/s, MFU, ...), eval (one row per evaluation), timing (seconds and bytes per step),\n"
-    "pipeline (idle fraction and activations per stage), moe (expert load, imbalance, ... per\n"
-    "layer), memory (bytes by category per rank). Matrix datasets become one column per element:\n"
-    "moe's expert_load.<layer>.<expert>, memory's params_bytes.<rank>.\n";
+    "norm, tokens/s, MFU, ...), eval (one row per evaluation; <source>/loss per validation source),\n"
+    "timing (seconds and bytes per step), pipeline (idle fraction and activations per stage), moe\n"
+    "(expert load, imbalance, ... per layer), memory (bytes by category per rank), data (samples\n"
+    "drawn per training source). Matrix datasets become one column per element: moe's\n"
+    "expert_load.<layer>.<expert>, memory's params_bytes.<rank>, data's source_samples.<source>.\n";
 
 struct Column {
     std::string name;
@@ -51,8 +52,11 @@ std::vector<std::string> datasets_in(hid_t file, const std::string& group) {
         char buf[256];
         if (H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, buf, sizeof buf, H5P_DEFAULT) < 0) continue;
         H5O_info_t oi;
-        if (H5Oget_info_by_name2(g, buf, &oi, H5O_INFO_BASIC, H5P_DEFAULT) < 0 || oi.type != H5O_TYPE_DATASET) continue;
-        names.push_back(buf);
+        if (H5Oget_info_by_name2(g, buf, &oi, H5O_INFO_BASIC, H5P_DEFAULT) < 0) continue;
+        if (oi.type == H5O_TYPE_DATASET) names.push_back(buf);
+        // /eval/<source>/loss: each validation source's column, as <source>/loss.
+        if (oi.type == H5O_TYPE_GROUP && group == ms::kEval)
+            for (const auto& sub : datasets_in(file, group + "/" + buf)) names.push_back(std::string(buf) + "/" + sub);
     }
     std::stable_sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
         return (a == ms::kStep) > (b == ms::kStep);
@@ -86,9 +90,9 @@ int metrics_main(int argc, char** argv) {
         else throw ConfigError("metrics: one RUN_DIR only ('" + where + "', then '" + a + "')");
     }
     if (where.empty()) throw ConfigError(std::string("metrics: no RUN_DIR given\n") + kUsage);
-    const std::vector<std::string> groups = {"train", "eval", "timing", "pipeline", "moe", "memory"};
+    const std::vector<std::string> groups = {"train", "eval", "timing", "pipeline", "moe", "memory", "data"};
     if (std::find(groups.begin(), groups.end(), group) == groups.end())
-        throw ConfigError("metrics: --group '" + group + "': valid are train, eval, timing, pipeline, moe, memory");
+        throw ConfigError("metrics: --group '" + group + "': valid are train, eval, timing, pipeline, moe, memory, data");
     const fs::path file = fs::is_directory(where) ? fs::path(where) / "metrics.h5" : fs::path(where);
     if (!fs::exists(file)) throw ConfigError("metrics: '" + file.string() + "' does not exist (a run's output.run_dir holds metrics.h5)");
     h5::silence_errors();

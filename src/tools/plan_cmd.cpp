@@ -18,6 +18,7 @@
 #include "quintet/core/error.hpp"
 #include "quintet/core/lists.hpp"
 #include "quintet/deck/deck.hpp"
+#include "quintet/data/dataset.hpp"
 #include "quintet/io/token_data.hpp"
 #include "quintet/kernels/backend.hpp"
 #include "quintet/perf/hardware.hpp"
@@ -233,9 +234,11 @@ int plan_main(int argc, char** argv) {
     std::string notes;
     if (vocab > 0) deck.model.vocab_size = vocab;
     if (deck.model.vocab_size == 0) {
-        const TokenFileInfo data = token_file_info(deck.data.path);
+        const DataInfo data = data_info(deck.data.path);
         deck.model.vocab_size = data.vocab_size;
-        mm.data_bytes = double(data.n_tokens) * 4;
+        // The sampler's two prefetch buffers of a replica's samples (the corpus is streamed).
+        mm.data_bytes = data_buffer_bytes(deck.data, int64_t(deck.parallel.microbatches) * deck.data.micro_batch_size,
+                                          data.vocab_size);
     }
     if (device_gib > 0) target.device_memory_bytes = device_gib * 1073741824.0;
     if (target.hardware.host) {

@@ -24,6 +24,7 @@
 #include "quintet/tokenizer/tokenizer.hpp"
 #include "quintet/tokenizer/tokenizer_spec.hpp"
 #include "quintet/tools/commands.hpp"
+#include "prepare_corpus.hpp"
 
 namespace quintet {
 namespace {
@@ -110,6 +111,8 @@ const char* kUsage =
     "\n"
     "Usage: [mpirun -n N] quintet prepare --input FILE.txt [--input MORE.txt ...] [--split-on SEP]\n"
     "                       --tokenizer SPEC [--vocab-size N] [--bos T] [--eos T] --output data.h5\n"
+    "       [mpirun -n N] quintet prepare --input DIR|GLOB|FILE[.gz] ... [--jsonl-key KEY]\n"
+    "                       --tokenizer SPEC [--train-sample BYTES] --shard-tokens N --output DIR\n"
     "\n"
     "SPEC (docs/tokenizers.md):\n"
     "  byte              one token per byte, vocab_size 256;\n"
@@ -134,6 +137,15 @@ const char* kUsage =
     "uint32), the attributes vocab_size, tokenizer and format_version, and the tokenizer itself\n"
     "(/tokenizer), so it travels with the data. It is written to OUTPUT.tmp and renamed when complete.\n"
     "\n"
+    "Corpora (docs/data.md): --input may be a directory (its files, recursively) or a glob, and\n"
+    "files ending in .gz are decompressed. --jsonl-key KEY reads every input as JSON Lines, one\n"
+    "document per line (the string field KEY). --shard-tokens N writes shard_000000.h5, ... of N\n"
+    "tokens each into the directory --output. These inputs are streamed in bounded memory (a\n"
+    "document's parts of 8 MB; a document that cannot be cut, or cut by --split-on, is held\n"
+    "whole); under mpirun the files (large plain or JSON Lines files in pieces of about 64 MiB)\n"
+    "are shared out over the ranks, and the shards do not depend on the number of ranks. bpe\n"
+    "trains on the first --train-sample bytes of the documents (0 = all).\n"
+    "\n"
     "Options";
 
 // One unit of encoding: text[begin, end) of document `doc`.
@@ -147,8 +159,9 @@ int prepare_main(int argc, char** argv, MPI_Comm world_handle) {
     const MpiCommunicator world(world_handle, "world");
     const int rank = world.rank(), size = world.size();
     std::vector<std::string> inputs;
-    std::string tokenizer, pattern, specials, output, split_on, bos, eos;
+    std::string tokenizer, pattern, specials, output, split_on, bos, eos, jsonl_key;
     int vocab_size = 4096, eos_byte = 0;
+    int64_t shard_tokens = 0, train_sample = 0;
     po::options_description opts(kUsage);
     opts.add_options()
         ("help,h", "print this help and exit")
@@ -169,7 +182,13 @@ int prepare_main(int argc, char** argv, MPI_Comm world_handle) {
         ("eos-byte", po::value(&eos_byte)->default_value(0)->value_name("B"),
          "byte tokenizer with documents: the byte (0 .. 255) that ends each document")
         ("output", po::value(&output)->value_name("FILE"),
-         "HDF5 token file to write (required); its directory must exist");
+         "HDF5 token file to write (required); its directory must exist. With --shard-tokens: a directory")
+        ("jsonl-key", po::value(&jsonl_key)->value_name("KEY"),
+         "the inputs are JSON Lines: one document per line, its text the string field KEY")
+        ("shard-tokens", po::value(&shard_tokens)->value_name("N"),
+         "write shards of N tokens (the last may be longer by at most N) into the directory --output")
+        ("train-sample", po::value(&train_sample)->value_name("BYTES"),
+         "bpe: train on the first BYTES of the documents (0 = all of them)");
     po::variables_map vm;
     try {
         po::store(po::command_line_parser(argc, argv)
@@ -191,6 +210,22 @@ int prepare_main(int argc, char** argv, MPI_Comm world_handle) {
             throw ConfigError(std::string("quintet prepare: option --") + required +
                               " is required (see `quintet prepare --help`)");
     const bool is_bpe = tokenizer == "bpe";
+    if (vm.count("shard-tokens") && shard_tokens < 2)
+        bad_option("shard-tokens", std::to_string(shard_tokens), "must be at least 2 (tokens per shard)");
+    if (vm.count("train-sample") && (train_sample < 0 || !is_bpe))
+        bad_option("train-sample", std::to_string(train_sample),
+                   train_sample < 0 ? "must be >= 0 bytes" : "applies to --tokenizer bpe only");
+    if (vm.count("jsonl-key") && jsonl_key.empty()) bad_option("jsonl-key", "", "must name a field");
+    if (vm.count("jsonl-key") && vm.count("split-on"))
+        bad_option("split-on", split_on, "does not apply to JSON Lines (--jsonl-key): each line is a document");
+    // Corpus mode: anything but plain text files into one file.
+    bool corpus = shard_tokens > 0 || !jsonl_key.empty() || train_sample > 0;
+    for (const auto& in : inputs) {
+        std::error_code ec;
+        if (in.find_first_of("*?[") != std::string::npos || std::filesystem::is_directory(in, ec) ||
+            (in.size() > 3 && in.compare(in.size() - 3, 3, ".gz") == 0))
+            corpus = true;
+    }
     if (is_bpe && (vocab_size <= 256 || vocab_size > kMaxVocab))
         bad_option("vocab-size", std::to_string(vocab_size),
                    "must be in 257 .. " + std::to_string(kMaxVocab) + " (the 256 byte tokens plus at least one merge)");
@@ -201,7 +236,26 @@ int prepare_main(int argc, char** argv, MPI_Comm world_handle) {
         bad_option("eos-byte", std::to_string(eos_byte), "applies to --tokenizer byte only; use --eos");
     if (eos_byte < 0 || eos_byte > 255) bad_option("eos-byte", std::to_string(eos_byte), "must be a byte, 0 .. 255");
     if (vm.count("split-on") && unescape(split_on).empty()) bad_option("split-on", split_on, "must not be empty");
-    {
+    if (corpus) {
+        namespace fs = std::filesystem;
+        std::error_code ec;
+        const fs::path dir = shard_tokens > 0 ? fs::absolute(output, ec) : fs::absolute(output, ec).parent_path();
+        if (shard_tokens > 0) {
+            if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+                bad_option("output", output, "is a file; with --shard-tokens it is the directory of the shards");
+            if (!fs::is_directory(dir.parent_path(), ec))
+                bad_option("output", output, "directory '" + dir.parent_path().string() + "' does not exist");
+            for (const auto& e : fs::directory_iterator(dir, ec))
+                if (e.path().extension() == ".h5")
+                    bad_option("output", output, "already holds token files (" + e.path().filename().string() +
+                                                     "); choose a new or empty directory");
+            world.barrier();
+            if (rank == 0) fs::create_directories(dir, ec);
+            world.barrier();
+        } else if (!fs::is_directory(dir, ec)) {
+            bad_option("output", output, "directory '" + dir.string() + "' does not exist");
+        }
+    } else {
         namespace fs = std::filesystem;
         std::error_code ec;
         const fs::path dir = fs::absolute(output, ec).parent_path();
@@ -223,6 +277,54 @@ int prepare_main(int argc, char** argv, MPI_Comm world_handle) {
         for (const auto& [option, value] : {std::pair{"bos", bos}, std::pair{"eos", eos}})
             if (!value.empty() && value != kEndOfText && !std::all_of(value.begin(), value.end(), ::isdigit))
                 bad_option(option, value, std::string("bpe has one special token, ") + kEndOfText + ", or give an id");
+    }
+
+    if (corpus) {
+        CorpusJob job;
+        job.files = corpus_inputs(inputs);
+        job.jsonl_key = jsonl_key;
+        job.sep = unescape(split_on);
+        job.shard_tokens = shard_tokens;
+        job.output = output;
+        for (const auto& f : job.files)
+            if (std::error_code ec; std::filesystem::exists(output, ec) && std::filesystem::equivalent(f, output, ec))
+                bad_option("output", output, "is an input file; choose another path");
+        const bool documents = job.files.size() > 1 || !job.sep.empty() || !jsonl_key.empty();
+        if (rank == 0)
+            std::cout << "prepare: " << job.files.size() << " input file(s)" << (jsonl_key.empty() ? "" : ", JSON Lines")
+                      << std::endl;
+        if (is_bpe) {
+            std::vector<uint32_t> flat;
+            if (rank == 0) {
+                const std::string text = corpus_sample_text(job, size_t(train_sample));
+                ProgressPrinter pp;
+                const auto t_train = Clock::now();
+                const Tokenizer trained = tokenizer_train_bpe(text, vocab_size, [&](int done, int total) {
+                    if (done < total && !pp.due()) return;
+                    std::printf("prepare: bpe merges %d / %d (%.1f%%)\n", done, total, 100.0 * done / total);
+                    std::fflush(stdout);
+                });
+                for (auto [a, b] : trained.state().merges) flat.insert(flat.end(), {a, b});
+                std::printf("prepare: trained bpe on %.1f MB, vocab %d, in %.2f s\n", text.size() / 1e6,
+                            trained.vocab_size(), seconds_since(t_train));
+            }
+            uint64_t n = flat.size();
+            world.broadcast(&n, sizeof n, 0);
+            flat.resize(n);
+            if (n) world.broadcast(flat.data(), n * sizeof(uint32_t), 0);
+            std::vector<std::pair<uint32_t, uint32_t>> merges(n / 2);
+            for (size_t i = 0; i < merges.size(); ++i) merges[i] = {flat[2 * i], flat[2 * i + 1]};
+            tok = tokenizer_bpe(merges, documents || bos == kEndOfText || eos == kEndOfText, "gpt2", "bpe");
+        }
+        job.bos_id = bos.empty() ? -1 : resolve_token("bos", bos, tok);
+        job.eos_id = eos.empty() ? -1 : resolve_token("eos", eos, tok);
+        if (documents && job.eos_id < 0) {
+            job.eos_id = tok.kind() == "byte" ? eos_byte : default_end_of_document(tok);
+            if (job.eos_id < 0)
+                bad_option("eos", "", "documents need an end-of-document token and " + tok.describe() +
+                                          " has none of <|endoftext|>, <|end_of_text|>, </s>, <eos>: give --eos TEXT|ID");
+        }
+        return prepare_corpus(job, tok, world);
     }
 
     const auto t0 = Clock::now();

@@ -27,6 +27,7 @@
 #include "quintet/io/metrics_schema.hpp"
 #include "quintet/core/clock.hpp"
 #include "quintet/io/h5.hpp"
+#include "quintet/data/dataset.hpp"
 #include "quintet/io/token_data.hpp"
 #include "quintet/kernels/backend.hpp"
 #include "quintet/tools/commands.hpp"
@@ -190,7 +191,7 @@ std::string run_dir(const Study& st, const Case& c) { return st.dir + "/runs/" +
 // Every case of the study (and, with parity, the single-rank references).
 std::vector<Case> make_cases(const Study& st, bool parity) {
     const Deck base0 = deck_load(st.base, {});
-    const TokenFileInfo data = token_file_info(base0.data.path);
+    const DataInfo data = data_info(base0.data.path);
     std::vector<std::vector<std::pair<std::string, std::string>>> grid{{}};
     for (const auto& [key, vals] : st.vary) {
         std::vector<std::vector<std::pair<std::string, std::string>>> next;
@@ -497,7 +498,9 @@ void collect(const Study& st, const std::vector<Case>& cases, bool parity) {
         h5::write_attr_f64(g, "time_compute_s", std::isfinite(st_med) ? std::max(0.0, st_med - ttp - tcp - tdp - tep - tbub) : std::nan(""));
         MachineModel mm = mm0;
         mm.threads_per_rank = c.threads;
-        mm.data_bytes = double(token_file_info(c.deck.data.path).n_tokens) * 4;
+        mm.data_bytes = data_buffer_bytes(c.deck.data,
+                                          int64_t(c.deck.parallel.microbatches) * c.deck.data.micro_batch_size,
+                                          c.deck.model.vocab_size > 0 ? c.deck.model.vocab_size : 65536);
         const PlanRow pr = plan_layout(c.deck, c.world, mm);
         h5::write_attr_f64(g, "predicted_tokens_per_s", pr.valid ? pr.tokens_per_s : std::nan(""));
         h5::write_attr_f64(g, "predicted_step_time_s", pr.valid ? pr.step_time_s : std::nan(""));

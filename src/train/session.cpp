@@ -64,14 +64,14 @@ int threads_per_rank(const Deck& deck, const MpiCommunicator& world) {
 }
 
 Session::Session(Deck d, const MpiCommunicator& w) : deck(std::move(d)), world(w) {
-    // Every rank reads and checks the data header, so a bad file fails everywhere alike.
-    data = token_file_read(deck.data.path);
+    // Every rank reads and checks the data headers, so a bad file fails everywhere alike.
+    data = data_open(deck.data);
     // A vocab_size the user gave must be the data's; one from a checkpoint's resolved deck (eval)
     // is left to the tokenizer checks, which name both tokenizers.
     if (deck.given.count("model.vocab_size") && deck.model.vocab_size > 0 && deck.model.vocab_size != data.vocab_size)
         config_fail("model.vocab_size", std::to_string(deck.model.vocab_size),
                     "must be 0 or the token file's vocab_size, " + std::to_string(data.vocab_size) + " ('" +
-                        deck.data.path + "')");
+                        data.first_file + "')");
     deck.model.vocab_size = data.vocab_size;
     if (deck.data.eos_id < 0) deck.data.eos_id = data.eos_id;  // resolved into the deck text
     batch_note_ = deck_resolve_global_batch(deck, world.size());

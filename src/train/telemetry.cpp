@@ -309,7 +309,8 @@ void Telemetry::record_step(int64_t s, const StepStats& st, bool skipped, const 
     }
 }
 
-void Telemetry::record_eval(int64_t s, double loss) {
+void Telemetry::record_eval(int64_t s, double loss, const std::vector<double>& per_source,
+                            const std::vector<Source>& sources) {
     if (std::isnan(loss)) {
         log("evaluation of step " + std::to_string(s) + " interrupted by a stop signal");
         return;
@@ -317,7 +318,30 @@ void Telemetry::record_eval(int64_t s, double loss) {
     if (metrics_) metrics_->append(ms::kEval, {{ms::kStep, double(s)}, {ms::kLoss, loss}});
     char buf[96];
     std::snprintf(buf, sizeof buf, "eval step %lld | val loss %.4f", (long long)s, loss);
-    log(buf);
+    std::string line = buf;
+    // Each source's own loss when there are several (one source's is /eval/loss itself).
+    if (per_source.size() == sources.size() && sources.size() > 1)
+        for (size_t v = 0; v < sources.size(); ++v) {
+            if (metrics_) metrics_->append(std::string(ms::kEval) + "/" + sources[v].name, {{ms::kLoss, per_source[v]}});
+            std::snprintf(buf, sizeof buf, " | %s %.4f", sources[v].name.c_str(), per_source[v]);
+            line += buf;
+        }
+    log(line);
+}
+
+void Telemetry::record_data(int64_t s, const std::vector<int64_t>& counts, const std::vector<Source>& sources,
+                            double wait_s) {
+    (void)s;
+    if (!metrics_) return;
+    metrics_->append(ms::kTiming, {{ms::kTimeDataWait, wait_s}});
+    std::vector<double> row(counts.begin(), counts.end());
+    metrics_->append_vector(ms::kSourceSamples, row);
+    if (!sources_named_) {
+        std::string names;
+        for (const auto& src : sources) names += (names.empty() ? "" : ",") + src.name;
+        metrics_->set_attr(ms::kSourceSamples, ms::kSourcesAttr, names);
+        sources_named_ = true;
+    }
 }
 
 void Telemetry::end_step(int64_t s) {

@@ -11,7 +11,7 @@
 
 namespace quintet {
 
-Trainer::Trainer(RankModel& model, const std::string& deck_text, const TokenFile& data, WeightsSource source,
+Trainer::Trainer(RankModel& model, const std::string& deck_text, const DataSet& data, WeightsSource source,
                  const RunLock* lock)
     : model_(model), deck_(model.deck()), grid_(model.grid()), be_(model.backend()),
       // Under ZeRO-2/3 a rank keeps no whole gradient arena (ZeroState: shard and windows).
@@ -19,20 +19,20 @@ Trainer::Trainer(RankModel& model, const std::string& deck_text, const TokenFile
       sync_(std::make_unique<GradientSync>(model.table(), be_, model.comms(), model.tp(), deck_.parallel.bucket_mb,
                                            deck_.parallel.zero == 1, deck_.parallel.overlap_dp, model.zero())),
       opt_(std::make_unique<AdamW>(model.table(), be_, *sync_, deck_.train)),
-      sampler_(data.tokens, deck_.data.val_fraction, deck_.data.seq_len, deck_.data.order == "random",
-               uint64_t(deck_.train.seed)),
+      sampler_(data, deck_.data, uint64_t(deck_.train.seed)),
       faults_(grid_.rank()),
       telemetry_(model, deck_text),
       checkpoints_(model, *sync_, *opt_, deck_text, data.tokenizer.state(), std::move(source), faults_,
                    [this](const std::string& l) { telemetry_.log(l); }),
       nonfinite_(deck_.train, deck_.output.run_dir, grid_.rank(), [this](const std::string& l) { telemetry_.log(l); }),
       lock_(lock) {
-    const auto& dc = deck_.data;
-    if (sampler_.train_len() < size_t(dc.seq_len) + 1)
-        config_fail("data.seq_len", std::to_string(dc.seq_len),
-                    "the train split of '" + dc.path + "' has only " + std::to_string(sampler_.train_len()) +
-                        " tokens; need at least seq_len + 1");
     if (deck_.eval.every > 0) eval_.emplace(model, sampler_);
+    // This replica's samples of every step are read a step ahead (the samples [g0, g0 + m) of step()).
+    {
+        const int64_t mbs = deck_.data.micro_batch_size, m = deck_.parallel.microbatches;
+        const int64_t g0 = int64_t(grid_.coord(kDP)) * m;
+        sampler_.prefetch_range(g0 * mbs, (g0 + m) * mbs, global_batch());
+    }
     // On a GPU the kernels run asynchronously: host-side scopes would time launches, not work.
     profile::enable(deck_.train.profile && model.host_arena());
     if (model.zero()) model.zero()->enable_gradients();
@@ -222,7 +222,13 @@ int Trainer::run_steps() {
         steps_done_.store(s);
         tokens_seen_ += tokens_per_step;
         telemetry_.record_step(s, st, skipped, moe_);
-        if (eval_ && (s % deck_.eval.every == 0 || s == t.steps)) telemetry_.record_eval(s, eval_->evaluate());
+        telemetry_.record_data(s, sampler_.source_samples(s * global_batch()), sampler_.train_sources(),
+                               sampler_.take_wait_seconds());
+        if (eval_ && (s % deck_.eval.every == 0 || s == t.steps)) {
+            std::vector<double> per_source;
+            const double loss = eval_->evaluate(nullptr, &per_source);
+            telemetry_.record_eval(s, loss, per_source, sampler_.val_sources());
+        }
         telemetry_.end_step(s);
         // Stop signals are agreed on by all ranks, so everyone checkpoints the same step.
         bool stop = stop_agreed(grid_.world());

@@ -361,7 +361,7 @@ TEST_F(Fixture, BadInputsFailCleanlyBeforeAnyWork) {
         {1, "--model.n_heads=abc", {"model.n_heads", "abc", "integer"}},
         {1, "--model.n_heads=5", {"model.n_heads", "5", "d_model"}},
         {1, "--model.n_kv_heads=3", {"model.n_kv_heads", "3", "n_heads"}},
-        {1, "--data.order=shuffled", {"data.order", "shuffled", "random | sequential"}},
+        {1, "--data.order=shuffled", {"data.order", "shuffled", "random | sequential | shuffle"}},
         {1, "--model.nonsense=1", {"model.nonsense", "unknown key"}},
         {2, "--parallel.dp=3", {"parallel.dp", "3", "world size 2"}},
         {2, "--parallel.ep=2", {"parallel.ep", "needs MoE layers"}},

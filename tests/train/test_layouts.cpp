@@ -211,6 +211,16 @@ TEST_F(Layouts, ZeroLevelsShareCheckpointsAndResumeAcrossLevels) {
     }
 }
 
+// data.order = shuffle (epochs of a seeded permutation, docs/data.md): the samples of a step do
+// not depend on the layout either.
+TEST_F(Layouts, ShuffleOrderMatchesSingleRank) {
+    compare("--data.order=shuffle", {
+        {2, "--parallel.tp=2 --parallel.microbatches=8"},
+        {4, "--parallel.pp=2 --parallel.microbatches=4"},  // dp=2
+        {4, "--parallel.microbatches=2 --parallel.zero=1"},  // dp=4
+    });
+}
+
 TEST_F(Layouts, PipelineWithTiedEmbeddings) {
     compare("--model.tie_embeddings=true", {
         {2, "--parallel.pp=2 --parallel.microbatches=8"},

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "quintet/data/data_config.hpp"
 #include "quintet/model/config.hpp"
 
 namespace quintet {
@@ -21,16 +22,6 @@ struct ParallelConfig {
     double bucket_mb = 25.0;     // DP gradient bucket size in MiB
     bool overlap_dp = true;      // bucket all-reduces overlap the backward (all-reduce mode)
     std::string cp_mla_kv = "ring";  // MLA under cp: ring of per-head K/V | latent all-gather
-};
-
-struct DataConfig {
-    std::string path = "data/quickstart.h5";
-    int seq_len = 128;           // T
-    int micro_batch_size = 8;    // B
-    std::string order = "random";  // random | sequential
-    double val_fraction = 0.05;
-    bool document_mask = false;  // attention stays inside a document (documents end at eos_id)
-    int eos_id = -1;             // -1: the token file's eos_id attribute
 };
 
 struct TrainConfig {

@@ -6,6 +6,7 @@
 // /memory/<category>_bytes [step, rank] (Trainer::memory_account, train/trainer.cpp)
 // /moe/expert_load [step, layer, expert], /moe/{imbalance, dead_experts, dropped_tokens, aux}
 // [step, layer, 1], /moe/ep_tokens [step, layer, ep] (aligned with /train/step)
+// /data/source_samples [step, source] (aligned with /train/step), /eval/<source>/loss (with /eval/step)
 #pragma once
 #include <map>
 #include <string>
@@ -35,6 +36,8 @@ public:
     void append_matrix(const std::string& path, const std::vector<double>& v, int rows, int cols);
     // Appends one row of v.size() values to the 2-D dataset `path` [step, n] (/memory/* [step, rank]).
     void append_vector(const std::string& path, const std::vector<double>& v);
+    // Sets string attribute `name` of the dataset or group `path` (which must exist).
+    void set_attr(const std::string& path, const std::string& name, const std::string& value);
     void flush();
     // Every value of the dataset `path`, row-major (empty when it does not exist): the history a
     // resumed run rebuilds its counters from (/moe/expert_load for the dead-expert count).

@@ -16,7 +16,15 @@ inline constexpr const char* kTimingOp = "/timing/op";  // train.profile: exclus
 inline constexpr const char* kPipeline = "/pipeline";   // stage<s>_{idle_fraction, activation_mib}
 inline constexpr const char* kMoe = "/moe";
 inline constexpr const char* kMemory = "/memory";       // <category>_bytes [step, rank]
-inline constexpr std::array<const char*, 7> kStepGroups = {kTrain, kEval, kTiming, kTimingOp, kPipeline, kMoe, kMemory};
+inline constexpr const char* kData = "/data";           // source_samples [step, source]
+inline constexpr std::array<const char*, 8> kStepGroups = {kTrain, kEval, kTiming, kTimingOp, kPipeline, kMoe, kMemory,
+                                                           kData};
+
+// /data/source_samples [step, source]: samples drawn so far from each training source; its
+// attribute `sources` names them, comma-separated. /eval/<source>/loss: each validation source's
+// loss, one row per evaluation (aligned with /eval/step).
+inline constexpr const char* kSourceSamples = "/data/source_samples";
+inline constexpr const char* kSourcesAttr = "sources";
 
 // One row per start of the run (a fresh start, then each resume): the step it started from and
 // its layout -- what `quintet plot` marks on the x axis. Not step-aligned: never trimmed.
@@ -43,7 +51,7 @@ inline constexpr const char* kTimePipeline = "pipeline", *kTimePipelineWait = "p
                              *kDpBucketsOverlapped = "dp_buckets_overlapped", *kCpComm = "cp_comm",
                              *kCpExposed = "cp_exposed", *kCpBytes = "cp_bytes", *kEpDispatch = "ep_dispatch",
                              *kEpCombine = "ep_combine", *kEpBytes = "ep_bytes", *kEpBytesAll = "ep_bytes_all",
-                             *kEpBytesTheory = "ep_bytes_theory";
+                             *kEpBytesTheory = "ep_bytes_theory", *kTimeDataWait = "data_wait";
 
 // /moe datasets: [step, layer, expert] and [step, layer, 1] ([step, layer, ep] for ep_tokens).
 inline constexpr const char* kExpertLoad = "/moe/expert_load", *kImbalance = "/moe/imbalance",

@@ -1,6 +1,7 @@
 // The token file (docs/formats.md, "Token data"): one HDF5 file holding the token stream and the
-// tokenizer that made it, so data and vocabulary cannot be separated. Serial HDF5 only: it is
-// read whole (a few hundred MB at most for this project's corpora), not sliced per rank.
+// tokenizer that made it, so data and vocabulary cannot be separated. Training streams it
+// (data/dataset.hpp): token_file_header reads the header and where /tokens lies in the file;
+// token_file_read reads a whole file (tools and tests on small files).
 //   /tokens                1-D uint16 (vocab_size <= 65536) or uint32, contiguous
 //   /tokenizer             the tokenizer's group (io/tokenizer_store.hpp)
 //   attributes on /        format_version (int64 = 2), vocab_size (int64), tokenizer (its kind),
@@ -9,6 +10,7 @@
 // is read with the format-1 split it was made with, so old data keeps its meaning.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,6 +35,23 @@ struct TokenFile {
 void token_file_write(const std::string& path, const std::vector<uint32_t>& tokens,
                       const Tokenizer& tok, int eos_id = -1, int bos_id = -1);
 
+// A token file written piece by piece (bounded memory): create with the final token count, write
+// ranges in any order, then commit, which writes the tokenizer and renames `path`.tmp to `path`.
+// Destroyed without commit, the partial file is removed. RankError naming the path on failure.
+class TokenFileWriter {
+public:
+    TokenFileWriter(const std::string& path, int64_t n_tokens, const Tokenizer& tok, int eos_id = -1, int bos_id = -1);
+    ~TokenFileWriter();
+    TokenFileWriter(const TokenFileWriter&) = delete;
+    TokenFileWriter& operator=(const TokenFileWriter&) = delete;
+    void write(int64_t at, const uint32_t* ids, int64_t n);
+    void commit();
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
 // Reads and fully validates a token file. Throws ConfigError naming the path and the problem:
 // missing file, not HDF5 / corrupt, no or malformed /tokens, missing attributes, fewer than
 // 2 tokens, a token id >= vocab_size (with its index), merges inconsistent with vocab_size.
@@ -49,5 +68,22 @@ struct TokenFileInfo {
     int vocab_size = 0;
 };
 TokenFileInfo token_file_info(const std::string& path);
+
+// The header and the place of /tokens, for streaming reads (data/dataset.hpp). Every header
+// check of token_file_read, none of the tokens.
+struct TokenFileHeader {
+    Tokenizer tokenizer;
+    int vocab_size = 0, eos_id = -1, bos_id = -1;
+    int64_t format_version = 0;
+    int64_t n_tokens = 0;
+    int width = 2;              // bytes per token on disk: 2 (uint16) or 4 (uint32)
+    int64_t file_offset = -1;   // byte offset of a contiguous little-endian /tokens; -1 = read through HDF5
+};
+TokenFileHeader token_file_header(const std::string& path);
+
+// Tokens [begin, begin + n) of /tokens through HDF5 (a hyperslab), for files whose /tokens is
+// not one contiguous run (chunked or compressed, e.g. written by h5py). Not thread-safe: HDF5
+// calls belong to the main thread.
+void token_file_read_range(const std::string& path, int64_t begin, int64_t n, uint32_t* out);
 
 }  // namespace quintet

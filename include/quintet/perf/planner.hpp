@@ -39,7 +39,7 @@ struct MachineModel {
     double link_gbs = 10;               // one rank's point-to-point / collective bandwidth, GB/s
     double link_latency_s = 5e-6;       // per message
     double runtime_base_bytes = 0;      // a rank's resident set besides the model (calibrated)
-    double data_bytes = 0;              // the token file's ids as every rank holds them
+    double data_bytes = 0;              // the sampler's prefetch buffers (data/dataset.hpp)
 };
 
 // What a plan is made for: this host (hardware.host, described by `machine`) or a GPU cluster.

@@ -1,6 +1,7 @@
-// Validation loss of the rank's model (docs/math.md §10): the mean cross-entropy (no auxiliary
-// loss) over eval.batches fixed batches of data.micro_batch_size samples of the validation
-// split, forward only through the pipeline. Used by the trainer every eval.every steps and by
+// Validation loss of the rank's model (docs/math.md §10, docs/data.md): the mean cross-entropy
+// (no auxiliary loss) over eval.batches fixed batches of data.micro_batch_size samples of each
+// validation source (eval.batches = 0: every whole batch of it), forward only through the
+// pipeline; the overall loss weighs every evaluated token alike. Used by the trainer every eval.every steps and by
 // `quintet eval` on its own; it shares the model, and writes nothing.
 #pragma once
 #include <vector>
@@ -12,11 +13,15 @@ namespace quintet {
 
 class Evaluator {
 public:
-    // Stops with a ConfigError (data.val_fraction) when the validation split is shorter than a sample.
+    // Stops with a ConfigError (data.val_fraction / data.val_path) when a validation split is
+    // shorter than a sample.
     Evaluator(RankModel& model, const Sampler& sampler);
     // Mean validation cross-entropy (collective); NaN when a stop signal interrupted it.
     // by_position (rank 0, when given): the mean cross-entropy at each position of the samples [T].
-    double evaluate(std::vector<double>* by_position = nullptr);
+    // per_source (when given): the mean cross-entropy of each validation source.
+    double evaluate(std::vector<double>* by_position = nullptr, std::vector<double>* per_source = nullptr);
+    // Target tokens one evaluation counts.
+    int64_t tokens() const;
 
 private:
     RankModel& model_;

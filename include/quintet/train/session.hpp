@@ -1,6 +1,6 @@
 // The start every job that runs the model shares (`quintet train`, `quintet eval`), in the order
-// that keeps every error before any work and every rank in agreement: the token file read and
-// checked on every rank, the deck resolved against it (vocabulary, end-of-document id) and
+// that keeps every error before any work and every rank in agreement: the headers of every
+// shard of data.path and data.val_path read and checked on every rank (tokens are streamed later), the deck resolved against it (vocabulary, end-of-document id) and
 // validated for this world, the backend made (a missing GPU stops all ranks alike), where the
 // weights come from, the layout (dp resolved into the deck), the resolved deck's text, and last
 // the process grid.
@@ -10,7 +10,7 @@
 
 #include "quintet/comm/mpi_communicator.hpp"
 #include "quintet/deck/deck.hpp"
-#include "quintet/io/token_data.hpp"
+#include "quintet/data/dataset.hpp"
 #include "quintet/kernels/backend.hpp"
 #include "quintet/parallel/layout.hpp"
 #include "quintet/parallel/process_grid.hpp"
@@ -24,7 +24,7 @@ int threads_per_rank(const Deck& deck, const MpiCommunicator& world);
 
 class Session {
 public:
-    // Reads deck.data.path, resolves and validates the deck, makes the backend. collective
+    // Reads the headers of deck.data.path (and val_path), resolves and validates the deck, makes the backend. collective
     Session(Deck deck, const MpiCommunicator& world);
     // Where the weights come from (it may resolve rope.original_max_position), the layout, and
     // the resolved deck's text; `warning` (if not empty) goes first among the source's warnings.
@@ -34,7 +34,7 @@ public:
     const ProcessGrid& start_grid();
 
     Deck deck;
-    TokenFile data;
+    DataSet data;
     std::unique_ptr<Backend> backend;
     WeightsSource source;    // after resolve()
     std::string deck_text;   // after resolve()

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "quintet/data/dataset.hpp"
 #include "quintet/io/metrics.hpp"
 #include "quintet/model/moe_counts.hpp"
 #include "quintet/perf/planner.hpp"
@@ -39,7 +40,14 @@ public:
     // of metrics.h5, the progress line every output.log_every steps. `moe`: the step's counts
     // summed over all ranks (empty for a dense model). collective over the world
     void record_step(int64_t s, const StepStats& st, bool skipped, const MoeCounts& moe);
-    void record_eval(int64_t s, double loss);  // /eval and its line; NaN = interrupted
+    // /eval and its line (NaN = interrupted); with per_source (one loss per validation source),
+    // /eval/<source>/loss too.
+    void record_eval(int64_t s, double loss, const std::vector<double>& per_source = {},
+                     const std::vector<Source>& sources = {});
+    // /data/source_samples: the samples drawn so far from each training source, and
+    // /timing/data_wait: seconds rank 0's step waited for its tokens (rank 0 writes).
+    void record_data(int64_t s, const std::vector<int64_t>& counts, const std::vector<Source>& sources,
+                     double wait_s);
     // After the step's evaluation: metrics.h5 flushed; after the first step, the activation line.
     void end_step(int64_t s);
     // The run reached train.steps: the planner's prediction beside the measurement, and the
@@ -48,6 +56,7 @@ public:
     void report_profile() const;  // train.profile: the per-operation table (rank 0)
 
 private:
+    bool sources_named_ = false;
     struct MoeFigures {
         std::vector<double> load, imbalance, dead, dropped, aux, ep_tokens;
         double worst_imbalance = 0;

@@ -28,10 +28,10 @@ namespace quintet {
 
 class Trainer {
 public:
-    // data: the token file (every rank holds its ids; its tokenizer goes into every checkpoint);
+    // data: the sources (read a step ahead by the sampler; the tokenizer goes into every checkpoint);
     // lock: the run_dir lock, refreshed every step (may be null). collective over the grid
     // (measures MFU's denominators)
-    Trainer(RankModel& model, const std::string& deck_text, const TokenFile& data, WeightsSource source,
+    Trainer(RankModel& model, const std::string& deck_text, const DataSet& data, WeightsSource source,
             const RunLock* lock = nullptr);
     ~Trainer();
     int run();  // the whole job; returns the exit status. collective over the grid

@@ -91,36 +91,6 @@ GgufTensor matrix(const std::string& name, const NamedTensor& t) {
     return g;
 }
 
-// GPT-2's byte-to-unicode alphabet: byte b as the UTF-8 of the code point that stands for it.
-const std::array<std::string, 256>& byte_symbols() {
-    static const std::array<std::string, 256> table = [] {
-        std::array<std::string, 256> t;
-        auto utf8 = [](uint32_t cp) {
-            std::string s;
-            if (cp < 0x80) {
-                s += char(cp);
-            } else {
-                s += char(0xc0 | (cp >> 6));
-                s += char(0x80 | (cp & 0x3f));
-            }
-            return s;
-        };
-        uint32_t next = 256;
-        for (int b = 0; b < 256; ++b) {
-            const bool printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-            t[b] = utf8(printable ? uint32_t(b) : next++);
-        }
-        return t;
-    }();
-    return table;
-}
-
-std::string as_symbols(const std::string& bytes) {
-    std::string s;
-    for (unsigned char c : bytes) s += byte_symbols()[c];
-    return s;
-}
-
 // llama.cpp's name for the pre-tokenizer of a quintet pattern, or "" when it has none.
 std::string llama_pre_name(const std::string& pattern) {
     const std::string preset = pretokenizer_preset_of(pattern);
@@ -169,7 +139,7 @@ GgufVocab make_vocab(const Tokenizer& tok) {
     std::unordered_map<std::string, int> seen;
     for (int id = 0; id < V; ++id) {
         if (special[id]) continue;
-        v.tokens[id] = as_symbols(tok.token_bytes(uint32_t(id)));
+        v.tokens[id] = byte_level_text(tok.token_bytes(uint32_t(id)));
     }
     for (int id = 0; id < V; ++id)
         if (auto [it, fresh] = seen.emplace(v.tokens[id], id); !fresh)

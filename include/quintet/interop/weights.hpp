@@ -43,6 +43,10 @@ ExportModel export_model_read(const std::string& path, const Tokenizer& tok);
 // `inverse` undoes it.
 void rope_rows_interleave(NamedTensor& t, int row0, int d, bool inverse = false);
 
+// `bytes` in GPT-2's byte-to-unicode alphabet (each byte one printable character), the form
+// byte-level BPE vocabularies take in tokenizer.json and GGUF.
+std::string byte_level_text(const std::string& bytes);
+
 // IEEE half precision, round to nearest even (overflow to infinity); and back.
 uint16_t float_to_f16(float f);
 float f16_to_float(uint16_t h);

@@ -15,7 +15,7 @@
 
 #include "quintet/core/error.hpp"
 #include "quintet/model/rope.hpp"
-#include "quintet/tokenizer/pretokenizer.hpp"
+#include "quintet/interop/gguf_vocab.hpp"
 
 namespace quintet {
 
@@ -50,6 +50,18 @@ public:
         b.pod<uint32_t>(kString);
         b.pod<uint64_t>(v.size());
         for (const std::string& s : v) b.str(s);
+    }
+    void f32s(const std::string& k, const std::vector<float>& v) {
+        Bytes& b = key(k, kArray);
+        b.pod<uint32_t>(kF32);
+        b.pod<uint64_t>(v.size());
+        for (float x : v) b.pod(x);
+    }
+    void u8s(const std::string& k, const std::string& v) {
+        Bytes& b = key(k, kArray);
+        b.pod<uint32_t>(kU8);
+        b.pod<uint64_t>(v.size());
+        b.b += v;
     }
     void i32s(const std::string& k, const std::vector<int32_t>& v) {
         Bytes& b = key(k, kArray);
@@ -89,64 +101,6 @@ GgufTensor matrix(const std::string& name, const NamedTensor& t) {
         g.keep_f32 = true;
     }
     return g;
-}
-
-// llama.cpp's name for the pre-tokenizer of a quintet pattern, or "" when it has none.
-std::string llama_pre_name(const std::string& pattern) {
-    const std::string preset = pretokenizer_preset_of(pattern);
-    if (preset == "gpt2") return "gpt-2";
-    return "";
-}
-
-// The tokenizer as llama.cpp's `gpt2` (byte-level BPE) vocabulary: tokens in the byte-to-unicode
-// alphabet, merges "A B" in merge order, types (1 normal, 3 control for special tokens).
-struct GgufVocab {
-    std::string pre;
-    std::vector<std::string> tokens, merges;
-    std::vector<int32_t> types;
-    int eos = -1;
-};
-
-std::string vocab_unsupported(const Tokenizer& tok) {
-    const std::string& k = tok.kind();
-    if (k == "byte") return "";
-    if (k == "bpe") {
-        if (tok.state().pattern.empty())
-            return "the tokenizer is a format-1 bpe (pre-split by hand, no pattern), which llama.cpp cannot "
-                   "reproduce; re-prepare the data with `quintet prepare --tokenizer bpe`";
-        if (llama_pre_name(tok.state().pattern).empty())
-            return "the tokenizer's pre-tokenizer pattern is not the gpt2 pattern, which is the one llama.cpp "
-                   "has for a bpe";
-        return "";
-    }
-    return "tokenizer " + tok.describe() + ": GGUF export takes the byte and bpe tokenizers (kind '" + k +
-           "' is not written yet)";
-}
-
-GgufVocab make_vocab(const Tokenizer& tok) {
-    GgufVocab v;
-    v.pre = tok.kind() == "byte" ? "gpt-2" : llama_pre_name(tok.state().pattern);
-    const int V = tok.vocab_size();
-    v.tokens.resize(V);
-    v.types.assign(V, 1);
-    std::vector<bool> special(V, false);
-    for (const SpecialToken& s : tok.specials()) {
-        special[s.id] = true;
-        v.tokens[s.id] = s.text;
-        v.types[s.id] = 3;
-        if (s.text == "<|endoftext|>" || s.text == "<|end_of_text|>") v.eos = int(s.id);
-    }
-    std::unordered_map<std::string, int> seen;
-    for (int id = 0; id < V; ++id) {
-        if (special[id]) continue;
-        v.tokens[id] = byte_level_text(tok.token_bytes(uint32_t(id)));
-    }
-    for (int id = 0; id < V; ++id)
-        if (auto [it, fresh] = seen.emplace(v.tokens[id], id); !fresh)
-            throw ConfigError("tokenizer " + tok.describe() + ": tokens " + std::to_string(it->second) + " and " +
-                              std::to_string(id) + " are the same bytes; llama.cpp needs every token to be unique");
-    for (const auto& [a, b] : tok.state().merges) v.merges.push_back(v.tokens[a] + " " + v.tokens[b]);
-    return v;
 }
 
 // moe.layers as llama.cpp's deepseek2 can hold it: the first k layers dense, the rest MoE.
@@ -315,7 +269,7 @@ void deepseek2_arch(const ExportModel& m, Metadata& md, std::vector<GgufTensor>&
 
 std::string gguf_unsupported(const ExportModel& m) {
     const ModelConfig& c = m.deck.model;
-    if (std::string why = vocab_unsupported(m.tokenizer); !why.empty()) return why;
+    if (std::string why = gguf_vocab_unsupported(m.tokenizer); !why.empty()) return why;
     if (m.deck.rope.document_positions)
         return "rope.document_positions = true: llama.cpp numbers positions through the whole sequence";
     if (c.attention == "mha" && c.moe.experts > 0)
@@ -339,7 +293,9 @@ void gguf_export(const ExportModel& m, const std::string& path, const std::strin
     const uint32_t ggml_type = dtype == "f32" ? uint32_t(kGgmlF32) : dtype == "f16" ? uint32_t(kGgmlF16) : dtype == "bf16" ? uint32_t(kGgmlBF16) : 99u;
     if (ggml_type == 99) throw ConfigError("export: --dtype = '" + dtype + "': valid for gguf: f32 | f16 | bf16");
     const ModelConfig& c = m.deck.model;
-    const GgufVocab vocab = make_vocab(m.tokenizer);
+    const GgufVocab vocab = gguf_vocab(m.tokenizer);
+    for (const std::string& w : vocab.warnings)
+        std::fprintf(stderr, "export: warning: llama.cpp may tokenize some texts otherwise than quintet: %s\n", w.c_str());
 
     Metadata md;
     const std::string arch = c.attention == "mla" ? "deepseek2" : "llama";
@@ -355,15 +311,20 @@ void gguf_export(const ExportModel& m, const std::string& path, const std::strin
         deepseek2_arch(m, md, tensors);
     tensors.push_back(matrix("output_norm.weight", m.at("model.norm.weight")));
     if (!c.tie_embeddings) tensors.push_back(matrix("output.weight", m.at("lm_head.weight")));
-    md.str("tokenizer.ggml.model", "gpt2");
-    md.str("tokenizer.ggml.pre", vocab.pre);
+    md.str("tokenizer.ggml.model", vocab.model);
+    if (!vocab.pre.empty()) md.str("tokenizer.ggml.pre", vocab.pre);
     md.strings("tokenizer.ggml.tokens", vocab.tokens);
+    if (!vocab.scores.empty()) md.f32s("tokenizer.ggml.scores", vocab.scores);
     md.i32s("tokenizer.ggml.token_type", vocab.types);
-    md.strings("tokenizer.ggml.merges", vocab.merges);
-    if (vocab.eos >= 0) {
-        md.u32("tokenizer.ggml.bos_token_id", uint32_t(vocab.eos));
-        md.u32("tokenizer.ggml.eos_token_id", uint32_t(vocab.eos));
-    }
+    if (vocab.model == "gpt2") md.strings("tokenizer.ggml.merges", vocab.merges);
+    if (vocab.bos >= 0) md.u32("tokenizer.ggml.bos_token_id", uint32_t(vocab.bos));
+    if (vocab.eos >= 0) md.u32("tokenizer.ggml.eos_token_id", uint32_t(vocab.eos));
+    if (vocab.unk >= 0) md.u32("tokenizer.ggml.unknown_token_id", uint32_t(vocab.unk));
+    if (vocab.pad >= 0) md.u32("tokenizer.ggml.padding_token_id", uint32_t(vocab.pad));
+    if (vocab.add_space_prefix >= 0) md.boolean("tokenizer.ggml.add_space_prefix", vocab.add_space_prefix == 1);
+    if (vocab.remove_extra_whitespaces >= 0)
+        md.boolean("tokenizer.ggml.remove_extra_whitespaces", vocab.remove_extra_whitespaces == 1);
+    if (!vocab.precompiled_charsmap.empty()) md.u8s("tokenizer.ggml.precompiled_charsmap", vocab.precompiled_charsmap);
     md.boolean("tokenizer.ggml.add_bos_token", false);
     md.boolean("tokenizer.ggml.add_eos_token", false);
 

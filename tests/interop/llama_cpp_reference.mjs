@@ -2,6 +2,7 @@
 // build) for tests/interop/test_llama_cpp.cpp. Usage:
 //   node llama_cpp_reference.mjs NODE_MODULES JOB.json OUT_DIR
 // JOB.json: {"gguf": FILE, "vocab": V, "context": N, "texts": [TEXT...], "ids": [ID...], "greedy": K}
+// (without "ids", the texts are only tokenized: tokens.txt is all that is written)
 // Writes OUT_DIR/tokens.txt (llama.cpp's tokenization of each text, one line each: space-separated
 // ids), OUT_DIR/probs.f32 (float32 [ids.length, vocabulary]: the next-token probabilities after
 // each id, softmax at temperature 1 of the logits) and OUT_DIR/greedy.txt (the K tokens that
@@ -22,6 +23,12 @@ const V = job.vocab;  // the GGUF's vocabulary size (its token list)
 
 fs.writeFileSync(path.join(outDir, "tokens.txt"),
                  job.texts.map((t) => model.tokenize(t, false).join(" ") + "\n").join(""));
+
+if (!job.ids) {
+    await model.dispose();
+    console.log(`llama.cpp: ${job.texts.length} texts tokenized`);
+    process.exit(0);
+}
 
 const context = await model.createContext({
     contextSize: job.context, batchSize: job.context, sequences: 1, flashAttention: false, threads: 1,

@@ -2,17 +2,27 @@
 // parameters bit for bit in f32, export(import(dir)) the same safetensors bytes, the imported
 // checkpoint evaluates to the same loss and starts a run with checkpoint.init_from; for a dense
 // GQA model and an MLA + MoE one (shared expert, dense first layer, aux-free bias, sharded
-// safetensors). Bad input is exit 2 with the option or config key named, and nothing written.
+// safetensors). The exported directories are also read by a reader that is not quintet's:
+// tests/interop/hf_reference.py parses the safetensors itself, builds the model config.json
+// describes in the repository's PyTorch model (scripts/torch_reference.py) and its next-token
+// probabilities must be quintet's (skipped, with a message, without python3-torch); a tied YaRN
+// model is read that way too. Bad input is exit 2 with the option or config key named, and
+// nothing written.
 // ctest: labels=interop timeout=600 launches_mpirun
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "support/run_support.hpp"
 
 namespace fs = std::filesystem;
 using quintet::testing::read_file;
+using quintet::testing::run_shell;
 using quintet::testing::run_quintet;
 using quintet::testing::write_file;
 
@@ -67,11 +77,52 @@ protected:
         const size_t at = r.output.rfind("val_loss=");
         return at == std::string::npos ? "" : r.output.substr(at, r.output.find(' ', at) - at);
     }
+    // The directory read by tests/interop/hf_reference.py (PyTorch): its next-token probabilities
+    // after each of `positions` tokens against `quintet generate --probs` on the checkpoint.
+    void torch_reads(const std::string& ckpt, const fs::path& hf, int positions, const std::string& what) {
+        std::string ids;
+        for (int i = 0; i < positions; ++i) ids += (i ? " " : "") + std::to_string((i * 37 + 11) % 256);
+        write_file(dir / "ids.txt", ids);
+        auto r = run_shell("/usr/bin/python3 '" + std::string(QUINTET_SOURCE_DIR) + "/tests/interop/hf_reference.py' '" +
+                           hf.string() + "' '" + (dir / "ids.txt").string() + "' '" + (dir / "torch.f32").string() + "' 2>&1");
+        if (r.status == 77 || r.output.find("SKIPPED") != std::string::npos) {
+            std::printf("[ hf ] %s: SKIPPED the PyTorch reader: %s", what.c_str(), r.output.c_str());
+            return;
+        }
+        ASSERT_EQ(r.status, 0) << r.output;
+        r = run_quintet(0, "generate --checkpoint " + ckpt + " --prompt-ids '" + ids + "' --tokens 1 --temperature 0 --probs " +
+                               (dir / "quintet.f32").string());
+        ASSERT_EQ(r.status, 0) << r.output;
+        const std::string a = read_file(dir / "torch.f32"), b = read_file(dir / "quintet.f32");
+        ASSERT_EQ(a.size() % (4 * size_t(positions)), 0u);
+        ASSERT_GE(b.size(), a.size());
+        std::vector<float> p(a.size() / 4), q(a.size() / 4);
+        std::memcpy(p.data(), a.data(), a.size());
+        std::memcpy(q.data(), b.data(), a.size());
+        // Relative: |ln p - ln p_quintet|, so that a barely trained model's near-uniform p still shows a
+        // difference; and how far from uniform p is (the spread of ln p at a position).
+        double max_diff = 0, spread = 0;
+        const size_t V = p.size() / size_t(positions);
+        for (size_t t = 0; t < size_t(positions); ++t) {
+            double lo = 1e300, hi = -1e300;
+            for (size_t v = 0; v < V; ++v) {
+                const size_t i = t * V + v;
+                max_diff = std::max(max_diff, std::fabs(std::log(double(p[i])) - std::log(double(q[i]))));
+                lo = std::min(lo, std::log(double(q[i])));
+                hi = std::max(hi, std::log(double(q[i])));
+            }
+            spread = std::max(spread, hi - lo);
+        }
+        EXPECT_LE(max_diff, 1e-4) << what;
+        std::printf("[ hf ] %s read by PyTorch (hf_reference.py): %d positions, max |ln p - ln p_quintet| = %.3g "
+                    "(ln p spans %.2f)\n", what.c_str(), positions, max_diff, spread);
+    }
     void round_trip(const std::string& extra, const std::string& export_args) {
         const std::string ckpt = train("run", extra);
         const fs::path hf = dir / "hf", hf2 = dir / "hf2";
         auto r = run_quintet(0, "export --checkpoint " + ckpt + " --format hf --output " + hf.string() + " " + export_args);
         ASSERT_EQ(r.status, 0) << r.output;
+        torch_reads(ckpt, hf, 32, extra.empty() ? "dense GQA" : "MLA + MoE");
         EXPECT_TRUE(fs::exists(hf / "config.json") && fs::exists(hf / "tokenizer.json") &&
                     fs::exists(hf / "generation_config.json"));
         const fs::path imported = dir / "imported.h5";
@@ -115,6 +166,16 @@ TEST_F(HfRoundTrip, DenseGqaIsBitIdentical) { round_trip("", ""); }
 TEST_F(HfRoundTrip, MlaMoeShardedIsBitIdentical) {
     round_trip(kMla, "--max-shard-mb 0.02");
     EXPECT_TRUE(fs::exists(dir / "hf/model.safetensors.index.json"));
+}
+
+// Tied embeddings and YaRN (config.json's rope_scaling), evaluated past the original context.
+TEST_F(HfRoundTrip, TiedYarnIsReadByPyTorch) {
+    const std::string ckpt =
+        train("run", "--model.tie_embeddings=true --rope.scaling=yarn --rope.factor=4 --rope.original_max_position=16");
+    const fs::path hf32 = dir / "hf";
+    const auto r = run_quintet(0, "export --checkpoint " + ckpt + " --format hf --output " + hf32.string());
+    ASSERT_EQ(r.status, 0) << r.output;
+    torch_reads(ckpt, hf32, 48, "tied GQA, YaRN (factor 4 over 16, 48 positions)");
 }
 
 TEST_F(HfRoundTrip, BadInputIsExit2AndWritesNothing) {

@@ -8,7 +8,11 @@
 //   - the greedy continuation of 32 tokens equals `quintet generate --temperature 0`.
 // Models: dense GQA (untied; tied with YaRN, evaluated past the trained length) as `llama`, and
 // MLA + MoE with a shared expert, a dense first layer and the aux-free bias as `deepseek2`
-// (q_lora_rank 0 and > 0). Needs Node >= 20 and the npm registry (the package goes to
+// (q_lora_rank 0 and > 0). Each model is also exported with --dtype f16 and bf16, whose
+// probabilities must stay within the bounds measured for them (kHalfBound); and the YaRN model's
+// GGUF with its rope.scaling keys hidden (renamed, so llama.cpp runs it without YaRN) must give
+// different probabilities past the original context: the control that shows the keys are used.
+// Needs Node >= 20 and the npm registry (the package goes to
 // <build>/npm); skipped with a message where either is missing.
 // ctest: labels=llama_cpp timeout=900 launches_mpirun skip_regex=SKIPPED
 #include <gtest/gtest.h>
@@ -105,6 +109,31 @@ every = 0
 [output]
 log_every = 50
 )";
+
+// max |p - p_quintet| of the f16 and bf16 GGUF files (matrices rounded; quintet's forward is f32),
+// about twice the largest measured over the four models (docs/interop.md).
+constexpr double kHalfBound[2] = {2.5e-3, 1.25e-2};  // f16, bf16
+const char* kHalfTypes[2] = {"f16", "bf16"};
+
+// Renames every metadata key "A.rope.scaling.*" of a GGUF file to "A.rope.scalinX.*" (same length:
+// the layout is unchanged), so that llama.cpp reads the model as having no RoPE scaling.
+void hide_rope_scaling(const fs::path& from, const fs::path& to) {
+    std::string b = read_file(from);
+    const std::string key = ".rope.scaling.", hidden = ".rope.scalinX.";
+    size_t n = 0;
+    for (size_t at = b.find(key); at != std::string::npos && at < (1u << 20); at = b.find(key, at + 1)) {
+        b.replace(at, key.size(), hidden);
+        ++n;
+    }
+    EXPECT_GE(n, 4u) << "no rope.scaling keys found in " << from;
+    write_file(to, b);
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b, size_t from = 0) {
+    double m = 0;
+    for (size_t i = from; i < a.size() && i < b.size(); ++i) m = std::max(m, double(std::fabs(a[i] - b[i])));
+    return m;
+}
 
 struct Model {
     const char* name;
@@ -250,6 +279,41 @@ TEST_P(LlamaCpp, ExportedGgufRunsInLlamaCppAsInQuintet) {
                 "greedy 32 tokens (%zu distinct) %s\n",
                 m.name, equal, want.size(), m.positions, max_diff, distinct,
                 llama_greedy == quintet_greedy ? "equal" : "DIFFER");
+
+    // (d) f16 and bf16 matrices: the same text, against quintet's f32 forward.
+    const std::string probs_job = "{\"gguf\": %GGUF%, \"vocab\": " + std::to_string(kVocab) +
+                                  ", \"context\": 256, \"greedy\": 0, \"ids\": [" + join(ids, ", ") + "], \"texts\": []}";
+    auto probs_of = [&](const fs::path& file, const std::string& sub) {
+        const fs::path w = work / sub;
+        fs::create_directories(w);
+        std::string j = probs_job;
+        j.replace(j.find("%GGUF%"), 6, json_string(file.string()));
+        run_node(w, j);
+        return read_f32(w / "probs.f32");
+    };
+    for (int h = 0; h < 2; ++h) {
+        const fs::path half = work / (std::string("model.") + kHalfTypes[h] + ".gguf");
+        r = run_quintet(0, "export --checkpoint " + ckpt + " --format gguf --dtype " + kHalfTypes[h] + " --output " +
+                               half.string());
+        ASSERT_EQ(r.status, 0) << r.output;
+        const double d = max_abs_diff(probs_of(half, kHalfTypes[h]), want_p);
+        EXPECT_LE(d, kHalfBound[h]) << m.name << " " << kHalfTypes[h];
+        std::printf("[ llama.cpp ] %-14s %-4s GGUF: max |p - p_quintet| = %.3g (bound %.3g)\n", m.name, kHalfTypes[h], d,
+                    kHalfBound[h]);
+    }
+
+    // (e) The YaRN control: the same GGUF without its rope.scaling keys differs past the original context.
+    if (std::string(m.overrides).find("yarn") != std::string::npos) {
+        const fs::path plain = work / "model.no_yarn.gguf";
+        hide_rope_scaling(gguf, plain);
+        const std::vector<float> p = probs_of(plain, "no_yarn");
+        const size_t original = 32;  // --rope.original_max_position
+        const double before = max_abs_diff(std::vector<float>(p.begin(), p.begin() + original * kVocab), want_p);
+        const double past = max_abs_diff(p, want_p, original * kVocab);
+        EXPECT_GE(past, 100 * 1e-4) << "without the YaRN keys llama.cpp should differ past the original context";
+        std::printf("[ llama.cpp ] %-14s without the rope.scaling keys: max |p - p_quintet| = %.3g before position %zu, "
+                    "%.3g from it on\n", m.name, before, original, past);
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, LlamaCpp, ::testing::ValuesIn(kModels),

@@ -145,6 +145,7 @@ int generate_main(int argc, char** argv) {
             throw RankError("generate: writing --probs '" + probs_out + "' failed");
     };
     for (size_t i = 0; i < ids.size(); ++i) step(int(ids[i]), int(i));
+    const double t_prompt = now_s();
     std::vector<int> order(deck.model.vocab_size);
     const size_t prompt_len = ids.size();
     size_t shown = 0;
@@ -180,6 +181,12 @@ int generate_main(int argc, char** argv) {
     const double el = (now_s() - t0);
     std::fprintf(stderr, "generate: %zu tokens (%zu prompt + %d new) in %.3f s: %.1f tokens/s\n", ids.size(),
                  ids.size() - size_t(tokens), tokens, el, double(ids.size()) / std::max(el, 1e-9));
+    // The prompt one token at a time through the same step as the new tokens; the new tokens'
+    // time includes choosing and decoding them.
+    const double prompt_s = t_prompt - t0, new_s = now_s() - t_prompt;
+    std::fprintf(stderr, "generate: prompt %zu tokens in %.3f s (%.1f tok/s); %d new tokens in %.3f s (%.1f tok/s)\n",
+                 prompt_len, prompt_s, double(prompt_len) / std::max(prompt_s, 1e-9), tokens, new_s,
+                 double(tokens) / std::max(new_s, 1e-9));
     return 0;
 }
 

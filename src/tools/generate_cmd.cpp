@@ -59,7 +59,8 @@ int generate_main(int argc, char** argv) {
         "print-ids", "after the text, one more stdout line: the ids of the prompt and of the continuation")(
         "probs", po::value(&probs_out),
         "write the next-token probabilities after every token (prompt and continuation) to this file: "
-        "float32, little-endian, [positions, vocabulary] (docs/interop.md)")(
+        "float32, little-endian, [positions, vocabulary] (docs/interop.md); the prompt then goes through "
+        "the decoder one token at a time (else an MHA prompt is one forward)")(
         "kv-cache", po::value(&kv_cache)->default_value("compact"),
         "compact: what each attention kind needs (MLA: the latent [c_kv | k_rope], kv_b absorbed); "
         "full: per-head K and V as training computes them (for comparison)");
@@ -144,7 +145,14 @@ int generate_main(int argc, char** argv) {
         if (std::fwrite(p.data(), sizeof(float), p.size(), probs) != p.size())
             throw RankError("generate: writing --probs '" + probs_out + "' failed");
     };
-    for (size_t i = 0; i < ids.size(); ++i) step(int(ids[i]), int(i));
+    // The prompt in one forward (its matmuls have a row per token) where nothing needs the
+    // probabilities after each prompt token; MLA's cached forward takes one row at a time.
+    if (!probs && deck.model.attention == "mha" && ids.size() > 1) {
+        const std::vector<int32_t> prompt_ids(ids.begin(), ids.end());
+        logits = &dec.prefill(prompt_ids.data(), int(prompt_ids.size()));
+    } else {
+        for (size_t i = 0; i < ids.size(); ++i) step(int(ids[i]), int(i));
+    }
     const double t_prompt = now_s();
     std::vector<int> order(deck.model.vocab_size);
     const size_t prompt_len = ids.size();

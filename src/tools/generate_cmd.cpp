@@ -60,7 +60,7 @@ int generate_main(int argc, char** argv) {
         "probs", po::value(&probs_out),
         "write the next-token probabilities after every token (prompt and continuation) to this file: "
         "float32, little-endian, [positions, vocabulary] (docs/interop.md); the prompt then goes through "
-        "the decoder one token at a time (else an MHA prompt is one forward)")(
+        "the decoder one token at a time (else the prompt is one forward)")(
         "kv-cache", po::value(&kv_cache)->default_value("compact"),
         "compact: what each attention kind needs (MLA: the latent [c_kv | k_rope], kv_b absorbed); "
         "full: per-head K and V as training computes them (for comparison)");
@@ -146,8 +146,8 @@ int generate_main(int argc, char** argv) {
             throw RankError("generate: writing --probs '" + probs_out + "' failed");
     };
     // The prompt in one forward (its matmuls have a row per token) where nothing needs the
-    // probabilities after each prompt token; MLA's cached forward takes one row at a time.
-    if (!probs && deck.model.attention == "mha" && ids.size() > 1) {
+    // probabilities after each prompt token.
+    if (!probs && ids.size() > 1) {
         const std::vector<int32_t> prompt_ids(ids.begin(), ids.end());
         logits = &dec.prefill(prompt_ids.data(), int(prompt_ids.size()));
     } else {

@@ -271,7 +271,7 @@ TEST_P(LlamaCpp, ExportedGgufRunsInLlamaCppAsInQuintet) {
     const std::vector<int> quintet_greedy(quintet_ids.begin() + long(ids.size()), quintet_ids.end());
     const std::vector<int> llama_greedy = ids_of(read_file(work / "greedy.txt"));
     EXPECT_EQ(join(llama_greedy), join(quintet_greedy)) << m.name;
-    // Without --probs, generate takes an MHA prompt in one forward (Decoder::prefill): the same tokens.
+    // Without --probs, generate takes the prompt in one forward (Decoder::prefill): the same tokens.
     const auto batched = run_quintet(0, "generate --checkpoint " + ckpt + " --prompt-ids '" + join(ids) +
                                             "' --tokens 32 --temperature 0 --print-ids");
     ASSERT_EQ(batched.status, 0) << batched.output;

@@ -130,7 +130,8 @@ void check_prefill(const std::string& attention, bool full_kv) {
 }
 
 TEST(Decoder, PrefillEqualsSteps) { check_prefill("mha", false); }
-// Not for MLA yet: its cached forward with several rows crashes (generate steps MLA prompts).
+TEST(Decoder, PrefillEqualsStepsMlaLatent) { check_prefill("mla", false); }
+TEST(Decoder, PrefillEqualsStepsMlaFull) { check_prefill("mla", true); }
 
 TEST(Decoder, KvCacheMatchesTheFullForward) { check(false, false); }
 TEST(Decoder, KvCacheMatchesTheFullForwardWithYarnAndTiedHead) { check(true, true); }

@@ -27,8 +27,7 @@ public:
     const std::vector<float>& step(int id, int pos);
     // Feeds the n tokens `ids` at positions 0 .. n-1 in one forward (a chunk of n rows: every
     // matmul has n rows, not one), filling the caches as n steps would; returns the logits [V]
-    // after the last. Only on a fresh decoder; step(id, n) continues from it. MHA only: MLA's
-    // cached forward over several rows is not right yet (a test covers MHA).
+    // after the last. Only on a fresh decoder; step(id, n) continues from it.
     const std::vector<float>& prefill(const int32_t* ids, int n);
     size_t cache_bytes_per_token() const;  // over all layers
 

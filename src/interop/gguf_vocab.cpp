@@ -135,6 +135,8 @@ void check_unique(const Tokenizer& tok, const GgufVocab& v) {
                               "'); llama.cpp needs every token to be unique");
 }
 
+}  // namespace
+
 // Every split of each token into two tokens, in the order of the merged token's rank (= id), then
 // the parts' ranks: tiktoken merges the adjacent pair whose concatenation ranks lowest, which a
 // merge list in that order reproduces.
@@ -159,6 +161,8 @@ std::vector<std::string> merges_from_ranks(const std::vector<std::string>& bytes
     }
     return merges;
 }
+
+namespace {
 
 GgufVocab byte_level_vocab(const Tokenizer& tok) {
     GgufVocab v;

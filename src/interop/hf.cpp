@@ -13,6 +13,7 @@
 
 #include "quintet/comm/mpi_communicator.hpp"
 #include "quintet/core/error.hpp"
+#include "quintet/interop/gguf_vocab.hpp"
 #include "quintet/interop/safetensors.hpp"
 #include "quintet/io/checkpoint.hpp"
 #include "quintet/model/params.hpp"
@@ -141,6 +142,53 @@ json tokenizer_json(const Tokenizer& tok) {
                        {"byte_fallback", false}, {"ignore_merges", false}, {"vocab", vocab}, {"merges", merges}}}};
 }
 
+// tiktoken ranks as a tokenizer.json, the form of Hugging Face's own conversions of tiktoken files
+// (Llama 3's): the vocabulary in GPT-2's byte alphabet, the merges derived from the ranks, the
+// pattern as a Split before a ByteLevel without its own regex, and ignore_merges (a piece that is
+// a token is that token: tiktoken's rule). Ids no token has (gaps in the ranks) stay out.
+json tiktoken_json(const Tokenizer& tok) {
+    const int V = tok.vocab_size();
+    std::vector<std::string> bytes(static_cast<size_t>(V)), text(static_cast<size_t>(V));
+    std::vector<bool> ordinary(size_t(V), false), special(size_t(V), false);
+    json added = json::array(), vocab = json::object();
+    for (const SpecialToken& s : tok.specials()) {
+        special[s.id] = true;
+        added.push_back({{"id", s.id}, {"content", s.text}, {"single_word", false}, {"lstrip", false},
+                         {"rstrip", false}, {"normalized", false}, {"special", true}});
+    }
+    for (int id = 0; id < V; ++id) {
+        if (special[size_t(id)]) continue;
+        try {
+            bytes[size_t(id)] = tok.token_bytes(uint32_t(id));
+        } catch (const ConfigError&) {
+            continue;  // a rank no token has
+        }
+        ordinary[size_t(id)] = true;
+        text[size_t(id)] = byte_level_text(bytes[size_t(id)]);
+        if (vocab.contains(text[size_t(id)]))
+            throw ConfigError("tokenizer " + tok.describe() + ": two tokens have the bytes of token " +
+                              std::to_string(id) + "; a tokenizer.json vocabulary needs them unique");
+        vocab[text[size_t(id)]] = id;
+    }
+    json merges = json::array();
+    for (const std::string& mg : merges_from_ranks(bytes, ordinary, text)) {
+        const size_t sp = mg.find(' ');  // byte-level text has no ' ' (it is U+0120)
+        merges.push_back({mg.substr(0, sp), mg.substr(sp + 1)});
+    }
+    const std::string& p = tok.state().pattern;
+    const char* preset = pretokenizer_preset(p);
+    const json split = {{"type", "Split"}, {"pattern", {{"Regex", preset ? std::string(preset) : p}}},
+                        {"behavior", "Isolated"}, {"invert", false}};
+    const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}};
+    return {{"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"added_tokens", added},
+            {"normalizer", nullptr},
+            {"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", json::array({split, byte_level})}}},
+            {"post_processor", nullptr}, {"decoder", byte_level},
+            {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
+                       {"continuing_subword_prefix", ""}, {"end_of_word_suffix", ""}, {"fuse_unk", false},
+                       {"byte_fallback", false}, {"ignore_merges", true}, {"vocab", vocab}, {"merges", merges}}}};
+}
+
 void write_text(const fs::path& p, const std::string& text) {
     write_atomically(p.string(), [&](const std::string& tmp) {
         std::ofstream out(tmp, std::ios::binary);
@@ -162,7 +210,6 @@ std::string hf_unsupported(const ExportModel& m) {
     const std::string& k = m.tokenizer.kind();
     if (k == "bpe" && m.tokenizer.state().pattern.empty())
         return "the tokenizer is a format-1 bpe (pre-split by hand), which tokenizer.json cannot express";
-    if (k == "tiktoken") return "tokenizer " + m.tokenizer.describe() + ": tiktoken tokenizers are not written to a Hugging Face directory yet";
     if (c.attention == "mha" && c.moe.experts > 0)
         return "model.attention = mha with moe.experts > 0: Hugging Face's Llama has no MoE (export MoE with mla)";
     if (c.attention == "mla" && first_dense(c) < 0)
@@ -179,6 +226,7 @@ void hf_export(const ExportModel& m, const std::string& dir, const std::string& 
     json tok_json;
     const std::string& kind = m.tokenizer.kind();
     if (kind == "byte" || kind == "bpe") tok_json = tokenizer_json(m.tokenizer);
+    if (kind == "tiktoken") tok_json = tiktoken_json(m.tokenizer);
     const fs::path tmp = dir + ".tmp";
     std::error_code ec;
     fs::remove_all(tmp, ec);

@@ -6,6 +6,8 @@
 // The runs in llama.cpp itself: test_llama_cpp.cpp and test_llama_cpp_tokenizers.cpp.
 // ctest: labels=interop timeout=600 launches_mpirun
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <hdf5.h>
 
 #include <filesystem>
@@ -17,6 +19,7 @@
 namespace fs = std::filesystem;
 using quintet::testing::read_file;
 using quintet::testing::run_quintet;
+using quintet::testing::run_shell;
 using quintet::testing::write_file;
 
 namespace {
@@ -146,6 +149,36 @@ TEST_F(GgufExport, TiktokenAndTokenizerJsonAreWritten) {
             EXPECT_NE(b.find("th e"), std::string::npos);
             EXPECT_NE(b.find("t he"), std::string::npos);
         }
+    }
+}
+
+// A tiktoken checkpoint exported as a Hugging Face directory: its tokenizer.json (Split + ByteLevel,
+// merges derived from the ranks, ignore_merges) tokenizes every line as the tiktoken ranks do,
+// for the gpt2 and the cl100k_base patterns.
+TEST_F(GgufExport, TiktokenBecomesATokenizerJsonThatTokenizesAlike) {
+    write_file(dir / "small.tiktoken", quintet::testing::small::small_tiktoken());
+    std::string text = "the cat and the dog sat in the sun; it is on the mat.\n  The  THE 12345 don't we'll\n"
+                       "the\tmat\r\n\n\nthe cat's 2024 mats!!  \n\u00e9t\u00e9 the \xe6\x97\xa5 end\n";
+    write_file(dir / "probe.txt", text);
+    for (const std::string pattern : {"gpt2", "cl100k_base"}) {
+        const std::string ckpt = checkpoint("tt_" + pattern, "--tokenizer tiktoken:" + (dir / "small.tiktoken").string() +
+                                                                 " --tokenizer-pattern " + pattern +
+                                                                 " --tokenizer-specials '<|endoftext|>=276'");
+        const fs::path hf = dir / ("hf_" + pattern);
+        auto r = run_quintet(0, "export --checkpoint " + ckpt + " --format hf --output " + hf.string());
+        ASSERT_EQ(r.status, 0) << r.output;
+        const std::string j = read_file(hf / "tokenizer.json");
+        EXPECT_NE(j.find("\"ignore_merges\":true"), std::string::npos);
+        EXPECT_NE(j.find("\"Split\""), std::string::npos);
+        auto ids = [&](const std::string& how) {
+            const auto t = run_shell("'" + std::string(QUINTET_BINARY) + "' tokenize " + how + " < '" +
+                                     (dir / "probe.txt").string() + "' 2>&1");
+            EXPECT_EQ(t.status, 0) << t.output;
+            return t.output;
+        };
+        const std::string want = ids("--checkpoint " + ckpt);
+        EXPECT_GT(std::count(want.begin(), want.end(), '\n'), 3) << want;
+        EXPECT_EQ(ids("--tokenizer hf:" + (hf / "tokenizer.json").string()), want) << pattern;
     }
 }
 

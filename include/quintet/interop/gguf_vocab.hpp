@@ -30,6 +30,12 @@ struct GgufVocab {
     std::vector<std::string> warnings;  // where llama.cpp may tokenize a text otherwise
 };
 
+// tiktoken ranks as a merge list ("A B", A and B in GPT-2's byte alphabet, `text`): every split of
+// each ordinary token (`bytes`) into two tokens, by the token's rank, then the parts' ranks. Merging
+// by list position is then tiktoken's "lowest-ranked pair first". Also the HF export's.
+std::vector<std::string> merges_from_ranks(const std::vector<std::string>& bytes, const std::vector<bool>& ordinary,
+                                           const std::vector<std::string>& text);
+
 // "" when `tok` can be written, else why not (for a ConfigError).
 std::string gguf_vocab_unsupported(const Tokenizer& tok);
 // ConfigError when gguf_vocab_unsupported, or when two tokens have the same text.

@@ -1,4 +1,4 @@
-// quintet: one MPI program, subcommands train | eval | prepare | generate | deck | peak | schedule,
+// quintet: one MPI program, subcommands train | eval | prepare | generate | export | import | deck | peak | schedule,
 // and plan | study | plot | tokenize, which run without MPI. kSubcommands below is the one list: the
 // dispatch and the usage text are both made from it, so a new subcommand is one row.
 // Errors (exit statuses: docs/reliability.md): ConfigError (the same on every rank) ends the job
@@ -52,6 +52,12 @@ constexpr Subcommand kSubcommands[] = {
     {"generate", nullptr, "--checkpoint CKPT.h5 --prompt TEXT",
      "sample text from a checkpoint", Runs::on_rank0,
      [](int c, char** v, MPI_Comm) { return quintet::generate_main(c, v); }},
+    {"export", nullptr, "--checkpoint CKPT --format gguf|hf --output PATH",
+     "a checkpoint for llama.cpp (GGUF) or Hugging Face", Runs::on_rank0,
+     [](int c, char** v, MPI_Comm) { return quintet::export_main(c, v); }},
+    {"import", nullptr, "--format hf --input DIR --output CKPT.h5",
+     "a Hugging Face Llama / DeepSeek model as a checkpoint", Runs::on_rank0,
+     [](int c, char** v, MPI_Comm) { return quintet::import_main(c, v); }},
     {"deck", nullptr, "--reference | --markdown",
      "print every deck key with its default", Runs::on_rank0,
      [](int c, char** v, MPI_Comm) { return quintet::deck_main(c, v); }},

@@ -51,12 +51,22 @@ struct MlaLatentCache final : PositionedCache {
     float* lat = nullptr;   // [max_len, Lw]
     float* qlat = nullptr;  // [rows, NHl, Lw] the query in latent space
     float* olat = nullptr;  // [rows, NHl * rkv] the output in latent space
-    int width = 0;
-    MlaLatentCache(Backend& b, int max_len_, int width_, size_t q_floats, size_t o_floats)
-        : PositionedCache(b, max_len_), width(width_) {
+    int width = 0, rows = 0;
+    size_t q_row = 0, o_row = 0;  // floats per row of qlat, olat
+    MlaLatentCache(Backend& b, int max_len_, int width_, int rows_, size_t q_row_, size_t o_row_)
+        : PositionedCache(b, max_len_), width(width_), rows(rows_), q_row(q_row_), o_row(o_row_) {
         lat = be.alloc(size_t(max_len) * width);
-        qlat = be.alloc(q_floats);
-        olat = be.alloc(o_floats);
+        qlat = be.alloc(size_t(rows) * q_row);
+        olat = be.alloc(size_t(rows) * o_row);
+    }
+    // The scratch for n new rows at once (a prompt in one forward: Decoder::prefill).
+    void reserve_rows(int n) {
+        if (n <= rows) return;
+        be.release(qlat);
+        be.release(olat);
+        rows = n;
+        qlat = be.alloc(size_t(rows) * q_row);
+        olat = be.alloc(size_t(rows) * o_row);
     }
     ~MlaLatentCache() override {
         be.release(lat);
@@ -321,8 +331,8 @@ public:
     std::unique_ptr<KvCache> make_cache(int max_len, bool full_kv) const override {
         QUINTET_CHECK(c_.d.tp == 1, "generation runs on one rank (tp = 1)");
         if (full_kv) return std::make_unique<KvRowsCache>(c_.be, max_len, s_.Qw(), s_.Aw());
-        return std::make_unique<MlaLatentCache>(c_.be, max_len, s_.Lw(), size_t(c_.N) * s_.NHl * s_.Lw(),
-                                                size_t(c_.N) * s_.NHl * s_.rkv);
+        return std::make_unique<MlaLatentCache>(c_.be, max_len, s_.Lw(), c_.N, size_t(s_.NHl) * s_.Lw(),
+                                                size_t(s_.NHl) * s_.rkv);
     }
 
 private:
@@ -397,6 +407,7 @@ private:
         }
         auto& lc = static_cast<MlaLatentCache&>(*cache);
         QUINTET_CHECK(lc.len + N <= lc.max_len, "KV cache: within max_len");
+        lc.reserve_rows(N);
         const int Lw = s_.Lw(), rkv = s_.rkv, dn = s_.dn, dv = s_.dv, NHl = s_.NHl;
         // The cache row: [RMSNorm(c) | RoPE(kr)].
         float* row = lc.lat + size_t(lc.len) * Lw;

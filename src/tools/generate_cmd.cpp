@@ -40,6 +40,7 @@ int generate_main(int argc, char** argv) {
     double temperature = 0.8;
     int64_t seed = 1;
     std::string kv_cache = "compact";
+    std::string prompt_ids, probs_out;
     po::options_description desc(
         "usage: quintet generate --checkpoint CKPT.h5 --prompt TEXT [options]\n\n"
         "Samples text from a checkpoint with a KV cache, with the tokenizer stored in the checkpoint\n"
@@ -53,6 +54,13 @@ int generate_main(int argc, char** argv) {
         "seed", po::value(&seed)->default_value(1), "sampling seed")(
         "data", po::value(&data), "checkpoints without a tokenizer: the token file whose tokenizer to use "
         "(default: the deck's data.path); with one, checked to agree")(
+        "prompt-ids", po::value(&prompt_ids),
+        "the prompt as token ids (space-separated) instead of --prompt: the same tokens for another runtime")(
+        "print-ids", "after the text, one more stdout line: the ids of the prompt and of the continuation")(
+        "probs", po::value(&probs_out),
+        "write the next-token probabilities after every token (prompt and continuation) to this file: "
+        "float32, little-endian, [positions, vocabulary] (docs/interop.md); the prompt then goes through "
+        "the decoder one token at a time (else the prompt is one forward)")(
         "kv-cache", po::value(&kv_cache)->default_value("compact"),
         "compact: what each attention kind needs (MLA: the latent [c_kv | k_rope], kv_b absorbed); "
         "full: per-head K and V as training computes them (for comparison)");
@@ -92,7 +100,23 @@ int generate_main(int argc, char** argv) {
     checkpoint_inspect(ckpt, table);
     std::vector<float> params(table.total);
     checkpoint_load(ckpt, table, params.data(), nullptr, nullptr, {});
-    std::vector<uint32_t> ids = tok.encode(prompt);
+    std::vector<uint32_t> ids;
+    if (vm.count("prompt-ids")) {
+        if (vm["prompt"].defaulted() == false && !prompt.empty())
+            throw ConfigError("generate: give --prompt or --prompt-ids, not both");
+        std::istringstream in(prompt_ids);
+        for (std::string w; in >> w;) {
+            char* end = nullptr;
+            const unsigned long v = std::strtoul(w.c_str(), &end, 10);
+            if (*end != '\0' || v >= unsigned(tok.vocab_size()))
+                throw ConfigError("generate: --prompt-ids: '" + w + "' is not a token id (0 to " +
+                                  std::to_string(tok.vocab_size() - 1) + ")");
+            ids.push_back(uint32_t(v));
+        }
+        prompt = tok.decode(ids.data(), ids.size());
+    } else {
+        ids = tok.encode(prompt);
+    }
     if (ids.empty()) ids.push_back(uint32_t('\n') < uint32_t(tok.vocab_size()) ? '\n' : 0);
     auto be = make_cpu_backend(0);
     const int trained = meta.trained_context > 0 ? int(meta.trained_context) : deck.data.seq_len;
@@ -105,7 +129,31 @@ int generate_main(int argc, char** argv) {
     std::mt19937_64 rng(seed);
     std::cout << prompt << std::flush;
     const std::vector<float>* logits = nullptr;
-    for (size_t i = 0; i < ids.size(); ++i) logits = &dec.step(int(ids[i]), int(i));
+    std::FILE* probs = nullptr;
+    if (!probs_out.empty() && !(probs = std::fopen(probs_out.c_str(), "wb")))
+        throw ConfigError("generate: --probs '" + probs_out + "': cannot create it");
+    std::vector<float> p;
+    auto step = [&](int token, int pos) {  // one token through the decoder; its probabilities to --probs
+        logits = &dec.step(token, pos);
+        if (!probs) return;
+        const auto& z = *logits;
+        const float mx = *std::max_element(z.begin(), z.end());
+        double sum = 0;
+        p.resize(z.size());
+        for (size_t i = 0; i < z.size(); ++i) sum += (p[i] = std::exp(z[i] - mx));
+        for (float& x : p) x = float(x / sum);
+        if (std::fwrite(p.data(), sizeof(float), p.size(), probs) != p.size())
+            throw RankError("generate: writing --probs '" + probs_out + "' failed");
+    };
+    // The prompt in one forward (its matmuls have a row per token) where nothing needs the
+    // probabilities after each prompt token.
+    if (!probs && ids.size() > 1) {
+        const std::vector<int32_t> prompt_ids(ids.begin(), ids.end());
+        logits = &dec.prefill(prompt_ids.data(), int(prompt_ids.size()));
+    } else {
+        for (size_t i = 0; i < ids.size(); ++i) step(int(ids[i]), int(i));
+    }
+    const double t_prompt = now_s();
     std::vector<int> order(deck.model.vocab_size);
     const size_t prompt_len = ids.size();
     size_t shown = 0;
@@ -130,12 +178,23 @@ int generate_main(int argc, char** argv) {
         const std::string text = tok.decode(ids.data() + prompt_len, ids.size() - prompt_len);
         std::cout << text.substr(std::min(shown, text.size())) << std::flush;
         shown = text.size();
-        logits = &dec.step(next, int(ids.size()) - 1);
+        step(next, int(ids.size()) - 1);
     }
     std::cout << std::endl;  // the sample's last line ends before the statistics (stderr) begin
+    if (probs && std::fclose(probs) != 0) throw RankError("generate: writing --probs '" + probs_out + "' failed");
+    if (vm.count("print-ids")) {
+        for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
+        std::cout << std::endl;
+    }
     const double el = (now_s() - t0);
     std::fprintf(stderr, "generate: %zu tokens (%zu prompt + %d new) in %.3f s: %.1f tokens/s\n", ids.size(),
                  ids.size() - size_t(tokens), tokens, el, double(ids.size()) / std::max(el, 1e-9));
+    // The prompt one token at a time through the same step as the new tokens; the new tokens'
+    // time includes choosing and decoding them.
+    const double prompt_s = t_prompt - t0, new_s = now_s() - t_prompt;
+    std::fprintf(stderr, "generate: prompt %zu tokens in %.3f s (%.1f tok/s); %d new tokens in %.3f s (%.1f tok/s)\n",
+                 prompt_len, prompt_s, double(prompt_len) / std::max(prompt_s, 1e-9), tokens, new_s,
+                 double(tokens) / std::max(new_s, 1e-9));
     return 0;
 }
 

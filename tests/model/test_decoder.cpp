@@ -88,6 +88,51 @@ void check(bool yarn, bool tied, const std::string& attention = "mha", bool full
     }
 }
 
+// prefill (the prompt in one forward) leaves the caches and logits that steps would, and steps
+// continue from it.
+void check_prefill(const std::string& attention, bool full_kv) {
+    ModelConfig m;
+    m.vocab_size = 23;
+    m.d_model = 24;
+    m.n_layers = 2;
+    m.n_heads = 4;
+    m.n_kv_heads = 2;
+    m.ffn_dim = 40;
+    if (attention == "mla") {
+        m.attention = "mla";
+        m.n_kv_heads = 0;
+        m.kv_lora_rank = 6;
+        m.qk_nope_dim = 4;
+        m.qk_rope_dim = 4;
+        m.v_head_dim = 8;
+    }
+    RopeConfig rope;
+    const int T = 12, P = 7;
+    auto be = make_cpu_backend(1);
+    InitConfig init;
+    init.std = 0.2;
+    ParamTable table = make_param_table(m);
+    std::vector<float> params(table.total);
+    init_params(params.data(), table, m, init, 5, 0, table.total);
+    std::vector<int32_t> ids(T);
+    for (int t = 0; t < T; ++t) ids[size_t(t)] = int32_t((t * 7 + 3) % m.vocab_size);
+    Decoder a(*be, m, rope, T, table, params, T, full_kv), b(*be, m, rope, T, table, params, T, full_kv);
+    std::vector<float> za, zb;
+    for (int t = 0; t < P; ++t) za = a.step(ids[size_t(t)], t);
+    zb = b.prefill(ids.data(), P);
+    for (int t = P; t <= T; ++t) {
+        ASSERT_EQ(za.size(), zb.size());
+        for (size_t v = 0; v < za.size(); ++v) EXPECT_NEAR(za[v], zb[v], 1e-4) << attention << " position " << t;
+        if (t == T) break;
+        za = a.step(ids[size_t(t)], t);
+        zb = b.step(ids[size_t(t)], t);
+    }
+}
+
+TEST(Decoder, PrefillEqualsSteps) { check_prefill("mha", false); }
+TEST(Decoder, PrefillEqualsStepsMlaLatent) { check_prefill("mla", false); }
+TEST(Decoder, PrefillEqualsStepsMlaFull) { check_prefill("mla", true); }
+
 TEST(Decoder, KvCacheMatchesTheFullForward) { check(false, false); }
 TEST(Decoder, KvCacheMatchesTheFullForwardWithYarnAndTiedHead) { check(true, true); }
 TEST(Decoder, MlaLatentCacheMatchesTheFullForward) { check(false, false, "mla"); }

@@ -1,7 +1,7 @@
 """The reference side of tests/tokenizer/test_sentencepiece.cpp, with Debian's python3-sentencepiece:
     python3 spm_reference.py CORPUS OUT_DIR
-trains two small SentencePiece models (unigram, and BPE with byte fallback) on CORPUS and a
-generated text, then writes, for each, OUT_DIR/NAME.model, OUT_DIR/NAME.lines (the ids of each
+trains three small SentencePiece models (unigram; BPE with byte fallback; and BPE as Llama 2's is
+made: byte fallback, no normalization, spaces kept) on CORPUS and a generated text, then writes, for each, OUT_DIR/NAME.model, OUT_DIR/NAME.lines (the ids of each
 corpus line) and OUT_DIR/NAME.whole (the ids of the whole corpus). Exit 77 without the module."""
 import os
 import random
@@ -29,7 +29,10 @@ train_path = os.path.join(out, "spm_train.txt")
 with open(train_path, "w", encoding="utf-8") as f:
     f.write("\n".join(train) + "\n")
 
-for name, kind, extra in [("spm_unigram", "unigram", {}), ("spm_bpe", "bpe", {"byte_fallback": True})]:
+llama2 = {"byte_fallback": True, "normalization_rule_name": "identity", "remove_extra_whitespaces": False,
+          "split_digits": True}
+for name, kind, extra in [("spm_unigram", "unigram", {}), ("spm_bpe", "bpe", {"byte_fallback": True}),
+                          ("spm_bpe_llama2", "bpe", llama2)]:
     spm.SentencePieceTrainer.train(input=train_path, model_prefix=os.path.join(out, name), vocab_size=1200,
                                    model_type=kind, character_coverage=1.0, hard_vocab_limit=False,
                                    minloglevel=2, num_threads=1, **extra)
@@ -39,4 +42,4 @@ for name, kind, extra in [("spm_unigram", "unigram", {}), ("spm_bpe", "bpe", {"b
             f.write(" ".join(map(str, sp.encode(line))) + "\n")
     with open(os.path.join(out, name + ".whole"), "w") as f:
         f.write(" ".join(map(str, sp.encode(corpus))) + "\n")
-print("spm reference: 2 models, %d lines" % len(lines))
+print("spm reference: 3 models, %d lines" % len(lines))

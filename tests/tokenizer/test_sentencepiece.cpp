@@ -1,7 +1,7 @@
 // spm:FILE against Debian's python3-sentencepiece, token for token: tests/tokenizer/spm_reference.py
-// trains a unigram and a BPE (byte fallback) model on the mixed corpus and writes the ids Python
-// gets; `quintet tokenize --tokenizer spm:MODEL` must print the same, line by line and whole, and
-// decode them back to what the library decodes. Invalid UTF-8 must not crash; a file that is no
+// trains a unigram, a BPE (byte fallback) and a Llama-2-style BPE model on the mixed corpus and
+// writes the ids Python gets; `quintet tokenize --tokenizer spm:MODEL` must print the same, line by
+// line and whole, and decode them back to what the library decodes. Invalid UTF-8 must not crash; a file that is no
 // model is exit 2 naming it. Skipped (with a message) without python3-sentencepiece.
 // ctest: labels=tokenizer_reference timeout=600 launches_mpirun skip_regex=SKIPPED
 #include <gtest/gtest.h>
@@ -44,7 +44,7 @@ TEST(SentencePiece, EqualsTheLibraryTokenForToken) {
         EXPECT_EQ(r.status, 0) << args << ": " << r.output;
         return read_file(out);
     };
-    for (const char* name : {"spm_unigram", "spm_bpe"}) {
+    for (const char* name : {"spm_unigram", "spm_bpe", "spm_bpe_llama2"}) {
         const std::string spec = "--tokenizer spm:" + (dir / (std::string(name) + ".model")).string();
         const std::vector<std::string> want = split_lines(read_file(dir / (std::string(name) + ".lines")));
         const std::vector<std::string> got = split_lines(tokenize(spec, corpus));

@@ -25,13 +25,23 @@ public:
     // Feeds token `id` at position `pos` (0, 1, 2, ... in order); returns the logits [V] of the
     // next token. Positions must be < max_len.
     const std::vector<float>& step(int id, int pos);
+    // Feeds the n tokens `ids` at positions 0 .. n-1 in one forward (a chunk of n rows: every
+    // matmul has n rows, not one), filling the caches as n steps would; returns the logits [V]
+    // after the last. Only on a fresh decoder; step(id, n) continues from it.
+    const std::vector<float>& prefill(const int32_t* ids, int n);
     size_t cache_bytes_per_token() const;  // over all layers
 
 private:
     SelfCommunicator self_;
     TensorParallel tp_;
+    Backend& be_;
+    ModelConfig model_;
+    RopeConfig rope_;
+    const ParamTable& table_;
+    int train_seq_len_, max_len_;
     ModelChunk chunk_;
     const float* params_;
+    std::vector<float> prefill_logits_;
     std::vector<std::unique_ptr<KvCache>> caches_;
 };
 

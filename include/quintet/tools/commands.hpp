@@ -14,6 +14,8 @@ int train_main(int argc, char** argv, MPI_Comm world);  // tools/train_cmd.cpp; 
 int eval_main(int argc, char** argv, MPI_Comm world);   // tools/eval_cmd.cpp; collective
 int prepare_main(int argc, char** argv, MPI_Comm world);  // tools/prepare_cmd.cpp; collective
 int generate_main(int argc, char** argv);  // tools/generate_cmd.cpp; rank 0 only
+int export_main(int argc, char** argv);    // tools/export_cmd.cpp: checkpoint -> GGUF / HF; rank 0 only
+int import_main(int argc, char** argv);    // tools/export_cmd.cpp: HF directory -> checkpoint; rank 0 only
 int deck_main(int argc, char** argv);      // tools/misc_cmd.cpp: reference deck / markdown
 int peak_main(int argc, char** argv);      // tools/misc_cmd.cpp: FMA peak and sgemm rate
 int links_main(MPI_Comm world);            // tools/misc_cmd.cpp: `peak --links`; collective, 2 ranks

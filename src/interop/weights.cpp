@@ -1,0 +1,204 @@
+#include "quintet/interop/weights.hpp"
+
+#include <mpi.h>
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "quintet/comm/mpi_communicator.hpp"
+#include "quintet/core/bf16.hpp"
+#include "quintet/core/error.hpp"
+#include "quintet/io/checkpoint.hpp"
+#include "quintet/model/params.hpp"
+
+namespace fs = std::filesystem;
+
+namespace quintet {
+
+const NamedTensor* ExportModel::find(const std::string& name) const {
+    for (const NamedTensor& t : tensors)
+        if (t.name == name) return &t;
+    return nullptr;
+}
+
+const NamedTensor& ExportModel::at(const std::string& name) const {
+    if (const NamedTensor* t = find(name)) return *t;
+    throw ConfigError("the checkpoint has no tensor " + name);
+}
+
+int ExportModel::rope_original_context() const {
+    return deck.rope.original_max_position > 0 ? deck.rope.original_max_position : trained_context;
+}
+
+ExportModel export_model_read(const std::string& path, const Tokenizer& tok) {
+    const CheckpointMeta meta = checkpoint_read_meta(path);
+    if (const std::string why = checkpoint_verify(path, MpiCommunicator(MPI_COMM_SELF, "self")); !why.empty())
+        throw ConfigError("--checkpoint '" + path + "' is unusable: " + why);
+    ExportModel m;
+    m.deck = deck_parse_text(meta.deck);
+    m.deck.model.vocab_size = tok.vocab_size();
+    m.trained_context = meta.trained_context > 0 ? int(meta.trained_context) : m.deck.data.seq_len;
+    m.tokenizer = tok;
+    if (const int64_t v = checkpoint_vocab_size(path); v >= 0 && v != tok.vocab_size())
+        throw ConfigError("--checkpoint '" + path + "': its embedding has " + std::to_string(v) +
+                          " rows but its tokenizer (" + tok.describe() + ") has vocabulary " +
+                          std::to_string(tok.vocab_size()));
+    const ParamTable table = make_param_table(m.deck.model);
+    checkpoint_inspect(path, table, /*with_optimizer=*/false);
+    std::vector<float> arena(table.total);
+    checkpoint_load(path, table, arena.data(), nullptr, nullptr, {});
+    for (const LogicalTensor& lt : table.logical) {
+        const ParamSpec* s = table.find(lt.name);
+        QUINTET_CHECK(s != nullptr, "tensor " + lt.name + " is not in the one-rank table");
+        NamedTensor t;
+        t.name = lt.name;
+        t.rows = lt.rows;
+        t.cols = lt.cols;
+        t.ndim = lt.ndim;
+        t.data.assign(arena.begin() + long(s->offset), arena.begin() + long(s->offset + lt.numel()));
+        m.tensors.push_back(std::move(t));
+    }
+    return m;
+}
+
+// GPT-2's byte-to-unicode alphabet: byte b as the UTF-8 of the code point that stands for it.
+namespace {
+
+const std::array<std::string, 256>& byte_symbols() {
+    static const std::array<std::string, 256> table = [] {
+        std::array<std::string, 256> t;
+        auto utf8 = [](uint32_t cp) {
+            std::string s;
+            if (cp < 0x80) {
+                s += char(cp);
+            } else {
+                s += char(0xc0 | (cp >> 6));
+                s += char(0x80 | (cp & 0x3f));
+            }
+            return s;
+        };
+        uint32_t next = 256;
+        for (int b = 0; b < 256; ++b) {
+            const bool printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+            t[b] = utf8(printable ? uint32_t(b) : next++);
+        }
+        return t;
+    }();
+    return table;
+}
+
+}  // namespace
+
+std::string byte_level_text(const std::string& bytes) {
+    std::string s;
+    for (unsigned char c : bytes) s += byte_symbols()[c];
+    return s;
+}
+
+void rope_rows_interleave(NamedTensor& t, int row0, int d, bool inverse) {
+    QUINTET_CHECK(d % 2 == 0 && row0 >= 0 && row0 + d <= t.rows, "rope rows out of range in " + t.name);
+    const size_t C = size_t(t.cols);
+    std::vector<float> block(t.data.begin() + long(row0 * C), t.data.begin() + long((row0 + d) * C));
+    const int half = d / 2;
+    for (int i = 0; i < half; ++i)
+        for (int j = 0; j < 2; ++j) {
+            const int interleaved = 2 * i + j, rotate_half = j * half + i;
+            const int to = inverse ? rotate_half : interleaved, from = inverse ? interleaved : rotate_half;
+            std::memcpy(&t.data[(row0 + to) * C], &block[from * C], C * sizeof(float));
+        }
+}
+
+uint16_t float_to_f16(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    const uint32_t sign = (u >> 16) & 0x8000u;
+    const uint32_t abs = u & 0x7fffffffu;
+    if (abs > 0x7f800000u) return uint16_t(sign | 0x7e00u);  // NaN
+    if (abs >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to >= 65536: infinity
+    if (abs < 0x38800000u) {                                  // below 2^-14: subnormal or zero
+        // value = abs_float; in units of 2^-24 (the smallest subnormal), rounded to nearest even
+        const int e = int(abs >> 23);
+        if (e < 102) return uint16_t(sign);  // below half the smallest subnormal
+        const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+        const int shift = 126 - e;  // mant * 2^(e-150) / 2^-24 = mant >> (126 - e)
+        uint32_t q = mant >> shift;
+        const uint32_t rem = mant & ((1u << shift) - 1u), halfway = 1u << (shift - 1);
+        if (rem > halfway || (rem == halfway && (q & 1u))) ++q;
+        return uint16_t(sign | q);
+    }
+    // normal: rebias the exponent (127 -> 15) and round the 23-bit mantissa to 10 bits
+    uint32_t h = ((abs >> 13) - ((127u - 15u) << 10));
+    const uint32_t rem = abs & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // may carry into the exponent: fine
+    return uint16_t(sign | h);
+}
+
+float f16_to_float(uint16_t h) {
+    const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+    const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    float f;
+    if (e == 0) {
+        f = std::ldexp(float(m), -24);
+        uint32_t u;
+        std::memcpy(&u, &f, 4);
+        u |= sign;
+        std::memcpy(&f, &u, 4);
+        return f;
+    }
+    uint32_t u = e == 31 ? (sign | 0x7f800000u | (m << 13)) : (sign | ((e + 112u) << 23) | (m << 13));
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+size_t dtype_bytes(const std::string& dtype) {
+    if (dtype == "f32") return 4;
+    if (dtype == "f16" || dtype == "bf16") return 2;
+    throw ConfigError("dtype '" + dtype + "' is not one of f32, f16, bf16");
+}
+
+void dtype_append(std::string& out, const float* x, size_t n, const std::string& dtype) {
+    const size_t at = out.size();
+    out.resize(at + n * dtype_bytes(dtype));
+    char* p = out.data() + at;
+    if (dtype == "f32") {
+        std::memcpy(p, x, n * 4);  // the hosts quintet builds on are little-endian
+    } else if (dtype == "f16") {
+        for (size_t i = 0; i < n; ++i) {
+            const uint16_t h = float_to_f16(x[i]);
+            std::memcpy(p + 2 * i, &h, 2);
+        }
+    } else {
+        for (size_t i = 0; i < n; ++i) {
+            const uint16_t b = float_to_bf16(x[i]);
+            std::memcpy(p + 2 * i, &b, 2);
+        }
+    }
+}
+
+void write_atomically(const std::string& path, const std::function<void(const std::string& tmp)>& write) {
+    const std::string tmp = path + ".tmp";
+    try {
+        write(tmp);
+        std::error_code ec;
+        fs::rename(tmp, path, ec);
+        if (ec) throw RankError("cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
+    } catch (...) {
+        std::error_code ec;
+        fs::remove_all(tmp, ec);
+        throw;
+    }
+}
+
+void check_output_path(const std::string& path, bool force, const std::string& what) {
+    if (path.empty()) throw ConfigError(what + " is required");
+    std::error_code ec;
+    if (fs::exists(path, ec) && !force)
+        throw ConfigError(what + " '" + path + "' exists; give --force to replace it");
+    const fs::path parent = fs::path(path).parent_path();
+    if (!parent.empty() && !fs::is_directory(parent, ec))
+        throw ConfigError(what + " '" + path + "': the folder '" + parent.string() + "' does not exist");
+}
+
+}  // namespace quintet

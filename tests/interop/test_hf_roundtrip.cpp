@@ -1,0 +1,230 @@
+// Hugging Face export and import (docs/interop.md): import(export(checkpoint)) has the same
+// parameters bit for bit in f32, export(import(dir)) the same safetensors bytes, the imported
+// checkpoint evaluates to the same loss and starts a run with checkpoint.init_from; for a dense
+// GQA model and an MLA + MoE one (shared expert, dense first layer, aux-free bias, sharded
+// safetensors). The exported directories are also read by a reader that is not quintet's:
+// tests/interop/hf_reference.py parses the safetensors itself, builds the model config.json
+// describes in the repository's PyTorch model (scripts/torch_reference.py) and its next-token
+// probabilities must be quintet's (skipped, with a message, without python3-torch); a tied YaRN
+// model is read that way too. Bad input is exit 2 with the option or config key named, and
+// nothing written.
+// ctest: labels=interop timeout=600 launches_mpirun
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "support/run_support.hpp"
+
+namespace fs = std::filesystem;
+using quintet::testing::read_file;
+using quintet::testing::run_shell;
+using quintet::testing::run_quintet;
+using quintet::testing::write_file;
+
+namespace {
+
+const char* kDeck = R"([model]
+d_model = 32
+n_layers = 2
+n_heads = 4
+n_kv_heads = 2
+ffn_dim = 64
+[data]
+seq_len = 32
+micro_batch_size = 2
+[train]
+steps = 4
+lr = 1e-2
+warmup = 1
+[eval]
+every = 0
+batches = 2
+[output]
+log_every = 1
+)";
+
+const char* kMla = "--model.attention=mla --model.n_kv_heads=0 --model.n_layers=3 --model.q_lora_rank=16 "
+                   "--model.kv_lora_rank=16 --model.qk_nope_dim=8 --model.qk_rope_dim=8 --model.v_head_dim=8 "
+                   "--moe.experts=4 --moe.top_k=2 --moe.shared_experts=1 --moe.ffn_dim=16 --moe.layers=1-2 "
+                   "--moe.balance=aux_free --moe.bias_rate=0.05";
+
+class HfRoundTrip : public ::testing::Test {
+protected:
+    fs::path dir;
+    void SetUp() override {
+        dir = quintet::testing::scratch_dir(std::string("hf_") +
+                                            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+        quintet::testing::make_token_file(dir / "tokens.h5", 20000, 256, 7);
+        write_file(dir / "model.deck", kDeck);
+    }
+    std::string train(const std::string& name, const std::string& extra) {
+        const auto r = run_quintet(0, "train " + (dir / "model.deck").string() + " --data.path=" +
+                                          (dir / "tokens.h5").string() + " --output.run_dir=" + (dir / name).string() +
+                                          " " + extra);
+        EXPECT_EQ(r.status, 0) << r.output;
+        return (dir / name / "checkpoints/step_00000004.h5").string();
+    }
+    std::string eval(const std::string& ckpt) {
+        // The run's data and eval keys (an imported checkpoint's deck has the defaults).
+        const auto r = run_quintet(0, "eval --checkpoint " + ckpt + " --data " + (dir / "tokens.h5").string() +
+                                          " --data.seq_len=32 --data.micro_batch_size=2 --eval.batches=2");
+        EXPECT_EQ(r.status, 0) << r.output;
+        const size_t at = r.output.rfind("val_loss=");
+        return at == std::string::npos ? "" : r.output.substr(at, r.output.find(' ', at) - at);
+    }
+    // The directory read by tests/interop/hf_reference.py (PyTorch): its next-token probabilities
+    // after each of `positions` tokens against `quintet generate --probs` on the checkpoint.
+    void torch_reads(const std::string& ckpt, const fs::path& hf, int positions, const std::string& what) {
+        std::string ids;
+        for (int i = 0; i < positions; ++i) ids += (i ? " " : "") + std::to_string((i * 37 + 11) % 256);
+        write_file(dir / "ids.txt", ids);
+        auto r = run_shell("/usr/bin/python3 '" + std::string(QUINTET_SOURCE_DIR) + "/tests/interop/hf_reference.py' '" +
+                           hf.string() + "' '" + (dir / "ids.txt").string() + "' '" + (dir / "torch.f32").string() + "' 2>&1");
+        if (r.status == 77 || r.output.find("SKIPPED") != std::string::npos) {
+            std::printf("[ hf ] %s: SKIPPED the PyTorch reader: %s", what.c_str(), r.output.c_str());
+            return;
+        }
+        ASSERT_EQ(r.status, 0) << r.output;
+        r = run_quintet(0, "generate --checkpoint " + ckpt + " --prompt-ids '" + ids + "' --tokens 1 --temperature 0 --probs " +
+                               (dir / "quintet.f32").string());
+        ASSERT_EQ(r.status, 0) << r.output;
+        const std::string a = read_file(dir / "torch.f32"), b = read_file(dir / "quintet.f32");
+        ASSERT_EQ(a.size() % (4 * size_t(positions)), 0u);
+        ASSERT_GE(b.size(), a.size());
+        std::vector<float> p(a.size() / 4), q(a.size() / 4);
+        std::memcpy(p.data(), a.data(), a.size());
+        std::memcpy(q.data(), b.data(), a.size());
+        // Relative: |ln p - ln p_quintet|, so that a barely trained model's near-uniform p still shows a
+        // difference; and how far from uniform p is (the spread of ln p at a position).
+        double max_diff = 0, spread = 0;
+        const size_t V = p.size() / size_t(positions);
+        for (size_t t = 0; t < size_t(positions); ++t) {
+            double lo = 1e300, hi = -1e300;
+            for (size_t v = 0; v < V; ++v) {
+                const size_t i = t * V + v;
+                max_diff = std::max(max_diff, std::fabs(std::log(double(p[i])) - std::log(double(q[i]))));
+                lo = std::min(lo, std::log(double(q[i])));
+                hi = std::max(hi, std::log(double(q[i])));
+            }
+            spread = std::max(spread, hi - lo);
+        }
+        EXPECT_LE(max_diff, 1e-4) << what;
+        std::printf("[ hf ] %s read by PyTorch (hf_reference.py): %d positions, max |ln p - ln p_quintet| = %.3g "
+                    "(ln p spans %.2f)\n", what.c_str(), positions, max_diff, spread);
+    }
+    void round_trip(const std::string& extra, const std::string& export_args) {
+        const std::string ckpt = train("run", extra);
+        const fs::path hf = dir / "hf", hf2 = dir / "hf2";
+        auto r = run_quintet(0, "export --checkpoint " + ckpt + " --format hf --output " + hf.string() + " " + export_args);
+        ASSERT_EQ(r.status, 0) << r.output;
+        torch_reads(ckpt, hf, 32, extra.empty() ? "dense GQA" : "MLA + MoE");
+        EXPECT_TRUE(fs::exists(hf / "config.json") && fs::exists(hf / "tokenizer.json") &&
+                    fs::exists(hf / "generation_config.json"));
+        const fs::path imported = dir / "imported.h5";
+        r = run_quintet(0, "import --format hf --input " + hf.string() + " --output " + imported.string());
+        ASSERT_EQ(r.status, 0) << r.output;
+        // Parameters bit for bit.
+        const auto a = quintet::testing::checkpoint_tensors(ckpt), b = quintet::testing::checkpoint_tensors(imported.string());
+        size_t compared = 0;
+        for (const auto& [name, values] : a) {
+            if (name.rfind("params/", 0) != 0) continue;
+            bool found = false;
+            for (const auto& [name2, values2] : b)
+                if (name2 == name) {
+                    found = true;
+                    EXPECT_TRUE(values == values2) << name << " differs after export + import";
+                }
+            EXPECT_TRUE(found) << name << " is missing from the imported checkpoint";
+            ++compared;
+        }
+        EXPECT_GT(compared, 10u);
+        // The same model: the same validation loss, and a run starts from it.
+        EXPECT_EQ(eval(imported.string()), eval(ckpt));
+        train("continued", extra + " --checkpoint.init_from=" + imported.string());
+        // export(import(dir)): the same files' bytes.
+        r = run_quintet(0, "export --checkpoint " + imported.string() + " --format hf --output " + hf2.string() + " " +
+                               export_args);
+        ASSERT_EQ(r.status, 0) << r.output;
+        size_t files = 0;
+        for (const auto& e : fs::directory_iterator(hf)) {
+            if (e.path().extension() != ".safetensors" && e.path().filename() != "model.safetensors.index.json") continue;
+            EXPECT_EQ(read_file(e.path()), read_file(hf2 / e.path().filename())) << e.path().filename();
+            ++files;
+        }
+        std::printf("[ hf ] %zu tensors equal bit for bit after export + import; %zu safetensors files equal after "
+                    "import + export; %s\n", compared, files, eval(imported.string()).c_str());
+    }
+};
+
+TEST_F(HfRoundTrip, DenseGqaIsBitIdentical) { round_trip("", ""); }
+
+TEST_F(HfRoundTrip, MlaMoeShardedIsBitIdentical) {
+    round_trip(kMla, "--max-shard-mb 0.02");
+    EXPECT_TRUE(fs::exists(dir / "hf/model.safetensors.index.json"));
+}
+
+// Tied embeddings and YaRN (config.json's rope_scaling), evaluated past the original context.
+TEST_F(HfRoundTrip, TiedYarnIsReadByPyTorch) {
+    const std::string ckpt =
+        train("run", "--model.tie_embeddings=true --rope.scaling=yarn --rope.factor=4 --rope.original_max_position=16");
+    const fs::path hf32 = dir / "hf";
+    const auto r = run_quintet(0, "export --checkpoint " + ckpt + " --format hf --output " + hf32.string());
+    ASSERT_EQ(r.status, 0) << r.output;
+    torch_reads(ckpt, hf32, 48, "tied GQA, YaRN (factor 4 over 16, 48 positions)");
+}
+
+TEST_F(HfRoundTrip, BadInputIsExit2AndWritesNothing) {
+    const std::string ckpt = train("run", "");
+    const fs::path hf = dir / "hf";
+    auto r = run_quintet(0, "export --checkpoint " + ckpt + " --format hf --output " + hf.string() + " --dtype f16");
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("--dtype = 'f16'"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(hf));
+    r = run_quintet(0, "export --checkpoint " + ckpt + " --format onnx --output " + hf.string());
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("valid: gguf | hf"), std::string::npos) << r.output;
+    ASSERT_EQ(run_quintet(0, "export --checkpoint " + ckpt + " --format hf --output " + hf.string() +
+                                 " --max-shard-mb 0.01").status, 0);
+    r = run_quintet(0, "export --checkpoint " + ckpt + " --format hf --output " + hf.string());
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("--force"), std::string::npos) << r.output;
+
+    const fs::path out = dir / "imported.h5";
+    auto import = [&](const fs::path& in) { return run_quintet(0, "import --format hf --input " + in.string() + " --output " + out.string()); };
+    // A config key quintet cannot honour.
+    fs::copy(hf, dir / "gelu", fs::copy_options::recursive);
+    std::string cfg = read_file(dir / "gelu/config.json");
+    cfg.replace(cfg.find("\"silu\""), 6, "\"gelu\"");
+    write_file(dir / "gelu/config.json", cfg);
+    r = import(dir / "gelu");
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("hidden_act"), std::string::npos) << r.output;
+    // A shape that does not match the config.
+    fs::copy(hf, dir / "shape", fs::copy_options::recursive);
+    cfg = read_file(dir / "shape/config.json");
+    cfg.replace(cfg.find("\"intermediate_size\": 64"), 23, "\"intermediate_size\": 96");
+    write_file(dir / "shape/config.json", cfg);
+    r = import(dir / "shape");
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("config.json makes it"), std::string::npos) << r.output;
+    // A missing shard.
+    fs::copy(hf, dir / "shard", fs::copy_options::recursive);
+    ASSERT_TRUE(fs::exists(dir / "shard/model.safetensors.index.json"));
+    std::string second;
+    for (const auto& e : fs::directory_iterator(dir / "shard"))
+        if (e.path().filename().string().rfind("model-00002-of-", 0) == 0) second = e.path().filename().string();
+    ASSERT_FALSE(second.empty());
+    fs::remove(dir / "shard" / second);
+    r = import(dir / "shard");
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find(second + "', named by"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(out)) << "a refused import wrote its output";
+    EXPECT_FALSE(fs::exists(out.string() + ".import"));
+}
+
+}  // namespace

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "node_support.hpp"
 #include "support/run_support.hpp"
 
 namespace fs = std::filesystem;
@@ -33,25 +34,14 @@ using quintet::testing::read_file;
 using quintet::testing::run_quintet;
 using quintet::testing::run_shell;
 using quintet::testing::write_file;
+using quintet::testing::node::json_string;
+using quintet::testing::node::lines_of;
 
 namespace {
 
 const fs::path kSource = QUINTET_SOURCE_DIR;
 const fs::path kBinary = QUINTET_BINARY;
 constexpr int kVocab = 512;
-
-int node_major() {
-    const auto r = run_shell("node --version 2>/dev/null");
-    if (r.status != 0 || r.output.size() < 2 || r.output[0] != 'v') return 0;
-    return std::atoi(r.output.c_str() + 1);
-}
-
-std::vector<std::string> lines_of(const std::string& s) {
-    std::vector<std::string> out;
-    std::istringstream in(s);
-    for (std::string l; std::getline(in, l);) out.push_back(l);
-    return out;
-}
 
 std::vector<int> ids_of(const std::string& line) {
     std::vector<int> v;
@@ -64,23 +54,6 @@ std::string join(const std::vector<int>& v, const char* sep = " ") {
     std::string s;
     for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + std::to_string(v[i]);
     return s;
-}
-
-std::string json_string(const std::string& s) {
-    std::string o = "\"";
-    for (unsigned char c : s) {
-        if (c == '"' || c == '\\') {
-            o += '\\';
-            o += char(c);
-        } else if (c < 0x20) {
-            char buf[8];
-            std::snprintf(buf, sizeof buf, "\\u%04x", c);
-            o += buf;
-        } else {
-            o += char(c);
-        }
-    }
-    return o + "\"";
 }
 
 std::vector<float> read_f32(const fs::path& p) {
@@ -164,20 +137,9 @@ protected:
     static std::vector<std::string> corpus_lines;
 
     static void SetUpTestSuite() {
-        if (const int v = node_major(); v < 20) {
-            skip = v == 0 ? "no `node` on PATH" : "node v" + std::to_string(v) + " is older than 20";
-            return;
-        }
         npm = kBinary.parent_path() / "npm";
-        fs::create_directories(npm);
-        if (!fs::exists(npm / "node_modules/node-llama-cpp/package.json")) {
-            const auto r = run_shell("npm install --prefix '" + npm.string() +
-                                     "' --no-audit --no-fund --loglevel=error node-llama-cpp@3.21.1 2>&1");
-            if (r.status != 0) {
-                skip = "npm install node-llama-cpp@3.21.1 failed (no registry?): " + r.output;
-                return;
-            }
-        }
+        skip = quintet::testing::node::ensure_packages(npm, "node-llama-cpp@3.21.1", {"node-llama-cpp/package.json"});
+        if (!skip.empty()) return;
         dir = quintet::testing::scratch_dir("llama_cpp");
         // The model learns the test corpus by heart: its greedy continuations are the corpus's
         // text, far from ties, and every line is a tokenization case.

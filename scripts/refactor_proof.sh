@@ -158,7 +158,8 @@ for p in files[1:]:
 print(f"step-0 checkpoints, MLA + MoE: {len(files)} layouts, {len(ref)} tensors each, bit-identical")
 PY
 # The old binary's step-0 checkpoint against the new one's, bit for bit.
-mpirun --oversubscribe -n 1 "$old" train "$work/deck" --train.steps=0 --output.run_dir="$work/step0_old" \
+mpirun --oversubscribe -n 1 "$old" train "$work/deck" --train.steps=0 --data.path="$work/data_old.h5" \
+  --output.run_dir="$work/step0_old" \
   > "$work/step0_old.log" 2>&1 || { echo "FAILED step0 old"; exit 1; }
 /usr/bin/python3 - "$work/step0_old/checkpoints/step_00000000.h5" "$work/step0/1rank/checkpoints/step_00000000.h5" <<'PY'
 import sys, h5py, numpy as np

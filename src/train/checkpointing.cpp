@@ -94,7 +94,10 @@ std::string verdict(const DeckChange& c, bool resume) {
 std::vector<std::string> report_changes(const WeightsSource& source, const Deck& deck) {
     std::vector<std::string> lines, refused;
     if (source.path.empty() || source.deck.empty()) return lines;
-    const Deck theirs = deck_parse_text(source.deck);
+    Deck theirs = deck_parse_text(source.deck);
+    // Checkpoints written before the vocabulary was resolved into the deck say 0 there ("from the
+    // data"): not another model. The tensors' shapes, checked when they load, decide.
+    if (theirs.model.vocab_size == 0) theirs.model.vocab_size = deck.model.vocab_size;
     for (const DeckChange& c : deck_diff(theirs, deck)) {
         if (c.key.rfind("checkpoint.", 0) == 0 || c.key.rfind("output.", 0) == 0 || c.key == "train.threads" ||
             c.key == "train.profile" || c.key == "train.collective_timeout_s")

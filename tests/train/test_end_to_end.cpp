@@ -16,6 +16,8 @@
 #include <cstring>
 #include <thread>
 
+#include "quintet/io/h5.hpp"
+
 #include <hdf5.h>
 
 #include "support/run_support.hpp"
@@ -150,6 +152,22 @@ TEST_F(Fixture, ResumeReportsChangesAndAFinishedRunSaysSo) {
     auto shape = train(1, "changes", "--train.steps=8 --model.ffn_dim=96");
     EXPECT_EQ(shape.status, 2) << shape.output;
     EXPECT_NE(shape.output.find("model.ffn_dim: 64 -> 96"), std::string::npos) << shape.output;
+    // A checkpoint from before the vocabulary was resolved into its deck (vocab_size = 0 there)
+    // resumes: 0 means "from the data", not another model.
+    const fs::path ck = dir / "changes" / "checkpoints" / "step_00000006.h5";
+    const hid_t f = H5Fopen(ck.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    std::string deck = quintet::h5::read_attr_string(f, "deck");
+    const size_t at = deck.find("\nvocab_size = ");
+    ASSERT_NE(at, std::string::npos);
+    deck.replace(at, deck.find('\n', at + 1) - at, "\nvocab_size = 0");
+    H5Adelete(f, "deck");
+    quintet::h5::write_attr_string(f, "deck", deck);
+    H5Fclose(f);
+    auto old = train(1, "changes", "--train.steps=7");
+    EXPECT_EQ(old.status, 0) << old.output;
+    EXPECT_EQ(old.output.find("model.vocab_size"), std::string::npos) << old.output;
+    EXPECT_NE(old.output.find("resumed from"), std::string::npos) << old.output;
 }
 
 // A denominator measured below what a step reaches is raised, once said, so no share of the

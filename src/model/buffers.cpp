@@ -39,6 +39,34 @@ void merge_shared(std::vector<BufferSpec>& into, const std::vector<BufferSpec>& 
     }
 }
 
+void place_deferred(const std::vector<BufferSpec>& saved, const std::vector<BufferSpec>& deferred, bool bf16,
+                    std::vector<PlacedBuffer>& placed, std::vector<BufferSpec>& rest) {
+    // Consecutive b_only buffers are one region (they are laid out back to back): a deferred
+    // buffer naming any of them may use the whole run, from its first buffer on.
+    std::vector<size_t> first(saved.size()), bytes(saved.size(), 0), used(saved.size(), 0);
+    for (size_t t = 0; t < saved.size(); ++t) {
+        first[t] = t > 0 && saved[t].b_only && saved[t - 1].b_only ? first[t - 1] : t;
+        if (saved[t].b_only) bytes[first[t]] = (t > first[t] ? align_up(bytes[first[t]]) : 0) +
+                                               saved[t].n * elem_bytes(saved[t].elem, bf16);
+    }
+    for (const auto& d : deferred) {
+        const size_t need = d.n * elem_bytes(d.elem, bf16);
+        bool done = false;
+        for (const auto& target : d.over) {
+            for (size_t t = 0; t < saved.size() && !done; ++t) {
+                if (saved[t].name != target || !saved[t].b_only) continue;
+                const size_t r = first[t];
+                if (used[r] + need > bytes[r]) continue;
+                placed.push_back({d, saved[r].name, used[r]});
+                used[r] += align_up(need);
+                done = true;
+            }
+            if (done) break;
+        }
+        if (!done) rest.push_back(d);
+    }
+}
+
 BufferViews::BufferViews(const std::vector<BufferSpec>& list, void* base, bool bf16) : bf16_(bf16) {
     char* at = static_cast<char*>(base);
     for (const auto& s : list) {
@@ -68,6 +96,12 @@ Act BufferViews::act(std::string_view name) const {
     else a.f = static_cast<float*>(p);
     return a;
 }
+void* BufferViews::address(std::string_view name) const {
+    for (const auto& v : views_)
+        if (v.name == name) return v.p;
+    rank_fail("buffer '" + std::string(name) + "' was not declared");
+}
+
 bool BufferViews::has(std::string_view name) const {
     for (const auto& v : views_)
         if (v.name == name) return true;

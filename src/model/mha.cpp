@@ -37,7 +37,9 @@ public:
         rope_ = c_.rope_table(HD_, rope_mscale(c_.rope));
         const BufferViews& sh = c_.shared();
         datt_ = sh.f32("attention.datt");
-        if (c_.bf16()) dqkv_ = sh.f32("attention.dqkv");  // fp32: straight into the deferred buffer
+        // fp32 without a split schedule: straight into the deferred buffer (under one, that may
+        // be q|k|v's own bytes, which the attention backward still reads).
+        if (c_.bf16() || c_.split_bw) dqkv_ = sh.f32("attention.dqkv");
         lse_scratch_ = sh.f32("attention.lse");
         if (c_.recompute == Recompute::selective) {  // one output and lse for all layers and slots
             att_ws_ = sh.act("attention.recomputed_out");
@@ -142,7 +144,7 @@ public:
             c_.be.from_bf16(c_.full_b, s.att.b, size_t(N) * A_);
             att = c_.full_b;
         }
-        float* dqkv = c_.produce(w.dqkv, dqkv_);
+        float* dqkv = c_.split_bw ? dqkv_ : c_.produce(w.dqkv, dqkv_);
         const float* q = s.qkv;
         const float* k = q + A_;
         const float* v = k + NKV_ * HD_;
@@ -249,18 +251,22 @@ void mha_add_params(ParamBuilder& b, int layer) {
 void mha_declare_buffers(const ModelDims& d, const BufferShape& s, BufferDecl& out) {
     const size_t N = size_t(s.N), QKV = size_t(d.qkv_local()), A = size_t(d.NHl) * d.HD;
     const size_t lse = size_t(s.B) * d.NHl * s.T;
-    out.save("attention.qkv", N * QKV);  // q | k | v after RoPE
+    // q | k | v after RoPE; only B reads it, unless W recomputes the core from it (selective).
+    const bool b_only = s.recompute != Recompute::selective;
+    out.save("attention.qkv", N * QKV, Elem::f32, b_only);
     if (s.recompute != Recompute::selective) {
+        out.save("attention.lse", lse, Elem::f32, true);
         out.save("attention.out", N * A, Elem::act);  // the attention core's output, o_proj's input
-        out.save("attention.lse", lse);
     } else {  // recomputed before the backward: one for all layers and slots
         out.scratch("attention.recomputed_out", N * A, Elem::act);
         out.scratch("attention.recomputed_lse", lse);
     }
     out.scratch("attention.datt", N * A);
     out.defer("w.attn.dh", N * size_t(d.C));
-    out.defer("w.attn.dqkv", N * QKV);
-    if (s.bf16) out.scratch("attention.dqkv", N * QKV);  // fp32 before it is rounded into w.attn.dqkv
+    out.defer("w.attn.dqkv", N * QKV, Elem::act, {"attention.qkv"});  // written once q|k|v are read
+    // (attention.qkv and attention.lse, side by side, are one B-only run.)
+    // fp32 before it is rounded (bf16) or copied (a split schedule) into w.attn.dqkv
+    if (s.bf16 || s.split_bw) out.scratch("attention.dqkv", N * QKV);
     out.scratch("attention.lse", lse);
     BlockContext::declare_rope_table(out, d.HD, s.max_positions);
     if (s.cp > 1) {  // the ring's K|V blocks and partial results

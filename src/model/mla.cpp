@@ -515,30 +515,35 @@ void mla_declare_buffers(const ModelConfig& m, const ModelDims& d, const BufferS
         out.save("mla.qa_rstd", N);
         out.save("mla.qa_normed", N * sh.rq, Elem::act);  // q_b's input
     }
-    out.save("mla.q", N * sh.Qw());       // per head [q_nope | RoPE(q_rope)]
     out.save("mla.c", R * sh.rkv);        // the latent before its norm
     out.save("mla.c_rstd", R);
     out.save("mla.c_normed", R * sh.rkv, Elem::act);  // kv_b's input
-    out.save("mla.k", R * sh.Qw());       // per head [k_nope | RoPE(kr)]
-    out.save("mla.v", R * sh.Aw());
+    // q, k, v and the log-sum-exp, side by side: only B's attention backward reads them, unless
+    // W recomputes the core from them (selective); then what B keeps for W may live there.
+    const bool b_only = s.recompute != Recompute::selective;
+    out.save("mla.q", N * sh.Qw(), Elem::f32, b_only);  // per head [q_nope | RoPE(q_rope)]
+    out.save("mla.k", R * sh.Qw(), Elem::f32, b_only);  // per head [k_nope | RoPE(kr)]
+    out.save("mla.v", R * sh.Aw(), Elem::f32, b_only);
     if (s.recompute != Recompute::selective) {
+        out.save("mla.lse", lse, Elem::f32, true);
         out.save("mla.out", N * sh.Aw(), Elem::act);  // o_proj's input
-        out.save("mla.lse", lse);
     } else {
         out.scratch("mla.recomputed_out", N * sh.Aw(), Elem::act);
         out.scratch("mla.recomputed_lse", lse);
     }
     out.scratch("mla.kr", R * sh.dr);
     out.scratch("mla.kvb", R * sh.KVBw());  // bf16 staging of w.mla.dkvb; the forward's kv_b output
-    out.defer("w.mla.dh", N * size_t(sh.C));
-    out.defer("w.mla.dkvb", R * sh.KVBw());
-    out.defer("w.mla.dcn", R * sh.rkv, Elem::f32);
-    out.defer("w.mla.dc", N * sh.rkv);
-    out.defer("w.mla.dkr", N * sh.dr);
-    out.defer("w.mla.dq", N * sh.Qw());
+    out.defer("w.mla.dh", N * size_t(sh.C));  // written before the core's backward
+    // Written after the attention core's backward has read q, k and v.
+    const std::vector<std::string> qkv = {"mla.q"};
+    out.defer("w.mla.dkvb", R * sh.KVBw(), Elem::act, qkv);
+    out.defer("w.mla.dcn", R * sh.rkv, Elem::f32, qkv);
+    out.defer("w.mla.dc", N * sh.rkv, Elem::act, qkv);
+    out.defer("w.mla.dkr", N * sh.dr, Elem::act, qkv);
+    out.defer("w.mla.dq", N * sh.Qw(), Elem::act, qkv);
     if (sh.rq > 0) {
-        out.defer("w.mla.dqan", N * sh.rq, Elem::f32);
-        out.defer("w.mla.dqa", N * sh.rq);
+        out.defer("w.mla.dqan", N * sh.rq, Elem::f32, qkv);
+        out.defer("w.mla.dqa", N * sh.rq, Elem::act, qkv);
     }
     out.scratch("mla.stage", std::max(R * sh.rkv, N * size_t(std::max(sh.rq, sh.Aw()))));
     out.scratch("mla.datt", N * sh.Aw());

@@ -78,7 +78,9 @@ public:
         dw_ = sh.f32("moe.dweight");
         stage_ = sh.f32("moe.stage");
         if (Fs_ > 0) {
-            if (c_.bf16()) dgu_s_ = sh.f32("moe.dgu_shared");  // fp32: straight into the deferred buffer
+            // fp32 without a split schedule: straight into the deferred buffer (under one, that
+            // may be the shared gate|up's own bytes, which its SwiGLU's backward reads).
+            if (c_.bf16() || c_.split_bw) dgu_s_ = sh.f32("moe.dgu_shared");
             dact_s_ = sh.f32("moe.dact_shared");
         }
         if (ep_) {
@@ -207,7 +209,7 @@ public:
             const Mat D = c_.save(w.dy, dy, size_t(Nr) * C);
             c_.mm(false, false, Nr, Fs_, C, D, C, c_.weight(params + wd_s_), Fs_, 0.0f, dact_s_, Fs_);
             dispatch_.progress();
-            float* dgu_s = c_.produce(w.dgu_s, dgu_s_);
+            float* dgu_s = c_.split_bw ? dgu_s_ : c_.produce(w.dgu_s, dgu_s_);
             c_.be.swiglu_backward(dgu_s, dact_s_, s.gu_s, Nr, Fs_);
             Ds = c_.save(w.dgu_s, dgu_s, size_t(Nr) * 2 * Fs_);
         }
@@ -384,15 +386,17 @@ void moe_declare_buffers(const ModelConfig& m, const ModelDims& d, const BufferS
     const size_t F = size_t(m.expert_ffn_width()), Fs = size_t(m.moe.shared_experts) * F;
     const size_t Rx = size_t(MoeDispatcher::expert_rows(m.moe, s.Nr, s.ep));
     // The routing, kept for the backward.
-    out.save("moe.probs", Nr * E_);
+    // B's only (b_only): the router's backward reads the probabilities, the combine's the
+    // experts' outputs, the SwiGLUs' backwards their inputs; W reads none of them.
+    out.save("moe.probs", Nr * E_, Elem::f32, true);
     out.save("moe.expert", R, Elem::i32);
     out.save("moe.weight", R);
     out.save("moe.slot", R, Elem::i32);
     out.save("moe.src", R, Elem::i32);
     // The experts' side, sized for the dropless worst case.
-    out.save("moe.y", (R + 1) * C);             // their outputs in sorted order; row R is zero
+    out.save("moe.y", (R + 1) * C, Elem::f32, true);  // their outputs in sorted order; row R is zero
     out.save("moe.x", Rx * C, Elem::act);       // their inputs
-    out.save("moe.gate_up", Rx * 2 * F);
+    out.save("moe.gate_up", Rx * 2 * F, Elem::f32, true);
     out.save("moe.act", Rx * F, Elem::act);
     if (s.ep > 1) {
         out.save("moe.to_source", std::max<size_t>(Rx, 1), Elem::i32);
@@ -400,7 +404,7 @@ void moe_declare_buffers(const ModelConfig& m, const ModelDims& d, const BufferS
         out.exchange = std::max<size_t>(Rx, 1) * C;
     }
     if (Fs > 0) {
-        out.save("moe.shared_gate_up", Nr * 2 * Fs);
+        out.save("moe.shared_gate_up", Nr * 2 * Fs, Elem::f32, true);
         out.save("moe.shared_act", Nr * Fs, Elem::act);
     }
     if (m.moe.balance == "aux_loss") out.save("moe.daux", E_);
@@ -408,19 +412,23 @@ void moe_declare_buffers(const ModelConfig& m, const ModelDims& d, const BufferS
     out.scratch("moe.xs_fp32", (R + 1) * C);
     out.scratch("moe.logits", Nr * E_);
     out.scratch("moe.dy", (R + 1) * C);
-    out.defer("w.moe.dz", Nr * E_);
-    out.defer("w.moe.dye", Rx * C);
-    out.defer("w.moe.dgu", Rx * 2 * F);
+    // What W needs, each written once B has read what it may live in: the combine's backward
+    // (the first thing B does) reads moe.y, the router's backward the probabilities, the
+    // SwiGLUs' backwards their gate|up.
+    out.defer("w.moe.dz", Nr * E_, Elem::act, {"moe.probs"});
+    out.defer("w.moe.dye", Rx * C, Elem::act, {"moe.y"});
+    out.defer("w.moe.dgu", Rx * 2 * F, Elem::act, {"moe.gate_up"});
     if (Fs > 0) {
-        out.defer("w.moe.dy", Nr * C);
-        out.defer("w.moe.dgu_shared", Nr * 2 * Fs);
+        out.defer("w.moe.dy", Nr * C, Elem::act, {"moe.y"});
+        out.defer("w.moe.dgu_shared", Nr * 2 * Fs, Elem::act, {"moe.shared_gate_up"});
     }
-    if (s.bf16) out.scratch("moe.dgu", Rx * 2 * F);  // fp32 before it is rounded into w.moe.dgu
+    // fp32 before it is rounded (bf16) or copied (a split schedule) into w.moe.dgu
+    if (s.bf16 || s.split_bw) out.scratch("moe.dgu", Rx * 2 * F);
     out.scratch("moe.dact", Rx * F);
     out.scratch("moe.dweight", Nr * k);
     out.scratch("moe.stage", std::max(Rx * F, Nr * Fs));
     if (Fs > 0) {
-        if (s.bf16) out.scratch("moe.dgu_shared", Nr * 2 * Fs);  // fp32 before w.moe.dgu_shared
+        if (s.bf16 || s.split_bw) out.scratch("moe.dgu_shared", Nr * 2 * Fs);  // fp32 before w.moe.dgu_shared
         out.scratch("moe.dact_shared", Nr * Fs);
     }
     if (s.ep > 1) {

@@ -19,7 +19,9 @@ MoeExperts::MoeExperts(BlockContext& c, const ParamTable& table, const std::stri
         wd_.push_back(table.offset_of(q + "down_proj.weight"));
     }
     const BufferViews& sh = c_.shared();
-    if (c_.bf16()) dgu_ = sh.f32("moe.dgu");  // fp32: straight into the deferred buffer
+    // fp32 without a split schedule: straight into the deferred buffer (under one, that may be
+    // gate|up's own bytes, which the SwiGLU's backward reads).
+    if (c_.bf16() || c_.split_bw) dgu_ = sh.f32("moe.dgu");
     dact_ = sh.f32("moe.dact");
     stage_ = sh.f32("moe.stage");
 }
@@ -56,7 +58,7 @@ void MoeExperts::backward_input(const Rows& ex, const float* params, int rows, c
             c_.mm(false, false, n, F_, C, rows_of(Dy, o * C), C, c_.weight(params + wd_[size_t(j)]), F_, 0.0f,
                   dact_ + o * F_, F_);
         }
-    float* dgu = c_.produce(wdgu, dgu_);
+    float* dgu = c_.split_bw ? dgu_ : c_.produce(wdgu, dgu_);
     c_.be.swiglu_backward(dgu, dact_, ex.gu, rows, F_);
     const Mat Dgu = c_.save(wdgu, dgu, size_t(rows) * 2 * F_);
     for (int j = 0; j < El_; ++j)

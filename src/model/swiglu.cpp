@@ -19,7 +19,9 @@ public:
         QUINTET_CHECK(table.offset_of(p + "up_proj.weight") == wgu_ + size_t(F_) * c_.d.C,
                       "gate_proj and up_proj are not adjacent in the arena");
         wdown_ = table.offset_of(p + "down_proj.weight");
-        if (c_.bf16()) dgu_ = c_.shared().f32("ffn.dgu");  // fp32: straight into the deferred buffer
+        // fp32 without a split schedule: straight into the deferred buffer (under one, that may
+        // be gate|up's own bytes, which the SwiGLU's backward reads).
+        if (c_.bf16() || c_.split_bw) dgu_ = c_.shared().f32("ffn.dgu");
         dact_ = c_.shared().f32("ffn.dact");
     }
 
@@ -68,7 +70,7 @@ public:
             auto role = c_.role("gemm.ffn_down");
             c_.mm(false, false, N, F, C, D, C, c_.weight(params + wdown_), F, 0.0f, dact_, F);
         }
-        float* dgu = c_.produce(w.dgu, dgu_);
+        float* dgu = c_.split_bw ? dgu_ : c_.produce(w.dgu, dgu_);
         {
             QUINTET_PROFILE("swiglu");
             c_.be.swiglu_backward(dgu, dact_, s.gu, N, F);
@@ -130,11 +132,12 @@ void swiglu_add_params(ParamBuilder& b, int layer) {
 
 void swiglu_declare_buffers(const ModelDims& d, const BufferShape& s, BufferDecl& out) {
     const size_t N = size_t(s.N), F = size_t(d.Fl);
-    out.save("ffn.gate_up", N * 2 * F);        // gate | up, the SwiGLU's input
-    out.save("ffn.act", N * F, Elem::act);     // silu(gate) * up, down_proj's input
+    out.save("ffn.gate_up", N * 2 * F, Elem::f32, true);  // gate | up, the SwiGLU's input (B's only)
+    out.save("ffn.act", N * F, Elem::act);                // silu(gate) * up, down_proj's input
     out.defer("w.ffn.dy", N * size_t(d.C));
-    out.defer("w.ffn.dgu", N * 2 * F);
-    if (s.bf16) out.scratch("ffn.dgu", N * 2 * F);  // fp32 before it is rounded into w.ffn.dgu
+    out.defer("w.ffn.dgu", N * 2 * F, Elem::act, {"ffn.gate_up"});  // written once gate|up is read
+    // fp32 before it is rounded (bf16) or copied (a split schedule) into w.ffn.dgu
+    if (s.bf16 || s.split_bw) out.scratch("ffn.dgu", N * 2 * F);
     out.scratch("ffn.dact", N * F);
 }
 

@@ -56,20 +56,20 @@ ChunkBuffers chunk_buffers(const ModelConfig& m, const ModelDims& d, const Chunk
     shared.scratch("targets", N, Elem::i32);
     if (plan.last && s.bf16) shared.operands(N * size_t(d.Vl()));
     for (int l = plan.layer_begin; l < plan.layer_end; ++l) {
-        BufferDecl layer;
-        layer.save("norm.rstd1", Nr);
-        layer.save("norm.xn1", Nr * C, Elem::act);
-        layer.save("norm.h", Nr * C);
-        layer.save("norm.rstd2", Nr);
-        layer.save("norm.xn2", Nr * C, Elem::act);
-        BufferDecl attn, ffn, deferred;
+        BufferDecl layer, attn, ffn, deferred;
         attention_declare_buffers(m, d, s, l, attn);
         feed_forward_declare_buffers(m, d, s, l, ffn);
-        if (s.split_bw) {  // the norms' incoming gradients; fused, a norm's backward is one call
-            deferred.defer("w.norm.dy1", Nr * C, Elem::f32);
-            deferred.defer("w.norm.dy2", Nr * C, Elem::f32);
-        }
+        // The attention's buffers, the norms', the feed-forward's: the norms' (none B's only)
+        // keep a run of B-only buffers (buffers.hpp, place_deferred) within one block, whose
+        // backward has read all of it before anything is written there.
         for (const BufferDecl* b : {&attn, &ffn}) {
+            if (b == &ffn) {
+                layer.save("norm.rstd1", Nr);
+                layer.save("norm.xn1", Nr * C, Elem::act);
+                layer.save("norm.h", Nr * C);
+                layer.save("norm.rstd2", Nr);
+                layer.save("norm.xn2", Nr * C, Elem::act);
+            }
             layer.saved.insert(layer.saved.end(), b->saved.begin(), b->saved.end());
             if (s.split_bw) deferred.deferred.insert(deferred.deferred.end(), b->deferred.begin(), b->deferred.end());
             else merge_shared(shared.shared, b->deferred, s.bf16);
@@ -80,10 +80,27 @@ ChunkBuffers chunk_buffers(const ModelConfig& m, const ModelDims& d, const Chunk
             cb.ring_lse = std::max(cb.ring_lse, b->ring_lse);
             cb.exchange = std::max(cb.exchange, b->exchange);
         }
+        if (s.split_bw) {
+            // The norms' incoming gradients (fused, a norm's backward is one call), written once
+            // the block before them has finished its B: they may live in what it no longer reads.
+            auto b_only = [](const BufferDecl& b) {
+                std::vector<std::string> names;
+                for (const auto& sv : b.saved)
+                    if (sv.b_only) names.push_back(sv.name);
+                return names;
+            };
+            deferred.defer("w.norm.dy1", Nr * C, Elem::f32, b_only(attn));
+            deferred.defer("w.norm.dy2", Nr * C, Elem::f32, b_only(ffn));
+        }
         cb.layer.push_back(layer.saved);
-        cb.deferred.push_back(deferred.deferred);
+        std::vector<PlacedBuffer> placed;
+        std::vector<BufferSpec> rest;
+        if (s.split_bw && !cb.full_recompute) place_deferred(layer.saved, deferred.deferred, s.bf16, placed, rest);
+        else rest = deferred.deferred;
+        cb.deferred.push_back(std::move(rest));
+        cb.placed.push_back(std::move(placed));
     }
-    if (cb.full_recompute && nl > 0) cb.workspace_own.push_back({"recompute_out", Nr * C, Elem::f32});
+    if (cb.full_recompute && nl > 0) cb.workspace_own.push_back({"recompute_out", Nr * C, Elem::f32, false, {}});
     if (s.bf16) shared.scratch("ctx.lowp", shared.operand, Elem::bf16);
     cb.shared = shared.shared;
     return cb;
@@ -200,6 +217,7 @@ int ModelChunk::add_slot() {
     at += layout_bytes(buffers_.own, bf16);
     Slot s;
     for (int i = 0; i <= nl; ++i) s.res.push_back(own.f32("res." + std::to_string(i)));
+    std::vector<BufferViews> saved;
     if (!full_recompute_)
         for (int i = 0; i < nl; ++i) {
             const BufferViews v(buffers_.layer[size_t(i)], at, bf16);
@@ -207,13 +225,17 @@ int ModelChunk::add_slot() {
             s.layers.push_back(layer_saved(v));
             layers_[size_t(i)].attn->add_slot(v);
             layers_[size_t(i)].ffn->add_slot(v);
+            saved.push_back(v);
         }
-    // What W needs of B: this slot's own under a split schedule, else the shared scratch (W
-    // follows B at once); the blocks' deferred slot n is this slot.
+    // What W needs of B: this slot's own under a split schedule (some of it in the slot's saved
+    // buffers B has read), else the shared scratch (W follows B at once); the blocks' deferred
+    // slot n is this slot.
     for (int i = 0; i < nl; ++i) {
         if (split_bw_) {
-            const BufferViews w(buffers_.deferred[size_t(i)], at, bf16);
+            BufferViews w(buffers_.deferred[size_t(i)], at, bf16);
             at += buffers_.deferred_bytes(size_t(i));
+            for (const PlacedBuffer& p : buffers_.placed[size_t(i)])
+                w.add(p.spec, static_cast<char*>(saved[size_t(i)].address(p.target)) + p.offset);
             s.deferred.push_back({w.f32("w.norm.dy1"), w.f32("w.norm.dy2")});
             layers_[size_t(i)].attn->add_deferred(w);
             layers_[size_t(i)].ffn->add_deferred(w);

@@ -305,7 +305,8 @@ TEST(Model, RecomputationGivesTheSameBits) {
 // forwards, B's and W's run in between, gives the whole backward's gradients and input gradients
 // bit for bit -- every block kind (MHA, MLA with and without query compression, SwiGLU, MoE
 // with aux loss, aux-free bias and capacity drops), tied or not, fp32 and bf16, under each
-// recomputation -- and keeps W's operands per slot only when split.
+// recomputation -- and keeps W's operands per slot only when split, most of them in the bytes
+// of what B has read.
 TEST(Model, SplitBackwardGivesTheWholeBackwardsBits) {
     struct Case {
         std::string kind;
@@ -382,6 +383,15 @@ TEST(Model, SplitBackwardGivesTheWholeBackwardsBits) {
             EXPECT_EQ(0, std::memcmp(dx_split[size_t(i)].data(), dx_whole[size_t(i)].data(), size_t(N) * C * 4))
                 << "microbatch " << i;
         EXPECT_GT(slot_split, slot_whole);  // W's operands, per slot
+        if (k.kind == "mha" && k.r == Recompute::none) {
+            // d(q|k|v) and d(gate|up) live in q|k|v's and gate|up's bytes once B has read them
+            // (and, in bf16, the norms' fp32 incoming gradients in the rest of those bytes); what
+            // a slot gains is o_proj's and down_proj's output gradients, [N, C] each, the norms'
+            // two [N, C] fp32 per layer in fp32, and the final norm's incoming gradient.
+            const size_t nc = size_t(N) * C, nl = size_t(c.m.n_layers);
+            const size_t want = k.prec == Precision::bf16 ? nl * 2 * nc * 2 + nc * 4 : (nl * 4 + 1) * nc * 4;
+            EXPECT_EQ(slot_split - slot_whole, want);
+        }
     }
 }
 

@@ -40,6 +40,13 @@ struct BufferSpec {
     std::string name;
     size_t n = 0;  // elements
     Elem elem = Elem::f32;
+    // A saved buffer that only B reads (W never does): once B has read it, its bytes are free
+    // until the slot's next forward, and under a split schedule hold what B keeps for W.
+    bool b_only = false;
+    // A deferred buffer: the b_only saved buffers of its layer it may live in, in order of
+    // preference, provided B writes it only after it has read them (it lives in its own bytes
+    // when none has room). This is what keeps a zero-bubble slot near 1F1B's size.
+    std::vector<std::string> over;
 };
 
 // What the buffers depend on: one chunk of one rank.
@@ -74,9 +81,13 @@ struct BufferDecl {
     // output and of its log-sum-exp. The expert exchange: floats of its staging.
     size_t ring_kv = 0, ring_out = 0, ring_lse = 0, exchange = 0;
 
-    void save(std::string name, size_t n, Elem e = Elem::f32) { saved.push_back({std::move(name), n, e}); }
-    void scratch(std::string name, size_t n, Elem e = Elem::f32) { shared.push_back({std::move(name), n, e}); }
-    void defer(std::string name, size_t n, Elem e = Elem::act) { deferred.push_back({std::move(name), n, e}); }
+    void save(std::string name, size_t n, Elem e = Elem::f32, bool b_only = false) {
+        saved.push_back({std::move(name), n, e, b_only, {}});
+    }
+    void scratch(std::string name, size_t n, Elem e = Elem::f32) { shared.push_back({std::move(name), n, e, false, {}}); }
+    void defer(std::string name, size_t n, Elem e = Elem::act, std::vector<std::string> over = {}) {
+        deferred.push_back({std::move(name), n, e, false, std::move(over)});
+    }
     void operands(size_t n) { operand = n > operand ? n : operand; }
 };
 
@@ -88,6 +99,19 @@ size_t layout_bytes(const std::vector<BufferSpec>& list, bool bf16);
 // `add` merged into `into` by name, keeping the larger size of a name (shared scratch).
 void merge_shared(std::vector<BufferSpec>& into, const std::vector<BufferSpec>& add, bool bf16);
 
+// A deferred buffer placed inside a b_only saved buffer of its layer, `offset` bytes in.
+struct PlacedBuffer {
+    BufferSpec spec;
+    std::string target;
+    size_t offset = 0;
+};
+// Splits `deferred` into those that fit, in declaration order, into the b_only buffers of
+// `saved` their `over` names (packed one after the other, each 64-byte aligned; a run of
+// consecutive b_only buffers is one region, named by its first -- so a run must belong to one
+// block, all of it read by that block's B before its deferred buffers are written) and the rest.
+void place_deferred(const std::vector<BufferSpec>& saved, const std::vector<BufferSpec>& deferred, bool bf16,
+                    std::vector<PlacedBuffer>& placed, std::vector<BufferSpec>& rest);
+
 // Named pointers into one laid-out region (its base at least 64-byte aligned).
 class BufferViews {
 public:
@@ -98,6 +122,9 @@ public:
     int32_t* i32(std::string_view name) const;
     Act act(std::string_view name) const;  // a buffer declared Elem::act
     bool has(std::string_view name) const;
+    void* address(std::string_view name) const;
+    // A view at a given place (a deferred buffer living in a saved one).
+    void add(const BufferSpec& spec, void* p) { views_.push_back({spec.name, p, spec.elem}); }
 
 private:
     struct View {

@@ -57,6 +57,9 @@ struct ChunkBuffers {
     // split_bw: per layer and slot, what its W needs of its B (the blocks' deferred buffers and
     // the norms' incoming gradients), kept even under full recomputation.
     std::vector<std::vector<BufferSpec>> deferred;
+    // split_bw without full recomputation: the deferred buffers that live in a saved buffer B
+    // has read (BufferSpec::over), per layer; they take no bytes of their own.
+    std::vector<std::vector<PlacedBuffer>> placed;
     std::vector<BufferSpec> workspace_own;       // full recompute: the recomputed layer's output
     std::vector<BufferSpec> shared;              // the blocks' scratch, the context's, operand staging
     size_t ring_kv = 0, ring_out = 0, ring_lse = 0, exchange = 0;  // the largest any layer needs

@@ -41,6 +41,11 @@ const Case kCases[] = {
     {"documents, keys ahead of queries", 1, 50, 80, 2, 2, 8, 4, 30, 0, true, 17},
     {"first rows see no key", 1, 40, 30, 2, 1, 8, 8, 20, 30, true, 0},
     {"no row sees a key", 1, 20, 30, 2, 1, 8, 8, 0, 50, true, 0},
+    // One query row (a decoder step: the path without key tiles).
+    {"one query row over 150 keys, GQA", 1, 1, 150, 4, 2, 16, 16, 149, 0, true, 0},
+    {"one query row a sequence, documents, mixed dims", 2, 1, 70, 4, 1, 24, 16, 60, 0, true, 23},
+    {"one query row, not causal", 1, 1, 65, 2, 2, 8, 12, 0, 0, false, 0},
+    {"one query row that sees no key", 1, 1, 30, 2, 1, 8, 8, 0, 50, true, 0},
 };
 
 TEST(Attention, ForwardMatchesNaiveDouble) {

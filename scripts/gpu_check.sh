@@ -333,6 +333,20 @@ elif [[ $status_build == ok && -x "$BENCH" ]]; then
         status_bench="not run (out of time: $(elapsed) s of ${BUDGET})"
     fi
     log "benchmark: $status_bench"
+    # 3b. the GEMMs the planner costs for the Megatron-Core H100 runs' shapes, measured beside its
+    # own time for each (docs/planner.md §8: what a Hopper-specific GEMM efficiency needs).
+    if have_time 30; then
+        PLAN_HW=h100-sxm; [[ ${GPU_NAME:-} == *H200* ]] && PLAN_HW=h200
+        status_planner=FAIL
+        if timeout "$(tmo 120)" "$BENCH" --no_gemm --presets "" --planner_gemms mc24 --hardware "$PLAN_HW" \
+                > "$OUT/planner_gemms.log" 2>&1 && grep -q "^planner_layer " "$OUT/planner_gemms.log"; then
+            status_planner=ok
+        fi
+        [[ $status_planner == ok ]] || fail_log "planner GEMMs" "$OUT/planner_gemms.log"
+    else
+        status_planner="not run (out of time: $(elapsed) s of ${BUDGET})"
+    fi
+    log "planner GEMMs: $status_planner"
 fi
 
 # ---- 4. report --------------------------------------------------------------------------------
@@ -358,6 +372,7 @@ kv() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<< "$2"; }
         echo "| quintet train, 20 steps, cuda vs cpu, fp32 and bf16 | $status_train |"
     fi
     echo "| benchmark | $status_bench |"
+    [[ $CPU_ONLY == 1 ]] || echo "| planner GEMMs measured (quintet_cuda_bench --planner_gemms mc24) | ${status_planner:-not run} |"
     echo
     if ((${#failed_logs[@]})); then
         echo "## What failed"
@@ -405,6 +420,18 @@ kv() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<< "$2"; }
             echo "| $(kv preset "$line") | $(kv precision "$line") | $(kv matmul_params "$line") | $(kv B "$line") x $(kv T "$line") | $(kv step_ms "$line") | $(kv fwd_ms "$line") | $(kv tokens_per_s "$line") | $(kv model_tflops "$line") | $(kv mfu "$line") | $(kv loss_first "$line") -> $(kv loss_last "$line") | $(kv steady_state_mallocs "$line") |"
         done < <(grep "^model " "$OUT/bench.log")
         grep -v -E "^(gemm|model|device) " "$OUT/bench.log" | head -20 | sed 's/^/    /'
+        echo
+    fi
+    if [[ -f "$OUT/planner_gemms.log" ]]; then
+        echo "## The planner's GEMMs, measured (bf16, cuBLASLt; planned/measured below 1: the planner is optimistic)"
+        echo
+        echo "| h | heads | tp | layer ms | planned | planned/measured | head ms | planned | planned/measured |"
+        echo "|---|---|---|---|---|---|---|---|---|"
+        while read -r line; do
+            echo "| $(kv h "$line") | $(kv heads "$line") | $(kv tp "$line") | $(kv layer_ms "$line") | $(kv planned_layer_ms "$line") | $(kv layer_rate "$line") | $(kv head_ms "$line") | $(kv planned_head_ms "$line") | $(kv head_rate "$line") |"
+        done < <(grep "^planner_layer " "$OUT/planner_gemms.log")
+        echo
+        echo "Per product: $OUT/planner_gemms.log (planner_gemm lines)."
         echo
     fi
     if [[ $CPU_ONLY == 0 ]]; then

@@ -151,6 +151,33 @@ LayerWork layer_work(const GpuLayout& l, const LayerKind& kind, bool moe, const 
 
 }  // namespace
 
+double gpu_gemm_seconds(double M, double N, double K, const Hardware& hw, bool bf16, const GpuCalibration& cal) {
+    const Rates r{hw.peak_tflops(bf16) * 1e12, hw.memory_gbs * 1e9 * kMemoryFraction, bf16 ? 2.0 : 4.0, &hw,
+                  cal.gemm_share_of_best};
+    return gemm_s(M, N, K, r);
+}
+
+std::vector<PlannedGemm> planned_layer_gemms(const ModelConfig& m, int tp, double rows, const Hardware& hw, bool bf16,
+                                             const GpuCalibration& cal) {
+    const ModelInventory inv(m, tp, 1, tp > 1);
+    std::vector<Gemm> gemms = inv.dense().gemms;
+    gemms.push_back(inv.head());
+    std::vector<PlannedGemm> out;
+    for (size_t i = 0; i < gemms.size(); ++i) {
+        const Gemm& g = gemms[i];
+        const double shapes[3][3] = {{rows, g.out, g.in}, {rows, g.in, g.out}, {g.out, g.in, rows}};
+        const char* passes[3] = {"fwd", "dgrad", "wgrad"};
+        for (int p = 0; p < 3; ++p) {
+            PlannedGemm pg;
+            pg.name = g.name, pg.pass = passes[p], pg.count = g.count, pg.head = i + 1 == gemms.size();
+            pg.M = shapes[p][0], pg.N = shapes[p][1], pg.K = shapes[p][2];
+            pg.planned_s = g.count * gpu_gemm_seconds(pg.M, pg.N, pg.K, hw, bf16, cal);
+            out.push_back(pg);
+        }
+    }
+    return out;
+}
+
 const char* plan_axis_name(int axis) {
     static const char* names[kNumPlanAxes] = {"tp", "cp", "dp", "ep", "pp"};
     return axis >= 0 && axis < kNumPlanAxes ? names[axis] : "?";

@@ -5,9 +5,13 @@
 // card's bf16 dense peak (docs/math.md §1). It drives model/transformer (one ModelChunk holding
 // the whole model, tp = 1) directly: the trainer does not use the CUDA backend yet
 // (docs/cuda.md). Not a test: it checks only that losses are finite and that the steady state
-// makes no cudaMalloc. Output: key=value lines.
+// makes no cudaMalloc; (3) with --planner_gemms, the GEMMs the GPU planner costs for a layer and
+// the LM head of published model shapes (per GPU after tensor parallelism), each measured beside
+// the planner's own time for it (perf/gpu_cost.hpp gpu_gemm_seconds): the data a Hopper-specific
+// GEMM efficiency needs (docs/planner.md §8). Output: key=value lines.
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -23,10 +27,16 @@
 #include "quintet/kernels/cuda_backend.hpp"
 #include "quintet/model/params.hpp"
 #include "quintet/model/transformer.hpp"
+#include "quintet/perf/gpu_cost.hpp"
+#include "quintet/perf/hardware.hpp"
 
 using namespace quintet;
 
 namespace {
+
+struct PlannerShape {
+    int h, heads, tp;
+};
 
 struct Options {
     std::string presets = "small,medium";
@@ -34,12 +44,19 @@ struct Options {
     int batch = 8, seq = 1024, steps = 10, gemm_size = 4096;
     double peak_tflops = 989.0;  // H100/H200 SXM bf16 dense
     bool gemm = true;
+    std::string planner_gemms;  // h/heads/tp items, or "mc24"
+    std::string hardware = "h100-sxm";
+    int planner_rows = 4096;    // tokens of a microbatch (the published runs': 1 x 4096)
+    int planner_vocab = 131072;
+    std::vector<PlannerShape> planner_shapes;  // parsed from planner_gemms
 };
 
 const char* kUsage =
     "usage: quintet_cuda_bench [--presets small,medium] [--precisions bf16,fp32] [--batch 8]\n"
     "                          [--seq 1024] [--steps 10]\n"
-    "                          [--gemm_size 4096] [--no_gemm] [--peak_tflops 989] [--device 0]\n";
+    "                          [--gemm_size 4096] [--no_gemm] [--peak_tflops 989] [--device 0]\n"
+    "                          [--planner_gemms mc24|h/heads/tp,...] [--planner_rows 4096]\n"
+    "                          [--planner_vocab 131072] [--hardware h100-sxm]\n";
 
 
 void bench_gemm(CudaBackend& be, int n, const Options&) {
@@ -85,6 +102,81 @@ void bench_gemm(CudaBackend& be, int n, const Options&) {
     be.release_bf16(ah);
     be.release_bf16(bh);
     be.release_bf16(ch);
+}
+
+// The planner's GEMMs of one dense layer and the LM head (the h/heads/tp shapes of the Megatron-Core
+// H100 runs the planner is validated on, docs/planner.md §8, when "mc24"), each timed with
+// cuBLASLt in bf16 (fp32 accumulation; the weight gradient accumulated into fp32, as training
+// does) beside the planner's time for the same product. The sums per model are the figure that
+// matters: planned / measured below 1 where the planner is too optimistic.
+// --planner_gemms: "mc24" (the h/heads/tp of the Megatron-Core H100 runs) or h/heads/tp items.
+// Checked before the GPU is touched.
+std::vector<PlannerShape> parse_planner_shapes(const std::string& given) {
+    std::vector<PlannerShape> shapes;
+    const std::string list =
+        given == "mc24" ? "2048/16/1,4096/32/2,6144/48/4,7168/56/8,8192/64/8,12288/96/8,16384/128/8" : given;
+    size_t pos = 0;
+    while (pos <= list.size()) {
+        size_t comma = list.find(',', pos);
+        if (comma == std::string::npos) comma = list.size();
+        const std::string item = list.substr(pos, comma - pos);
+        PlannerShape sh{};
+        char extra = 0;
+        if (std::sscanf(item.c_str(), "%d/%d/%d%c", &sh.h, &sh.heads, &sh.tp, &extra) != 3 || sh.h <= 0 ||
+            sh.heads <= 0 || sh.tp <= 0 || sh.h % sh.heads != 0 || sh.heads % sh.tp != 0)
+            throw ConfigError("--planner_gemms = '" + given + "': item '" + item +
+                              "' is not h/heads/tp with heads dividing h and tp dividing heads (or give mc24)");
+        shapes.push_back(sh);
+        pos = comma + 1;
+    }
+    return shapes;
+}
+
+void bench_planner_gemms(CudaBackend& be, const Options& o) {
+    const std::vector<PlannerShape>& shapes = o.planner_shapes;
+    const Hardware hw = hardware_load(o.hardware);
+    const double M = o.planner_rows;
+    for (const PlannerShape& sh : shapes) {
+        ModelConfig m;
+        m.d_model = sh.h, m.n_heads = sh.heads, m.n_kv_heads = 0, m.n_layers = 2, m.ffn_dim = 0;
+        m.vocab_size = o.planner_vocab, m.tie_embeddings = false;
+        double measured_layer = 0, planned_layer = 0, measured_head = 0, planned_head = 0;
+        for (const PlannedGemm& p : planned_layer_gemms(m, sh.tp, M, hw, true)) {
+            // The weight is [out, in]; fwd's N is out and K in, dgrad's the other way round.
+            const int rows = o.planner_rows, out = int(p.pass == "fwd" ? p.N : p.pass == "dgrad" ? p.K : p.M),
+                      in = int(p.pass == "fwd" ? p.K : p.N);
+            bf16_bits* x = be.alloc_bf16(size_t(rows) * in);   // the input rows (dgrad: their gradient)
+            bf16_bits* w = be.alloc_bf16(size_t(out) * in);    // the weight [out, in]
+            bf16_bits* y = be.alloc_bf16(size_t(rows) * out);  // the output (dgrad, wgrad: its gradient)
+            float* dw = be.alloc(size_t(out) * in);
+            auto run = [&] {
+                if (p.pass == "fwd") be.gemm_bf16(false, true, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+                else if (p.pass == "dgrad") be.gemm_bf16(false, false, rows, in, out, 1.0f, y, out, w, in, 0.0f, x, in);
+                else be.gemm_bf16(true, false, out, in, rows, 1.0f, y, out, x, in, 1.0f, dw, in);  // into fp32, accumulated
+            };
+            run();  // warm-up (and cuBLASLt's heuristics)
+            be.synchronize();
+            const int reps = std::max(3, std::min(200, int(std::ceil(0.02 / std::max(p.planned_s, 1e-6)))));
+            const double t0 = now_s();
+            for (int r = 0; r < reps; ++r) run();
+            be.synchronize();
+            const double measured = p.count * (now_s() - t0) / reps;
+            (p.head ? measured_head : measured_layer) += measured;
+            (p.head ? planned_head : planned_layer) += p.planned_s;
+            const double flop = p.count * 2 * p.M * p.N * p.K;
+            std::printf("planner_gemm h=%d tp=%d name=%s pass=%s M=%.0f N=%.0f K=%.0f count=%.0f ms=%.4f tflops=%.1f "
+                        "planned_tflops=%.1f planned_over_measured=%.3f\n",
+                        sh.h, sh.tp, p.name.c_str(), p.pass.c_str(), p.M, p.N, p.K, p.count, measured * 1e3,
+                        flop / measured / 1e12, flop / p.planned_s / 1e12, p.planned_s / measured);
+            std::fflush(stdout);
+            be.release_bf16(x), be.release_bf16(w), be.release_bf16(y), be.release(dw);
+        }
+        std::printf("planner_layer h=%d heads=%d tp=%d rows=%.0f hardware=%s layer_ms=%.4f planned_layer_ms=%.4f "
+                    "layer_rate=%.3f head_ms=%.4f planned_head_ms=%.4f head_rate=%.3f\n",
+                    sh.h, sh.heads, sh.tp, M, hw.name.c_str(), measured_layer * 1e3, planned_layer * 1e3,
+                    planned_layer / measured_layer, measured_head * 1e3, planned_head * 1e3, planned_head / measured_head);
+        std::fflush(stdout);
+    }
 }
 
 void bench_model(CudaBackend& be, const std::string& preset, const std::string& precision,
@@ -220,19 +312,28 @@ int run(int argc, char** argv) {
         else if (a == "--peak_tflops") o.peak_tflops = std::atof(next().c_str());
         else if (a == "--device") device = std::atoi(next().c_str());
         else if (a == "--no_gemm") o.gemm = false;
+        else if (a == "--planner_gemms") o.planner_gemms = next();
+        else if (a == "--planner_rows") o.planner_rows = std::atoi(next().c_str());
+        else if (a == "--planner_vocab") o.planner_vocab = std::atoi(next().c_str());
+        else if (a == "--hardware") o.hardware = next();
         else {
             std::fprintf(stderr, "unknown argument '%s'\n%s", a.c_str(), kUsage);
             return 2;
         }
     }
-    if (o.batch <= 0 || o.seq <= 0 || o.steps <= 0) {
-        std::fprintf(stderr, "--batch, --seq and --steps must be positive\n");
+    if (o.batch <= 0 || o.seq <= 0 || o.steps <= 0 || o.planner_rows <= 0 || o.planner_vocab <= 0) {
+        std::fprintf(stderr, "--batch, --seq, --steps, --planner_rows and --planner_vocab must be positive\n");
         return 2;
     }
     try {
+        if (!o.planner_gemms.empty()) {
+            o.planner_shapes = parse_planner_shapes(o.planner_gemms);
+            hardware_load(o.hardware);  // an unknown name fails here, naming the valid ones
+        }
         auto be = make_cuda_backend_ext(device);
         std::printf("device name=\"%s\"\n", be->name().c_str());
         if (o.gemm) bench_gemm(*be, o.gemm_size, o);
+        if (!o.planner_shapes.empty()) bench_planner_gemms(*be, o);
         auto split = [](const std::string& list) {
             std::vector<std::string> out;
             size_t pos = 0;
@@ -246,6 +347,9 @@ int run(int argc, char** argv) {
         };
         for (const auto& p : split(o.presets))
             for (const auto& prec : split(o.precisions)) bench_model(*be, p, prec, o);
+    } catch (const ConfigError& e) {  // bad input, or no usable GPU
+        std::fprintf(stderr, "quintet_cuda_bench: %s\n", e.what());
+        return 2;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "quintet_cuda_bench: %s\n", e.what());
         return 1;

@@ -223,3 +223,41 @@ TEST(PlanGpu, PipelineLayersTakeRanges) {
     EXPECT_THROW(deck_load("", {"--parallel.pp_layers=3-1"}), ConfigError);
     EXPECT_THROW(deck_load("", {"--parallel.pp_layers=0,1"}), ConfigError);
 }
+
+TEST(PlanGpu, LayerGemmsAreTheProductsThePlannerCosts) {
+    // What quintet_cuda_bench --planner_gemms times on a GPU: for the 1.7 B shape of the
+    // Megatron-Core H100 runs (docs/planner.md §8) on tp 1 and the 32 B shape's width on tp 8,
+    // every weight of a dense layer and the LM head, three products each.
+    const Hardware hw = hardware_load("h100-sxm");
+    for (int tp : {1, 8}) {
+        ModelConfig m;
+        m.d_model = 2048, m.n_heads = 16, m.n_kv_heads = 0, m.n_layers = 2, m.ffn_dim = 0;
+        m.vocab_size = 131072, m.tie_embeddings = false;
+        const double rows = 4096, F = m.ffn_width(), C = m.d_model;
+        const auto gemms = planned_layer_gemms(m, tp, rows, hw, true);
+        ASSERT_FALSE(gemms.empty());
+        double layer_fwd = 0, layer_dgrad = 0, layer_wgrad = 0, head_fwd = 0;
+        for (const PlannedGemm& g : gemms) {
+            const double flop = g.count * 2 * g.M * g.N * g.K;
+            if (g.head) {
+                if (g.pass == "fwd") head_fwd += flop;
+                continue;
+            }
+            (g.pass == "fwd" ? layer_fwd : g.pass == "dgrad" ? layer_dgrad : layer_wgrad) += flop;
+            // Each pass keeps the weight's two extents and multiplies the microbatch's rows.
+            EXPECT_TRUE(g.pass == "wgrad" ? g.K == rows : g.M == rows) << g.name << " " << g.pass;
+            EXPECT_GT(g.planned_s, 0) << g.name;
+            EXPECT_DOUBLE_EQ(g.planned_s, g.count * gpu_gemm_seconds(g.M, g.N, g.K, hw, true)) << g.name;
+        }
+        // One layer's matmul parameters (q, k, v, o: 4 C^2; gate, up, down: 3 C F) on this rank.
+        const double per_rank = (4 * C * C + 3 * C * F) / tp;
+        EXPECT_NEAR(layer_fwd, 2 * rows * per_rank, 1e-6 * layer_fwd) << tp;
+        EXPECT_DOUBLE_EQ(layer_dgrad, layer_fwd);
+        EXPECT_DOUBLE_EQ(layer_wgrad, layer_fwd);
+        EXPECT_NEAR(head_fwd, 2 * rows * C * m.vocab_size / tp, 1e-6 * head_fwd) << tp;
+    }
+    // The model's rate for a product never exceeds the best shape's share of the peak.
+    const double best = hw.bf16_tflops * 1e12 * hw.matmul_fraction * GpuCalibration{}.gemm_share_of_best;
+    const double s = gpu_gemm_seconds(8192, 8192, 8192, hw, true);
+    EXPECT_LE(2.0 * 8192 * 8192 * 8192 / s, best * (1 + 1e-12));
+}

@@ -75,6 +75,24 @@ struct GpuCalibration {
 GpuStepTime gpu_step_time(const GpuLayout& l, const Hardware& hw, const FrameworkModel& fw,
                           const GpuCalibration& cal = {});
 
+// One GEMM's modelled time, C[M,N] = A[M,K] B[K,N]: the best shape's rate times the calibrated
+// share and the last wave's fill, or the memory roofline when that is slower. The term
+// quintet_cuda_bench --planner_gemms measures on a GPU beside its prediction (docs/planner.md §8).
+double gpu_gemm_seconds(double M, double N, double K, const Hardware& hw, bool bf16, const GpuCalibration& cal = {});
+
+// The matmuls the planner costs for one dense layer and the LM head of `m` on one rank of `tp`
+// (sequence parallel: a layer's GEMMs see the gathered rows), for a microbatch of `rows` tokens:
+// each weight's forward (rows x out x in), input gradient (rows x in x out) and weight gradient
+// (out x in x rows), `count` weights of that shape, and the planner's time for all of them.
+struct PlannedGemm {
+    std::string name, pass;  // the weight's name in the parameter table; fwd, dgrad or wgrad
+    double M = 0, N = 0, K = 0, count = 1;
+    bool head = false;
+    double planned_s = 0;
+};
+std::vector<PlannedGemm> planned_layer_gemms(const ModelConfig& m, int tp, double rows, const Hardware& hw, bool bf16,
+                                             const GpuCalibration& cal = {});
+
 // The link an axis group crosses: ranks `stride` apart, `size` of them, in rank order (tp
 // fastest, then cp, dp, pp: tp neighbours share a node); "none" for a group of one.
 std::string group_link(int stride, int size, int devices_per_node);

@@ -12,7 +12,9 @@
 #      NCCL): cuda fp32 vs cpu fp32 to 1e-4, cuda bf16 vs cpu bf16 to 2e-3, bf16 vs fp32 to 2%;
 #      and MLA (model.attention = mla) and MoE (moe.experts = 4), cuda vs cpu fp32 to 1e-4
 #   3. quintet_cuda_bench: cuBLAS/cuBLASLt GEMM rates, then the training step of a ~125M and a
-#      ~350M model at seq 1024 in bf16 and fp32 (tokens/s, MFU against the bf16 dense peak)
+#      ~350M model at seq 1024 in bf16 and fp32 (tokens/s, MFU against the bf16 dense peak);
+#      3b. --planner_gemms mc24: the GEMMs the GPU planner costs for the published H100 runs'
+#      shapes, each measured beside the planner's own time for it (docs/planner.md §8)
 #   4. a short report: $OUT/report.md (raw logs beside it), written even when a step fails (the
 #      failed step and its log's tail); every step is cut to fit the time budget
 #

@@ -17,11 +17,8 @@ namespace {
 // not fill the last wave leaves SMs idle (assumed tile; the largest of CUTLASS's sm80/sm90 bf16
 // kernels).
 constexpr double kTileRows = 128, kTileCols = 256;
-// The attention core (FlashAttention-style, fused) runs at this share of the dense peak:
-// FlashAttention-2 reaches 50-73% on A100 (arXiv 2307.08691), FlashAttention-3 up to 75% on H100
-// where FlashAttention-2 reached 35% (arXiv 2407.08608); the backward pass is the slow end.
-constexpr double kAttentionFraction = 0.50;
-// Its backward does 2.5 times the forward's FLOPs (5 matmuls against 2: the scores are recomputed).
+// The attention core (FlashAttention-style, fused) runs at GpuCalibration::attention_share of the
+// dense peak (calibrated: docs/planner.md §8). Its backward does 2.5 times the forward's FLOPs (5 matmuls against 2: the scores are recomputed).
 constexpr double kFlashBackwardRatio = 2.5;
 // Memory-bound kernels reach this share of the memory bandwidth (an assumption: stream-like
 // kernels; not measured here).
@@ -79,8 +76,14 @@ double coll_s(double bytes, int g, const Link& l, int phases = 1) {
 struct Rates {
     double peak, bw, eb;  // FLOP/s, bytes/s of memory, bytes of an element
     const Hardware* hw;
-    double gemm_share;    // GpuCalibration::gemm_share_of_best
+    double gemm_share;       // GpuCalibration::gemm_share_of_best
+    double attention_share;  // GpuCalibration::attention_share
 };
+
+Rates rates_of(const Hardware& hw, bool bf16, const GpuCalibration& cal) {
+    return Rates{hw.peak_tflops(bf16) * 1e12, hw.memory_gbs * 1e9 * kMemoryFraction, bf16 ? 2.0 : 4.0, &hw,
+                 cal.gemm_share_of_best, cal.attention_share};
+}
 
 double gemm_s(double M, double N, double K, const Rates& r) {
     if (M <= 0 || N <= 0 || K <= 0) return 0;
@@ -122,7 +125,7 @@ LayerWork layer_work(const GpuLayout& l, const LayerKind& kind, bool moe, const 
     const double heads = d.NHl, dqk = d.Dqk, dv = d.Dv;
     if (!fw.unfused_attention) {
         const double flops = 2 * l.B * Tq * (double(l.T) / 2) * heads * (dqk + dv);  // causal: half the pairs
-        w.attn_fwd = flops / (r.peak * kAttentionFraction);
+        w.attn_fwd = flops / (r.peak * r.attention_share);
         w.attn_bwd = kFlashBackwardRatio * w.attn_fwd;
     } else {
         // Batched GEMMs over the whole s x s score matrix (masked, not skipped) and a softmax
@@ -152,9 +155,7 @@ LayerWork layer_work(const GpuLayout& l, const LayerKind& kind, bool moe, const 
 }  // namespace
 
 double gpu_gemm_seconds(double M, double N, double K, const Hardware& hw, bool bf16, const GpuCalibration& cal) {
-    const Rates r{hw.peak_tflops(bf16) * 1e12, hw.memory_gbs * 1e9 * kMemoryFraction, bf16 ? 2.0 : 4.0, &hw,
-                  cal.gemm_share_of_best};
-    return gemm_s(M, N, K, r);
+    return gemm_s(M, N, K, rates_of(hw, bf16, cal));
 }
 
 std::vector<PlannedGemm> planned_layer_gemms(const ModelConfig& m, int tp, double rows, const Hardware& hw, bool bf16,
@@ -209,8 +210,7 @@ std::string group_link(int stride, int size, int devices_per_node) {
 GpuStepTime gpu_step_time(const GpuLayout& l, const Hardware& hw, const FrameworkModel& fw, const GpuCalibration& cal) {
     const ModelConfig& m = *l.model;
     const ModelDims d = model_dims(m, l.tp, 0);
-    Rates r{hw.peak_tflops(l.bf16) * 1e12, hw.memory_gbs * 1e9 * kMemoryFraction, l.bf16 ? 2.0 : 4.0, &hw,
-            cal.gemm_share_of_best};
+    const Rates r = rates_of(hw, l.bf16, cal);
     GpuStepTime out;
     const double N = double(l.B) * l.T / l.cp, Nr = l.sp ? N / l.tp : N, Tq = double(l.T) / l.cp, C = d.C;
     const double mb = l.microbatches, k = m.moe.top_k;
@@ -261,7 +261,11 @@ GpuStepTime gpu_step_time(const GpuLayout& l, const Hardware& hw, const Framewor
             double b = 0;
             const double tpl = tp_of(kind == 1, &b);
             const double compute = w.fwd() * (full ? 2 : 1) + w.bwd() + (selective ? w.attn_fwd : 0);
-            double tp_exp = fw.overlap[kAxisTp] ? tpl * (1 - cal.tp_overlap_hidden) : tpl;
+            // Overlapped (Megatron-Core's --tp-comm-overlap): each collective is cut into tp chunks
+            // pipelined with the GEMM it feeds or drains, so one chunk in tp -- the first gathered,
+            // the last reduced -- has no GEMM beside it; the rest hides up to the layer's GEMM time.
+            const double tp_exp =
+                fw.overlap[kAxisTp] ? std::max(tpl / l.tp, tpl - (w.gemm_fwd * (full ? 2 : 1) + w.gemm_bwd)) : tpl;
             const double cpl = l.cp > 1 ? coll_s(cp_block, l.cp, lcp, 1) * (l.cp - 1) * cp_passes : 0;
             const double cp_exp = fw.overlap[kAxisCp] ? std::max(0.0, cpl - (w.attn_fwd + w.attn_bwd)) : cpl;
             double epl = 0, ep_exp = 0;

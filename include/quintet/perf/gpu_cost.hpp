@@ -68,8 +68,8 @@ struct GpuStepTime {
 // The model's two calibrated constants (docs/planner.md §8 gives the published runs they were
 // fitted on; tests/perf/test_gpu_validation.cpp refits them and checks these values).
 struct GpuCalibration {
-    double gemm_share_of_best = 0.915; // GEMMs of a training step reach this share of the best shape's rate
-    double tp_overlap_hidden = 0.484;  // share of the tp collectives hidden when the framework overlaps them
+    double gemm_share_of_best = 0.915;  // GEMMs of a training step reach this share of the best shape's rate
+    double attention_share = 0.118;     // the fused attention core's share of the dense peak (fwd and bwd)
 };
 
 GpuStepTime gpu_step_time(const GpuLayout& l, const Hardware& hw, const FrameworkModel& fw,

@@ -337,8 +337,17 @@ elif [[ $status_build == ok && -x "$BENCH" ]]; then
     log "benchmark: $status_bench"
     # 3b. the GEMMs the planner costs for the Megatron-Core H100 runs' shapes, measured beside its
     # own time for each (docs/planner.md §8: what a Hopper-specific GEMM efficiency needs).
-    if have_time 30; then
-        PLAN_HW=h100-sxm; [[ ${GPU_NAME:-} == *H200* ]] && PLAN_HW=h200
+    # The planner's description of this GPU (nvidia-smi's names); none: not comparable, not run.
+    case "${GPU_NAME:-}" in
+        *H200*) PLAN_HW=h200 ;;
+        *H100*PCIe*|*H100*NVL*) PLAN_HW="" ;;
+        *H100*) PLAN_HW=h100-sxm ;;
+        *A100-SXM4-80GB*|*A100*SXM*80GB*) PLAN_HW=a100-sxm-80g ;;
+        *) PLAN_HW="" ;;
+    esac
+    if [[ -z $PLAN_HW ]]; then
+        status_planner="not run (no built-in planner description of ${GPU_NAME:-this GPU})"
+    elif have_time 30; then
         status_planner=FAIL
         if timeout "$(tmo 120)" "$BENCH" --no_gemm --presets "" --planner_gemms mc24 --hardware "$PLAN_HW" \
                 > "$OUT/planner_gemms.log" 2>&1 && grep -q "^planner_layer " "$OUT/planner_gemms.log"; then
@@ -427,10 +436,10 @@ kv() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<< "$2"; }
     if [[ -f "$OUT/planner_gemms.log" ]]; then
         echo "## The planner's GEMMs, measured (bf16, cuBLASLt; planned/measured below 1: the planner is optimistic)"
         echo
-        echo "| h | heads | tp | layer ms | planned | planned/measured | head ms | planned | planned/measured |"
-        echo "|---|---|---|---|---|---|---|---|---|"
+        echo "| h | heads | tp | rows | layer ms | planned | planned/measured | head ms | planned | planned/measured |"
+        echo "|---|---|---|---|---|---|---|---|---|---|"
         while read -r line; do
-            echo "| $(kv h "$line") | $(kv heads "$line") | $(kv tp "$line") | $(kv layer_ms "$line") | $(kv planned_layer_ms "$line") | $(kv layer_rate "$line") | $(kv head_ms "$line") | $(kv planned_head_ms "$line") | $(kv head_rate "$line") |"
+            echo "| $(kv h "$line") | $(kv heads "$line") | $(kv tp "$line") | $(kv rows "$line") | $(kv layer_ms "$line") | $(kv planned_layer_ms "$line") | $(kv layer_rate "$line") | $(kv head_ms "$line") | $(kv planned_head_ms "$line") | $(kv head_rate "$line") |"
         done < <(grep "^planner_layer " "$OUT/planner_gemms.log")
         echo
         echo "Per product: $OUT/planner_gemms.log (planner_gemm lines)."

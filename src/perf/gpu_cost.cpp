@@ -18,8 +18,15 @@ namespace {
 // kernels).
 constexpr double kTileRows = 128, kTileCols = 256;
 // The attention core (FlashAttention-style, fused) runs at GpuCalibration::attention_share of the
-// dense peak (calibrated: docs/planner.md §8). Its backward does 2.5 times the forward's FLOPs (5 matmuls against 2: the scores are recomputed).
+// dense peak (calibrated: docs/planner.md §8). Its backward does 2.5 times the forward's FLOPs
+// (5 matmuls against 2: the scores are recomputed).
 constexpr double kFlashBackwardRatio = 2.5;
+// The attention kernels' own rate, which bounds how much of the cp ring hides behind them: the
+// calibrated share also carries work that is not attention (docs/planner.md §8), so the ring's
+// window is counted at what the kernels reach in isolation -- FlashAttention-2 50-73% of an
+// A100's peak (arXiv 2307.08691), FlashAttention-3 up to 75% on an H100 where FlashAttention-2
+// reached 35% (arXiv 2407.08608).
+constexpr double kAttentionKernelShare = 0.50;
 // Memory-bound kernels reach this share of the memory bandwidth (an assumption: stream-like
 // kernels; not measured here).
 constexpr double kMemoryFraction = 0.85;
@@ -101,6 +108,7 @@ double gemm_s(double M, double N, double K, const Rates& r) {
 // One layer's work per microbatch on this rank.
 struct LayerWork {
     double gemm_fwd = 0, gemm_bwd = 0, attn_fwd = 0, attn_bwd = 0, elem_fwd = 0, elem_bwd = 0;
+    double attn_kernels = 0;   // fwd + bwd at the kernels' own rate: the cp ring's window
     double shared_expert = 0;  // fwd + bwd GEMM time of the shared experts (the ep exchange hides behind it)
     double fwd() const { return gemm_fwd + attn_fwd + elem_fwd; }
     double bwd() const { return gemm_bwd + attn_bwd + elem_bwd; }
@@ -127,6 +135,7 @@ LayerWork layer_work(const GpuLayout& l, const LayerKind& kind, bool moe, const 
         const double flops = 2 * l.B * Tq * (double(l.T) / 2) * heads * (dqk + dv);  // causal: half the pairs
         w.attn_fwd = flops / (r.peak * r.attention_share);
         w.attn_bwd = kFlashBackwardRatio * w.attn_fwd;
+        w.attn_kernels = std::min(1.0, r.attention_share / kAttentionKernelShare) * (w.attn_fwd + w.attn_bwd);
     } else {
         // Batched GEMMs over the whole s x s score matrix (masked, not skipped) and a softmax
         // that reads and writes it: forward 2 passes over the scores, backward 3.
@@ -134,6 +143,7 @@ LayerWork layer_work(const GpuLayout& l, const LayerKind& kind, bool moe, const 
         const double g1 = gemm_s(Tq, l.T, dqk, r) * l.B * heads, g2 = gemm_s(Tq, dv, l.T, r) * l.B * heads;
         w.attn_fwd = g1 + g2 + 2 * r.eb * scores / r.bw;
         w.attn_bwd = 2 * (g1 + g2) + 3 * r.eb * scores / r.bw;
+        w.attn_kernels = w.attn_fwd + w.attn_bwd;
     }
     // Element-wise work (values read and written): the two norms and residual adds on this
     // rank's rows, RoPE on q and k, the SwiGLU product; the backward about twice that.
@@ -261,13 +271,14 @@ GpuStepTime gpu_step_time(const GpuLayout& l, const Hardware& hw, const Framewor
             double b = 0;
             const double tpl = tp_of(kind == 1, &b);
             const double compute = w.fwd() * (full ? 2 : 1) + w.bwd() + (selective ? w.attn_fwd : 0);
-            // Overlapped (Megatron-Core's --tp-comm-overlap): each collective is cut into tp chunks
-            // pipelined with the GEMM it feeds or drains, so one chunk in tp -- the first gathered,
-            // the last reduced -- has no GEMM beside it; the rest hides up to the layer's GEMM time.
-            const double tp_exp =
-                fw.overlap[kAxisTp] ? std::max(tpl / l.tp, tpl - (w.gemm_fwd * (full ? 2 : 1) + w.gemm_bwd)) : tpl;
+            // Overlapped (Megatron-Core's --tp-comm-overlap, inside a node): assumed cut into tp
+            // chunks pipelined with the GEMMs, one chunk in tp exposed, the rest hidden up to the
+            // layer's GEMM time (all of its GEMMs pooled); a tp group across nodes stays exposed.
+            const double tp_exp = fw.overlap[kAxisTp] && ltp.name == "nvlink"
+                                      ? std::max(tpl / l.tp, tpl - (w.gemm_fwd * (full ? 2 : 1) + w.gemm_bwd))
+                                      : tpl;
             const double cpl = l.cp > 1 ? coll_s(cp_block, l.cp, lcp, 1) * (l.cp - 1) * cp_passes : 0;
-            const double cp_exp = fw.overlap[kAxisCp] ? std::max(0.0, cpl - (w.attn_fwd + w.attn_bwd)) : cpl;
+            const double cp_exp = fw.overlap[kAxisCp] ? std::max(0.0, cpl - w.attn_kernels) : cpl;
             double epl = 0, ep_exp = 0;
             if (kind == 1 && l.ep > 1) {
                 epl = all_to_all_s(ep_bytes_layer, l.ep, lep);

@@ -337,7 +337,7 @@ PlanRow plan_one(const Deck& deck_in, int world, const PlanTarget& target, PlanC
     Deck deck = deck_in;
     auto& p = deck.parallel;
     PlanRow row;
-    row.zero = p.zero, row.recompute = deck.train.recompute;
+    row.zero = p.zero, row.recompute = deck.train.recompute, row.micro_batch_size = deck.data.micro_batch_size;
     if (const int64_t tcp = int64_t(p.tp) * p.cp * p.pp; p.dp == 0 && tcp > 0 && world % tcp == 0) p.dp = int(world / tcp);
     // train.global_batch fixes the samples per step: each layout runs what its dp leaves.
     const int64_t gb = deck.train.global_batch, per = int64_t(std::max(p.dp, 1)) * deck.data.micro_batch_size;
@@ -406,6 +406,8 @@ std::vector<PlanRow> plan_all(const Deck& deck, int world, const PlanTarget& tar
     const std::vector<int> mbs = sweep.microbatches.empty() ? std::vector<int>{deck.parallel.microbatches} : sweep.microbatches;
     const std::vector<int> zeros = sweep.zero.empty() ? std::vector<int>{deck.parallel.zero} : sweep.zero;
     const std::vector<std::string> recs = sweep.recompute.empty() ? std::vector<std::string>{deck.train.recompute} : sweep.recompute;
+    const std::vector<int> sizes =
+        sweep.micro_batch_size.empty() ? std::vector<int>{deck.data.micro_batch_size} : sweep.micro_batch_size;
     PlanCache cache;
     std::vector<PlanRow> rows;
     auto keep = [](int want, int v) { return want == 0 || want == v; };
@@ -422,15 +424,16 @@ std::vector<PlanRow> plan_all(const Deck& deck, int world, const PlanTarget& tar
                 for (int ep : divisors(dp * cp)) {
                     if (!keep(only.ep, ep)) continue;
                     if (ep > 1 && deck.model.moe.experts == 0) continue;  // no experts to split
-                    for (int mb : mbs)
-                        for (int z : zeros)
-                            for (const auto& rc : recs) {
-                                Deck d = deck;
-                                d.parallel.tp = tp, d.parallel.cp = cp, d.parallel.pp = pp, d.parallel.dp = dp;
-                                d.parallel.ep = ep, d.parallel.microbatches = mb, d.parallel.zero = z;
-                                d.train.recompute = rc;
-                                rows.push_back(plan_one(d, world, target, cache));
-                            }
+                    for (int size : sizes)
+                        for (int mb : mbs)
+                            for (int z : zeros)
+                                for (const auto& rc : recs) {
+                                    Deck d = deck;
+                                    d.parallel.tp = tp, d.parallel.cp = cp, d.parallel.pp = pp, d.parallel.dp = dp;
+                                    d.parallel.ep = ep, d.parallel.microbatches = mb, d.parallel.zero = z;
+                                    d.train.recompute = rc, d.data.micro_batch_size = size;
+                                    rows.push_back(plan_one(d, world, target, cache));
+                                }
                 }
             }
         }
@@ -483,7 +486,8 @@ std::string plan_json(const std::vector<PlanRow>& rows) {
     for (size_t i = 0; i < rows.size(); ++i) {
         const PlanRow& r = rows[i];
         o << (i ? ",\n " : "\n ") << "{\"tp\": " << r.tp << ", \"cp\": " << r.cp << ", \"dp\": " << r.dp
-          << ", \"pp\": " << r.pp << ", \"ep\": " << r.ep << ", \"microbatches\": " << r.microbatches
+          << ", \"pp\": " << r.pp << ", \"ep\": " << r.ep << ", \"micro_batch_size\": " << r.micro_batch_size
+          << ", \"microbatches\": " << r.microbatches
           << ", \"zero\": " << r.zero << ", \"recompute\": " << json_string(r.recompute)
           << ", \"valid\": " << (r.valid ? "true" : "false") << ", \"reason\": "
           << (r.valid ? "null" : json_string(r.reason));

@@ -35,7 +35,7 @@ using namespace quintet;
 namespace {
 
 struct PlannerShape {
-    int h, heads, tp;
+    int h, heads, tp, rows;  // rows: tokens of a microbatch
 };
 
 struct Options {
@@ -44,9 +44,9 @@ struct Options {
     int batch = 8, seq = 1024, steps = 10, gemm_size = 4096;
     double peak_tflops = 989.0;  // H100/H200 SXM bf16 dense
     bool gemm = true;
-    std::string planner_gemms;  // h/heads/tp items, or "mc24"
+    std::string planner_gemms;  // h/heads/tp[/rows] items, or "mc24"
     std::string hardware = "h100-sxm";
-    int planner_rows = 4096;    // tokens of a microbatch (the published runs': 1 x 4096)
+    int planner_rows = 4096;    // tokens of a microbatch where an item does not give them
     int planner_vocab = 131072;
     std::vector<PlannerShape> planner_shapes;  // parsed from planner_gemms
 };
@@ -109,23 +109,41 @@ void bench_gemm(CudaBackend& be, int n, const Options&) {
 // cuBLASLt in bf16 (fp32 accumulation; the weight gradient accumulated into fp32, as training
 // does) beside the planner's time for the same product. The sums per model are the figure that
 // matters: planned / measured below 1 where the planner is too optimistic.
-// --planner_gemms: "mc24" (the h/heads/tp of the Megatron-Core H100 runs) or h/heads/tp items.
-// Checked before the GPU is touched.
-std::vector<PlannerShape> parse_planner_shapes(const std::string& given) {
+// --planner_gemms: "mc24" (the Megatron-Core H100 runs C1-C9 of docs/planner.md §8, each with
+// the rows of the micro-batch size the validation takes: 4 x 4096 for C1-C4, 2 x 4096 for C5,
+// 4096 for C6-C9) or h/heads/tp[/rows] items. Checked before the GPU is touched.
+std::vector<PlannerShape> parse_planner_shapes(const std::string& given, int default_rows) {
     std::vector<PlannerShape> shapes;
-    const std::string list =
-        given == "mc24" ? "2048/16/1,4096/32/2,6144/48/4,7168/56/8,8192/64/8,12288/96/8,16384/128/8" : given;
+    const std::string list = given == "mc24" ? "2048/16/1/16384,4096/32/2/16384,6144/48/4/16384,7168/56/8/16384,"
+                                               "8192/64/8/8192,10240/80/8/4096,12288/96/8/4096,16384/128/8/4096,"
+                                               "18432/144/8/4096"
+                                             : given;
     size_t pos = 0;
     while (pos <= list.size()) {
         size_t comma = list.find(',', pos);
         if (comma == std::string::npos) comma = list.size();
         const std::string item = list.substr(pos, comma - pos);
-        PlannerShape sh{};
-        char extra = 0;
-        if (std::sscanf(item.c_str(), "%d/%d/%d%c", &sh.h, &sh.heads, &sh.tp, &extra) != 3 || sh.h <= 0 ||
-            sh.heads <= 0 || sh.tp <= 0 || sh.h % sh.heads != 0 || sh.heads % sh.tp != 0)
+        // Two to four '/'-separated positive integers, nothing else.
+        std::vector<long> f;
+        size_t at = 0;
+        bool digits = !item.empty();
+        while (digits && at <= item.size()) {
+            size_t slash = item.find('/', at);
+            if (slash == std::string::npos) slash = item.size();
+            const std::string part = item.substr(at, slash - at);
+            digits = !part.empty() && part.size() <= 9 && part.find_first_not_of("0123456789") == std::string::npos;
+            if (digits) f.push_back(std::stol(part));
+            at = slash + 1;
+        }
+        PlannerShape sh{0, 0, 0, default_rows};
+        if (digits && (f.size() == 3 || f.size() == 4)) {
+            sh.h = int(f[0]), sh.heads = int(f[1]), sh.tp = int(f[2]);
+            if (f.size() == 4) sh.rows = int(f[3]);
+        }
+        if (sh.h <= 0 || sh.heads <= 0 || sh.tp <= 0 || sh.rows <= 0 || sh.h % sh.heads != 0 || sh.heads % sh.tp != 0)
             throw ConfigError("--planner_gemms = '" + given + "': item '" + item +
-                              "' is not h/heads/tp with heads dividing h and tp dividing heads (or give mc24)");
+                              "' is not h/heads/tp[/rows] (positive integers, heads dividing h, tp dividing heads) "
+                              "or mc24");
         shapes.push_back(sh);
         pos = comma + 1;
     }
@@ -135,20 +153,33 @@ std::vector<PlannerShape> parse_planner_shapes(const std::string& given) {
 void bench_planner_gemms(CudaBackend& be, const Options& o) {
     const std::vector<PlannerShape>& shapes = o.planner_shapes;
     const Hardware hw = hardware_load(o.hardware);
-    const double M = o.planner_rows;
+    // Operands of random values, not the allocator's zeros: a GEMM on zeros draws less power and
+    // can run at a higher clock than training's. One block of N(0, 1) values, repeated.
+    const size_t block = size_t(1) << 20;
+    std::vector<float> host(block);
+    std::mt19937 g(7);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& v : host) v = nd(g);
+    float* noise = be.alloc(block);
+    be.from_host(noise, host.data(), block);
+    auto fill = [&](bf16_bits* dst, size_t n) {
+        for (size_t at = 0; at < n; at += block) be.to_bf16(dst + at, noise, std::min(block, n - at));
+    };
     for (const PlannerShape& sh : shapes) {
+        const double M = sh.rows;
         ModelConfig m;
         m.d_model = sh.h, m.n_heads = sh.heads, m.n_kv_heads = 0, m.n_layers = 2, m.ffn_dim = 0;
         m.vocab_size = o.planner_vocab, m.tie_embeddings = false;
         double measured_layer = 0, planned_layer = 0, measured_head = 0, planned_head = 0;
         for (const PlannedGemm& p : planned_layer_gemms(m, sh.tp, M, hw, true)) {
             // The weight is [out, in]; fwd's N is out and K in, dgrad's the other way round.
-            const int rows = o.planner_rows, out = int(p.pass == "fwd" ? p.N : p.pass == "dgrad" ? p.K : p.M),
+            const int rows = sh.rows, out = int(p.pass == "fwd" ? p.N : p.pass == "dgrad" ? p.K : p.M),
                       in = int(p.pass == "fwd" ? p.K : p.N);
             bf16_bits* x = be.alloc_bf16(size_t(rows) * in);   // the input rows (dgrad: their gradient)
             bf16_bits* w = be.alloc_bf16(size_t(out) * in);    // the weight [out, in]
             bf16_bits* y = be.alloc_bf16(size_t(rows) * out);  // the output (dgrad, wgrad: its gradient)
             float* dw = be.alloc(size_t(out) * in);
+            fill(x, size_t(rows) * in), fill(w, size_t(out) * in), fill(y, size_t(rows) * out);
             auto run = [&] {
                 if (p.pass == "fwd") be.gemm_bf16(false, true, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
                 else if (p.pass == "dgrad") be.gemm_bf16(false, false, rows, in, out, 1.0f, y, out, w, in, 0.0f, x, in);
@@ -177,6 +208,7 @@ void bench_planner_gemms(CudaBackend& be, const Options& o) {
                     planned_layer / measured_layer, measured_head * 1e3, planned_head * 1e3, planned_head / measured_head);
         std::fflush(stdout);
     }
+    be.release(noise);
 }
 
 void bench_model(CudaBackend& be, const std::string& preset, const std::string& precision,
@@ -327,7 +359,7 @@ int run(int argc, char** argv) {
     }
     try {
         if (!o.planner_gemms.empty()) {
-            o.planner_shapes = parse_planner_shapes(o.planner_gemms);
+            o.planner_shapes = parse_planner_shapes(o.planner_gemms, o.planner_rows);
             hardware_load(o.hardware);  // an unknown name fails here, naming the valid ones
         }
         auto be = make_cuda_backend_ext(device);

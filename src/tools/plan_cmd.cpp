@@ -36,7 +36,7 @@ const char* kPlanUsage =
     "Every (tp, cp, dp, pp, ep) of N ranks for the deck's model and batch: memory per rank by\n"
     "category (the largest rank), bytes per step on each axis, the pipeline bubble and the\n"
     "predicted step time and tokens/s, sorted by tokens/s; invalid layouts are listed with the\n"
-    "reason. Microbatches, ZeRO and recompute are the deck's unless --sweep lists them (with\n"
+    "reason. Micro-batch size, microbatches, ZeRO and recompute are the deck's unless --sweep lists them (with\n"
     "train.global_batch set, each layout's microbatches follow from its dp). A --parallel.KEY=V\n"
     "(tp, cp, dp, pp, ep) on the command line keeps only the layouts with that value. Runs without\n"
     "mpirun. docs/planner.md derives every term.\n"
@@ -49,8 +49,8 @@ const char* kPlanUsage =
     "  --json                 stdout is only a JSON list, one object per row (docs/planner.md)\n"
     "  --top K                show the K fastest layouts (table default 20; JSON default all;\n"
     "                         0 = all)\n"
-    "  --sweep KEY=V1,V2,...  also vary parallel.microbatches, parallel.zero or train.recompute\n"
-    "                         (repeatable)\n"
+    "  --sweep KEY=V1,V2,...  also vary parallel.microbatches, parallel.zero, train.recompute or\n"
+    "                         data.micro_batch_size (repeatable)\n"
     "  --device-memory GiB    the memory a layout must fit in (default: the device's; host: none)\n"
     "  --overlap LIST         GPU: the axes whose collectives overlap compute (tp, cp, dp, ep, pp or\n"
     "                         none; default quintet's: dp buckets, cp ring, ep exchange)\n"
@@ -192,9 +192,10 @@ int plan_main(int argc, char** argv) {
                 if (key == "parallel.microbatches") sweep.microbatches.push_back(probe.parallel.microbatches);
                 else if (key == "parallel.zero") sweep.zero.push_back(probe.parallel.zero);
                 else if (key == "train.recompute") sweep.recompute.push_back(x);
+                else if (key == "data.micro_batch_size") sweep.micro_batch_size.push_back(probe.data.micro_batch_size);
                 else
                     throw ConfigError("plan: --sweep key '" + key +
-                                      "': expected parallel.microbatches, parallel.zero or train.recompute");
+                                      "': expected parallel.microbatches, parallel.zero, train.recompute or data.micro_batch_size");
             }
         } else if (is("--device-memory")) device_gib = parse_number("--device-memory", value("--device-memory"));
         else if (is("--matmul-gflops")) mm.matmul_gflops_per_core = parse_number("--matmul-gflops", value("--matmul-gflops")), have_matmul = true;
@@ -296,8 +297,8 @@ int plan_main(int argc, char** argv) {
                     si(deck.data.seq_len).c_str(), rows.size(), valid, fitting, took);
     if (!notes.empty()) std::printf("note: %s\n", notes.c_str());
     const size_t show = top == 0 ? rows.size() : size_t(top < 0 ? 20 : top);
-    std::printf("\n%4s %4s %5s %4s %4s %5s %4s %-9s %6s | %9s %9s %9s %9s %9s %9s %9s | %5s %8s %8s %8s %8s %8s | %6s %8s %8s %7s %5s\n",
-                "tp", "cp", "dp", "pp", "ep", "mb", "zero", "recompute", "gbs", "params", "grads", "optim", "activ",
+    std::printf("\n%4s %4s %5s %4s %4s %4s %5s %4s %-9s %6s | %9s %9s %9s %9s %9s %9s %9s | %5s %8s %8s %8s %8s %8s | %6s %8s %8s %7s %5s\n",
+                "tp", "cp", "dp", "pp", "ep", "mbs", "mb", "zero", "recompute", "gbs", "params", "grads", "optim", "activ",
                 "buffers", "runtime", "total", "links", "tp s", "cp s", "dp s", "ep s", "pp s", "bubble", "step", "tokens/s",
                 "TFLOP/s", "MFU");
     size_t shown = 0, invalid = 0;
@@ -311,8 +312,8 @@ int plan_main(int argc, char** argv) {
         const MemoryBytes& m = r.memory;
         std::string links;
         for (const auto& l : r.link) links += l == "nvlink" ? 'N' : l == "network" ? 'W' : l == "host" ? 'h' : '-';
-        std::printf("%4d %4d %5d %4d %4d %5d %4d %-9s %6s | %9s %9s %9s %9s %9s %9s %9s | %5s %8s %8s %8s %8s %8s | %6.3f %8s %8s %7s %4.1f%%%s\n",
-                    r.tp, r.cp, r.dp, r.pp, r.ep, r.microbatches, r.zero, r.recompute.c_str(),
+        std::printf("%4d %4d %5d %4d %4d %4d %5d %4d %-9s %6s | %9s %9s %9s %9s %9s %9s %9s | %5s %8s %8s %8s %8s %8s | %6.3f %8s %8s %7s %4.1f%%%s\n",
+                    r.tp, r.cp, r.dp, r.pp, r.ep, r.micro_batch_size, r.microbatches, r.zero, r.recompute.c_str(),
                     si(double(r.global_batch)).c_str(), bytes(m.params).c_str(), bytes(m.grads).c_str(),
                     bytes(m.optimizer).c_str(), bytes(m.activations).c_str(), bytes(m.buffers).c_str(),
                     bytes(m.runtime).c_str(), bytes(m.total).c_str(), links.c_str(), seconds(r.comm_s.tp).c_str(),
@@ -340,8 +341,9 @@ int plan_main(int argc, char** argv) {
         std::printf("\n%zu invalid layout(s)%s:\n", invalid, sorted.size() > 10 ? " (the 10 most frequent reasons)" : "");
         for (size_t i = 0; i < sorted.size() && i < 10; ++i) {
             const PlanRow& r = *sorted[i].second;
-            std::printf("  %zu like tp=%d cp=%d dp=%d pp=%d ep=%d mb=%d zero=%d recompute=%s: %s\n", sorted[i].first, r.tp,
-                        r.cp, r.dp, r.pp, r.ep, r.microbatches, r.zero, r.recompute.c_str(), r.reason.c_str());
+            std::printf("  %zu like tp=%d cp=%d dp=%d pp=%d ep=%d mbs=%d mb=%d zero=%d recompute=%s: %s\n", sorted[i].first,
+                        r.tp, r.cp, r.dp, r.pp, r.ep, r.micro_batch_size, r.microbatches, r.zero, r.recompute.c_str(),
+                        r.reason.c_str());
         }
     }
     return 0;

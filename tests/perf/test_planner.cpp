@@ -185,7 +185,7 @@ TEST_F(PlannerTest, PlanCommandTableAndErrors) {
     EXPECT_NE(bad.output.find("--world"), std::string::npos) << bad.output;
     RunResult nosweep = run_quintet(0, "plan " + deck.string() + " --data.path=" + data.string() + " --world 2 --sweep parallel.tp=1,2");
     EXPECT_EQ(nosweep.status, 2);
-    EXPECT_NE(nosweep.output.find("parallel.microbatches, parallel.zero or train.recompute"), std::string::npos) << nosweep.output;
+    EXPECT_NE(nosweep.output.find("parallel.microbatches, parallel.zero, train.recompute or data.micro_batch_size"), std::string::npos) << nosweep.output;
     RunResult badval = run_quintet(0, "plan " + deck.string() + " --data.path=" + data.string() + " --world 2 --sweep train.recompute=most");
     EXPECT_EQ(badval.status, 2);
     EXPECT_NE(badval.output.find("train.recompute"), std::string::npos) << badval.output;

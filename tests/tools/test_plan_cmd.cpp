@@ -115,3 +115,22 @@ TEST_F(PlanCmd, BadInputExitsTwo) {
     EXPECT_EQ(gb.status, 2);
     EXPECT_NE(gb.output.find("train.global_batch"), std::string::npos) << gb.output;
 }
+
+TEST_F(PlanCmd, SweepsTheMicroBatchSize) {
+    // With train.global_batch each (layout, micro-batch size) runs what the batch leaves; a size
+    // that does not divide the per-replica batch is an invalid row naming the key.
+    const RunResult r = plan("--world 8 --hardware h100-sxm --vocab-size 32000 --train.global_batch=32 "
+                             "--parallel.tp=2 --parallel.pp=1 --parallel.cp=1 --sweep data.micro_batch_size=1,2,3 --json");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_EQ(count(r.output, "\"micro_batch_size\": 1,"), 1u) << r.output;
+    EXPECT_EQ(count(r.output, "\"micro_batch_size\": 2,"), 1u) << r.output;
+    EXPECT_EQ(count(r.output, "\"micro_batch_size\": 3,"), 1u) << r.output;
+    EXPECT_NE(r.output.find("\"micro_batch_size\": 2, \"microbatches\": 4,"), std::string::npos) << r.output;  // 32 / (4 x 2)
+    EXPECT_NE(r.output.find("must be a multiple of dp x data.micro_batch_size = 4 x 3"), std::string::npos) << r.output;
+    const RunResult t = plan("--world 8 --hardware h100-sxm --vocab-size 32000 --sweep data.micro_batch_size=1,2 --top 2");
+    ASSERT_EQ(t.status, 0) << t.output;
+    EXPECT_NE(t.output.find(" mbs "), std::string::npos) << t.output;
+    const RunResult bad = plan("--world 8 --vocab-size 32000 --sweep data.micro_batch_size=0");
+    EXPECT_EQ(bad.status, 2) << bad.output;
+    EXPECT_NE(bad.output.find("data.micro_batch_size"), std::string::npos) << bad.output;
+}

@@ -54,6 +54,7 @@ struct PlanTarget {
 
 struct PlanRow {
     int tp = 1, cp = 1, dp = 1, pp = 1, ep = 1, microbatches = 1, zero = 0;
+    int micro_batch_size = 1;  // data.micro_batch_size: samples of a microbatch
     std::string recompute = "none";
     bool valid = false;
     std::string reason;        // why not valid
@@ -80,7 +81,7 @@ PlanRow plan_layout(const Deck& deck, int world, const PlanTarget& target);
 // lists (empty: the deck's value), sorted by predicted tokens/s, invalid ones last. A non-zero
 // `only` value keeps the layouts with that value (a --parallel.KEY=V on the command line).
 struct PlanSweep {
-    std::vector<int> microbatches, zero;
+    std::vector<int> microbatches, zero, micro_batch_size;
     std::vector<std::string> recompute;
 };
 struct PlanOnly {

@@ -2,6 +2,7 @@
 #include "quintet/perf/gpu_cost.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "quintet/core/error.hpp"
@@ -105,6 +106,16 @@ double gemm_s(double M, double N, double K, const Rates& r) {
     return std::max(compute, memory);
 }
 
+// A weight's three products over `rows` rows: forward (rows x out x in), input gradient
+// (rows x in x out), weight gradient (out x in x rows), as M, N, K.
+struct Product {
+    double M, N, K;
+};
+std::array<Product, 3> products_of(double rows, double out, double in) {
+    return {{{rows, out, in}, {rows, in, out}, {out, in, rows}}};
+}
+double product_s(const Product& p, const Rates& r) { return gemm_s(p.M, p.N, p.K, r); }
+
 // One layer's work per microbatch on this rank.
 struct LayerWork {
     double gemm_fwd = 0, gemm_bwd = 0, attn_fwd = 0, attn_bwd = 0, elem_fwd = 0, elem_bwd = 0;
@@ -124,8 +135,8 @@ LayerWork layer_work(const GpuLayout& l, const LayerKind& kind, bool moe, const 
     LayerWork w;
     for (const Gemm& g : kind.gemms) {
         const double M = g.rows == GemmRows::gathered ? N : g.rows == GemmRows::own ? Nr : expert_rows;
-        const double f = g.count * gemm_s(M, g.out, g.in, r),
-                     b = g.count * (gemm_s(M, g.in, g.out, r) + gemm_s(g.out, g.in, M, r));
+        const auto p = products_of(M, g.out, g.in);
+        const double f = g.count * product_s(p[0], r), b = g.count * (product_s(p[1], r) + product_s(p[2], r));
         w.gemm_fwd += f, w.gemm_bwd += b;
         if (g.name.find("shared_experts") != std::string::npos) w.shared_expert += f + b;
     }
@@ -173,16 +184,17 @@ std::vector<PlannedGemm> planned_layer_gemms(const ModelConfig& m, int tp, doubl
     const ModelInventory inv(m, tp, 1, tp > 1);
     std::vector<Gemm> gemms = inv.dense().gemms;
     gemms.push_back(inv.head());
+    const Rates r = rates_of(hw, bf16, cal);
+    const char* passes[3] = {"fwd", "dgrad", "wgrad"};
     std::vector<PlannedGemm> out;
     for (size_t i = 0; i < gemms.size(); ++i) {
         const Gemm& g = gemms[i];
-        const double shapes[3][3] = {{rows, g.out, g.in}, {rows, g.in, g.out}, {g.out, g.in, rows}};
-        const char* passes[3] = {"fwd", "dgrad", "wgrad"};
+        const auto products = products_of(rows, g.out, g.in);
         for (int p = 0; p < 3; ++p) {
             PlannedGemm pg;
             pg.name = g.name, pg.pass = passes[p], pg.count = g.count, pg.head = i + 1 == gemms.size();
-            pg.M = shapes[p][0], pg.N = shapes[p][1], pg.K = shapes[p][2];
-            pg.planned_s = g.count * gpu_gemm_seconds(pg.M, pg.N, pg.K, hw, bf16, cal);
+            pg.M = products[size_t(p)].M, pg.N = products[size_t(p)].N, pg.K = products[size_t(p)].K;
+            pg.planned_s = g.count * product_s(products[size_t(p)], r);
             out.push_back(pg);
         }
     }
@@ -291,8 +303,8 @@ GpuStepTime gpu_step_time(const GpuLayout& l, const Hardware& hw, const Framewor
         if (st.last) {
             // The LM head and the loss (reads the logits and writes their gradient in fp32).
             const Gemm& h = l.inv->head();
-            const double f = gemm_s(N, h.out, h.in, r);
-            t += f * (full ? 2 : 1) + gemm_s(N, h.in, h.out, r) + gemm_s(h.out, h.in, N, r);
+            const auto p = products_of(N, h.out, h.in);
+            t += product_s(p[0], r) * (full ? 2 : 1) + product_s(p[1], r) + product_s(p[2], r);
             t += 3 * 4 * N * h.out / r.bw;
         }
         if (st.first) t += 2 * N * C * r.eb / r.bw;  // the embedding's lookup and its gradient

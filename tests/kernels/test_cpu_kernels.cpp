@@ -396,13 +396,20 @@ TEST(CpuTileGemm, BlockLimitsSumOnlyTheirRange) {
 // same bits on 1, 2 and 3 threads, and from the AVX2 kernel as from the AVX-512 one.
 #include "../../src/kernels/cpu/cpu_gemm.hpp"
 
-TEST(CpuOwnGemm, MatchesADoubleLoopOnEveryEdgeAndThreadCount) {
-    using namespace quintet::cpu;
+// The own GEMM's kernels this host can run (none: the BLAS runs instead).
+static std::vector<quintet::cpu::GemmKernel> host_gemm_kernels() {
+    using quintet::cpu::GemmKernel;
     std::vector<GemmKernel> kinds;
 #if defined(__x86_64__)
     if (__builtin_cpu_supports("avx512f")) kinds.push_back(GemmKernel::avx512);
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) kinds.push_back(GemmKernel::avx2);
 #endif
+    return kinds;
+}
+
+TEST(CpuOwnGemm, MatchesADoubleLoopOnEveryEdgeAndThreadCount) {
+    using namespace quintet::cpu;
+    const std::vector<GemmKernel> kinds = host_gemm_kernels();
     if (kinds.empty()) GTEST_SKIP() << "host without AVX2 and FMA: the BLAS runs";
     struct Shape { int m, n, k; };
     std::vector<Shape> shapes;
@@ -480,11 +487,7 @@ TEST(CpuOwnGemm, MatchesADoubleLoopOnEveryEdgeAndThreadCount) {
 // a MoE expert got one row or two, nor a decoder's logits on the batch).
 TEST(CpuOwnGemm, OneRowGivesTheTileKernelsBits) {
     using namespace quintet::cpu;
-    std::vector<GemmKernel> kinds;
-#if defined(__x86_64__)
-    if (__builtin_cpu_supports("avx512f")) kinds.push_back(GemmKernel::avx512);
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) kinds.push_back(GemmKernel::avx2);
-#endif
+    const std::vector<GemmKernel> kinds = host_gemm_kernels();
     if (kinds.empty()) GTEST_SKIP() << "host without AVX2 and FMA: the BLAS runs";
     int cases = 0;
     for (GemmKernel kind : kinds)

@@ -6,6 +6,7 @@
 
 #include "quintet/core/clock.hpp"
 #include "quintet/core/profile.hpp"
+#include "quintet/core/text.hpp"
 #include "quintet/io/checkpoint.hpp"
 #include "quintet/io/metrics_schema.hpp"
 #include "quintet/parallel/pipeline_schedule.hpp"
@@ -16,22 +17,6 @@ namespace quintet {
 namespace ms = metrics_schema;
 
 namespace {
-
-std::string human_time(double s) {
-    char buf[32];
-    if (s < 60) std::snprintf(buf, sizeof buf, "%.0fs", s);
-    else if (s < 3600) std::snprintf(buf, sizeof buf, "%dm%02ds", int(s) / 60, int(s) % 60);
-    else std::snprintf(buf, sizeof buf, "%dh%02dm", int(s) / 3600, (int(s) % 3600) / 60);
-    return buf;
-}
-
-std::string human_rate(double x) {
-    char buf[32];
-    if (x >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", x / 1e6);
-    else if (x >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", x / 1e3);
-    else std::snprintf(buf, sizeof buf, "%.0f", x);
-    return buf;
-}
 
 constexpr int kMemoryColumns = int(ms::kMemoryCategories.size());
 
@@ -303,8 +288,8 @@ void Telemetry::record_step(int64_t s, const StepStats& st, bool skipped, const 
         std::snprintf(buf, sizeof buf,
                       "step %6lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | MFU %.1f%% | "
                       "%.0f%% of sgemm%s | %s elapsed | ETA %s",
-                      (long long)s, (long long)steps, st.loss, st.lr, st.grad_norm, human_rate(tps).c_str(),
-                      100.0 * mfu, 100.0 * mfu_matmul, imb, human_time(el).c_str(), human_time(eta).c_str());
+                      (long long)s, (long long)steps, st.loss, st.lr, st.grad_norm, human_count(tps).c_str(),
+                      100.0 * mfu, 100.0 * mfu_matmul, imb, human_seconds(el).c_str(), human_seconds(eta).c_str());
         log(buf);
     }
 }

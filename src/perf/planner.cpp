@@ -3,7 +3,7 @@
 // Parameters, gradients and optimizer moments come from the same parameter table the trainer
 // builds (model/params.cpp, composed per layer kind by perf/inventory); activations and
 // communication buffers from the same declarations of the layer modules, laid out the same way
-// (model/buffers.hpp, chunk_buffers); the number of microbatches in flight per stage from the
+// (model/buffers.hpp, chunk_buffers in model/slot_store.hpp); the number of microbatches in flight per stage from the
 // schedule's own action lists. On this host that is the trainer's accounting exactly, and time
 // is compute at a share of the measured sgemm rate, plus each axis's bytes over the link, plus
 // the pipeline bubble. On GPUs (perf/hardware) memory is a bf16 mixed-precision run's
@@ -144,7 +144,7 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
         }
         // Each chunk keeps as many slots as it had microbatches in flight at once (the executor
         // allocates them on demand); activations are what its blocks declare (the trainer's own
-        // accounting, model/transformer.hpp chunk_buffers).
+        // accounting, model/slot_store.hpp chunk_buffers).
         const std::vector<int> slots = chunk_slots(p.schedule, p.pp, stage, p.microbatches, p.virtual_stages);
         double act_bytes = 0, stage_layers = 0;
         size_t ring_kv = 0, ring_out = 0, ring_lse = 0, exchange = 0;

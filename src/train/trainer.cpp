@@ -18,7 +18,8 @@ Trainer::Trainer(RankModel& model, const std::string& deck_text, const DataSet& 
       grads_(be_.alloc(model.zero() ? 1 : model.table().total)),
       sync_(std::make_unique<GradientSync>(model.table(), be_, model.comms(), model.tp(), deck_.parallel.bucket_mb,
                                            deck_.parallel.zero == 1, deck_.parallel.overlap_dp, model.zero())),
-      opt_(std::make_unique<AdamW>(model.table(), be_, *sync_, deck_.train)),
+      opt_(std::make_unique<AdamW>(model.table(), be_, *sync_, deck_.train,
+                                   tensor_rules(model.table(), deck_.model, deck_.init, deck_.groups))),
       sampler_(data, deck_.data, uint64_t(deck_.train.seed)),
       faults_(grid_.rank()),
       telemetry_(model, deck_text),
@@ -86,7 +87,17 @@ StepStats Trainer::step(int64_t s, bool locate) {
             sampler_.train_sample(s, (g0 + mb) * mbs + j, gb, ids + size_t(j) * T, tgt + size_t(j) * T);
     };
     const float grad_scale = float(1.0 / (double(gb) * T));
+    // train.probe_rms: the layer outputs' squares over the step's forwards, summed over every rank.
+    RmsProbe probe;
+    if (deck_.train.probe_rms)
+        for (auto& c : model_.chunks()) c->set_probe(&probe);
     PipelineExecutor::Result r = model_.executor().run(params, grads_, grad_scale, data, locate ? nullptr : sync_->hook());
+    if (deck_.train.probe_rms) {
+        for (auto& c : model_.chunks()) c->set_probe(nullptr);
+        grid_.world().all_reduce_sum(probe.sumsq.data(), probe.sumsq.size());
+        grid_.world().all_reduce_sum(probe.count.data(), probe.count.size());
+        for (int k = 0; k < kNumProbeKinds; ++k) st.probe_rms[size_t(k)] = probe.rms(ProbeKind(k));
+    }
     const double t1 = now_s();
     if (locate && !zero) st.origin = locate_nonfinite(model_.table(), be_, grads_, r.ce_sum + r.aux_sum, grid_.world());
     // 2. Gradients summed over their replica groups (tp/kv/tied partials, then dp x cp / edp).

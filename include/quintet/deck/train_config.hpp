@@ -7,6 +7,7 @@
 
 #include "quintet/data/data_config.hpp"
 #include "quintet/model/config.hpp"
+#include "quintet/model/param_groups.hpp"
 
 namespace quintet {
 
@@ -41,6 +42,7 @@ struct TrainConfig {
     std::string on_nonfinite = "stop";  // stop | skip: a step whose loss or gradient norm is not finite
     bool profile = false;               // per-operation times: /timing/op/<name> and a table at the end
     int max_skips = 5;                  // skip: consecutive skipped steps before stopping (exit 3)
+    bool probe_rms = false;             // /probe/<kind>: the RMS of each kind of layer output per step
 };
 
 struct EvalConfig {
@@ -72,6 +74,7 @@ struct Deck {
     DataConfig data;
     TrainConfig train;
     InitConfig init;
+    GroupOverrides groups;  // [groups]: the parameter groups' multipliers (negative = the scheme's)
     EvalConfig eval;
     CheckpointConfig checkpoint;
     OutputConfig output;

@@ -17,8 +17,9 @@ inline constexpr const char* kPipeline = "/pipeline";   // stage<s>_{idle_fracti
 inline constexpr const char* kMoe = "/moe";
 inline constexpr const char* kMemory = "/memory";       // <category>_bytes [step, rank]
 inline constexpr const char* kData = "/data";           // source_samples [step, source]
-inline constexpr std::array<const char*, 8> kStepGroups = {kTrain, kEval, kTiming, kTimingOp, kPipeline, kMoe, kMemory,
-                                                           kData};
+inline constexpr const char* kProbe = "/probe";         // train.probe_rms: <kind> (model/probe.hpp)
+inline constexpr std::array<const char*, 9> kStepGroups = {kTrain, kEval, kTiming, kTimingOp, kPipeline, kMoe, kMemory,
+                                                           kData, kProbe};
 
 // /data/source_samples [step, source]: samples drawn so far from each training source; its
 // attribute `sources` names them, comma-separated. /eval/<source>/loss: each validation source's

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "quintet/comm/mpi_communicator.hpp"
@@ -176,6 +178,11 @@ void write_text(const fs::path& p, const std::string& text) {
     });
 }
 
+std::string read_text_or_empty(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return in ? std::string(std::istreambuf_iterator<char>(in), {}) : std::string();
+}
+
 std::string read_text(const fs::path& p) {
     std::ifstream in(p, std::ios::binary);
     if (!in) throw ConfigError("import: '" + p.string() + "' is missing or unreadable");
@@ -196,8 +203,38 @@ std::string hf_unsupported(const ExportModel& m) {
     return "";
 }
 
-void hf_export(const ExportModel& m, const std::string& dir, const std::string& dtype, uint64_t max_shard_bytes,
-               bool force) {
+std::string hf_export_recognise(const fs::path& dir) {
+    // Exactly the files an export writes, and quintet's own: tokenizer_config.json names the
+    // quintet tokenizer kind, or (written before it did for every kind) generation_config.json is
+    // the one quintet writes, with no key of Transformers' own (transformers_version, ...).
+    static const std::set<std::string> kFiles = {"config.json", "generation_config.json", "tokenizer.json",
+                                                 "tokenizer_config.json", "tokenizer.model", "model.safetensors",
+                                                 "model.safetensors.index.json"};
+    std::error_code ec;
+    bool config = false, weights = false;
+    std::map<std::string, bool> entries;  // name -> a regular file; sorted, so the message is stable
+    for (const auto& e : fs::directory_iterator(dir, ec)) entries[e.path().filename().string()] = e.is_regular_file(ec);
+    for (const auto& [name, regular] : entries) {
+        static const std::regex kShard("model-[0-9]{5}-of-[0-9]{5}\\.safetensors");
+        const bool shard = std::regex_match(name, kShard);
+        if ((!kFiles.count(name) && !shard) || !regular) return "it holds '" + name + "', which no export writes";
+        config = config || name == "config.json";
+        weights = weights || shard || name == "model.safetensors";
+    }
+    if (ec) return "it cannot be listed: " + ec.message();
+    if (!config || !weights) return "it has no config.json and safetensors";
+    const json tc = json::parse(read_text_or_empty(dir / "tokenizer_config.json"), nullptr, false);
+    if (tc.is_object() && tc.contains("quintet_tokenizer")) return "";
+    const json gen = json::parse(read_text_or_empty(dir / "generation_config.json"), nullptr, false);
+    if (gen.is_object() && gen.value("do_sample", true) == false) {
+        bool own = true;
+        for (auto& [k, v] : gen.items()) own = own && (k == "do_sample" || k == "bos_token_id" || k == "eos_token_id");
+        if (own) return "";
+    }
+    return "its tokenizer_config.json and generation_config.json are not the ones quintet writes";
+}
+
+void hf_export(const ExportModel& m, const OutputTarget& out, const std::string& dtype, uint64_t max_shard_bytes) {
     if (std::string why = hf_unsupported(m); !why.empty()) throw ConfigError("export --format hf: " + why);
     std::vector<NamedTensor> tensors = m.tensors;
     if (is_deepseek(m.deck.model)) deepseek_rope_rows(tensors, m.deck.model, false);
@@ -205,11 +242,8 @@ void hf_export(const ExportModel& m, const std::string& dir, const std::string& 
     json tok_json;
     const std::string& kind = m.tokenizer.kind();
     if (kind == "byte" || kind == "bpe" || kind == "tiktoken") tok_json = tokenizer_json(m.tokenizer);
-    const fs::path tmp = dir + ".tmp";
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    fs::create_directories(tmp);
-    try {
+    // Built in a temporary sibling directory, then put in the place of the output in one step.
+    output_write_directory(out, hf_export_recognise, [&](const fs::path& tmp) {
         safetensors_write(tmp.string(), tensors, dtype, max_shard_bytes);
         write_text(tmp / "config.json", config.dump(2) + "\n");
         json gen = {{"do_sample", false}};
@@ -219,6 +253,8 @@ void hf_export(const ExportModel& m, const std::string& dir, const std::string& 
                 gen["eos_token_id"] = s.id;
             }
         write_text(tmp / "generation_config.json", gen.dump(2) + "\n");
+        // tokenizer_config.json names the quintet kind (an import gives back the same tokenizer,
+        // and a later export with --force recognises the directory as quintet's).
         if (!tok_json.is_null()) {
             write_text(tmp / "tokenizer.json", tok_json.dump() + "\n");
             write_text(tmp / "tokenizer_config.json",
@@ -229,20 +265,14 @@ void hf_export(const ExportModel& m, const std::string& dir, const std::string& 
         } else if (kind == "hf") {
             write_text(tmp / "tokenizer.json", m.tokenizer.state().file);
             write_text(tmp / "tokenizer_config.json",
-                       json({{"tokenizer_class", "PreTrainedTokenizerFast"}}).dump(2) + "\n");
+                       json({{"tokenizer_class", "PreTrainedTokenizerFast"}, {"quintet_tokenizer", kind}}).dump(2) +
+                           "\n");
         } else if (kind == "spm") {
             write_text(tmp / "tokenizer.model", m.tokenizer.state().file);
-            write_text(tmp / "tokenizer_config.json", json({{"tokenizer_class", "LlamaTokenizer"}}).dump(2) + "\n");
+            write_text(tmp / "tokenizer_config.json",
+                       json({{"tokenizer_class", "LlamaTokenizer"}, {"quintet_tokenizer", kind}}).dump(2) + "\n");
         }
-        if (fs::exists(dir)) {
-            if (!force) throw ConfigError("export: --output '" + dir + "' exists; give --force to replace it");
-            fs::remove_all(dir);
-        }
-        fs::rename(tmp, dir);
-    } catch (...) {
-        fs::remove_all(tmp, ec);
-        throw;
-    }
+    });
 }
 
 void hf_import(const std::string& dir, const std::string& output) {
@@ -414,19 +444,32 @@ void hf_import(const std::string& dir, const std::string& output) {
     meta.layout = "tp=1 cp=1 dp=1 pp=1 zero=0";
     meta.trained_context = trained;
     meta.tokenizer = tok.state();
-    const std::string run_dir = output + ".import";
+    // Written into a temporary sibling folder as a one-rank run's checkpoint, then renamed into
+    // place (replacing an earlier import only: import_output_recognise).
+    const fs::path run_dir = output_temp_dir(output);
     std::error_code ec;
-    fs::remove_all(run_dir, ec);
     try {
         MpiCommunicator self(MPI_COMM_SELF, "self");
         const std::string written =
-            checkpoint_save(self, run_dir, meta, table, params.data(), zeros.data(), zeros.data(), writes, 1);
+            checkpoint_save(self, run_dir.string(), meta, table, params.data(), zeros.data(), zeros.data(), writes, 1);
         fs::rename(written, output);
     } catch (...) {
         fs::remove_all(run_dir, ec);
         throw;
     }
     fs::remove_all(run_dir, ec);
+}
+
+std::string import_output_recognise(const fs::path& file) {
+    CheckpointMeta meta;
+    try {
+        meta = checkpoint_read_meta(file.string());
+    } catch (const ConfigError&) {
+        return "it is not a quintet checkpoint";
+    }
+    if (meta.step != 0) return "it is a checkpoint of step " + std::to_string(meta.step) + ", not an import";
+    if (fs::exists(file.parent_path() / "latest")) return "it is in a run's checkpoints folder";
+    return "";
 }
 
 }  // namespace quintet

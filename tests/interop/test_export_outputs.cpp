@@ -253,4 +253,36 @@ TEST_F(ExportOutputs, ImportReplacesOnlyAnEarlierImport) {
     EXPECT_TRUE(changed.empty() || changed == " changed:work/model.h5") << changed;
 }
 
+// `export --format gguf --output EXISTING_DIR --force` failed with exit 1 and MPI noise after
+// writing the whole file. Every output path is checked before any work: a folder, a path ending
+// in '/', a missing folder, a file that is not quintet's GGUF; an earlier GGUF is replaced.
+TEST_F(ExportOutputs, GgufOutputPathsAreCheckedBeforeAnyWork) {
+    auto gguf = [&](const std::string& out, const std::string& flags) {
+        return in(dir / "work", "export --checkpoint " + ckpt + " --format gguf --output " + out + " " + flags);
+    };
+    const auto before = snapshot(dir);
+    expect_one_clean_line(gguf("src", "--force"), "is a folder, but this command writes one file: give a file such as model.gguf");
+    expect_one_clean_line(gguf("model.gguf/", "--force"), "names a folder");
+    expect_one_clean_line(gguf("missing/model.gguf", ""), "the folder 'missing' does not exist");
+    expect_one_clean_line(gguf("notes.txt", "--force"), "it is not a GGUF file");
+    expect_one_clean_line(gguf(".", "--force"), "the current folder");
+    EXPECT_EQ(differences(before, snapshot(dir)), "");
+    ASSERT_EQ(gguf("model.gguf", "").status, 0);
+    const auto first = snapshot(dir);
+    expect_one_clean_line(gguf("model.gguf", ""), "give --force");
+    const auto r = gguf("model.gguf", "--force --dtype f16");
+    ASSERT_EQ(r.status, 0) << r.output;
+    const auto second = snapshot(dir);
+    EXPECT_EQ(differences(first, second), " changed:work/model.gguf");
+    // A GGUF file of someone else's (general.name another model's) is not replaced.
+    std::string other = second.at("work/model.gguf");
+    const size_t at = other.find("quintet");
+    ASSERT_NE(at, std::string::npos);
+    other.replace(at, 7, "llama-3");
+    write_file(dir / "work/other.gguf", other);
+    const auto third = snapshot(dir);
+    expect_one_clean_line(gguf("other.gguf", "--force"), "a GGUF file that quintet did not write");
+    EXPECT_EQ(differences(third, snapshot(dir)), "");
+}
+
 }  // namespace

@@ -245,14 +245,11 @@ int plan_main(int argc, char** argv) {
     if (target.hardware.host) {
         mm.runtime_base_bytes = runtime_mib >= 0 ? runtime_mib * 1048576 : runtime_base_estimate();
         if (!have_matmul) {
-            double g = 0;
-            if (!read_sgemm_cache(&g)) {
-                auto be = make_cpu_backend(1);
-                g = cpu_measure_sgemm_gflops(*be, 1024, 5);
-                write_sgemm_cache(g);
-                notes += "sgemm measured now (1 thread): " + std::to_string(g) + " GFLOP/s; ";
-            }
-            mm.matmul_gflops_per_core = g;
+            std::string from;
+            mm.matmul_gflops_per_core = host_sgemm_gflops_per_core(&from);
+            char b[64];
+            std::snprintf(b, sizeof b, "sgemm %.4g GFLOP/s per core: ", mm.matmul_gflops_per_core);
+            notes += b + from + "; ";
         }
         LinkFigures link;
         if (measure) {

@@ -46,6 +46,8 @@ const char* kUsage =
     "--rope.factor=4); [parallel] comes from the command line alone, so any layout evaluates any\n"
     "checkpoint (dp defaults to what the world size leaves). rope.original_max_position = 0\n"
     "means the context the checkpoint was trained at. Nothing is written into the run folder.\n"
+    "Each validation token is evaluated at most once: a source whose split holds fewer whole batches\n"
+    "than eval.batches is evaluated on those (a note on stderr gives both numbers); none is refused.\n"
     "The last line of stdout is  val_loss=<x> seq_len=<T> tokens=<target tokens evaluated>.\n"
     "\n"
     "  --by-position OUT.h5   the mean cross-entropy at each position: /loss_by_position [T]\n"
@@ -218,9 +220,13 @@ int eval_main(int argc, char** argv, MPI_Comm world_handle) {
     const ProcessGrid& grid = job.start_grid();
     RankModel model(job.deck, grid, *job.backend);
     const Sampler sampler(job.data, job.deck.data, uint64_t(job.deck.train.seed));
-    Evaluator ev(model, sampler);
-    if (rank == 0)
+    // Each validation token at most once: eval.batches past a split's whole batches is capped
+    // (said on stderr, with both numbers) and tokens= counts what was evaluated.
+    Evaluator ev(model, sampler, /*each_token_once=*/true);
+    if (rank == 0) {
         for (const auto& w : job.source.warnings) std::fprintf(stderr, "quintet eval: warning: %s\n", w.c_str());
+        for (const auto& n : ev.notes()) std::fprintf(stderr, "quintet eval: note: %s\n", n.c_str());
+    }
     model.load_weights(ckpt);
     std::vector<double> per_pos;
     std::vector<double> per_source;

@@ -130,7 +130,7 @@ int eval_main(int argc, char** argv, MPI_Comm world_handle) {
         }
     }
     po::options_description desc("options");
-    desc.add_options()("help,h", "this text")("checkpoint", po::value(&ckpt), "checkpoint file")(
+    desc.add_options()("help,h", "this text")("checkpoint", po::value(&ckpt), "checkpoint file, or a run folder / its checkpoints/ folder / latest (the checkpoint latest names)")(
         "data", po::value(&data), "token sources (their validation splits are evaluated)")(
         "whole", "evaluate every whole batch of DATA (each source is validation data)")(
         "by-position", po::value(&by_position), "write /loss_by_position [T] to this HDF5 file")(
@@ -167,6 +167,12 @@ int eval_main(int argc, char** argv, MPI_Comm world_handle) {
     if (ckpt.empty() || data.empty())
         throw ConfigError("eval: --checkpoint and --data are required (see quintet eval --help)");
 
+    // A run folder, its checkpoints/ folder or `latest`: the checkpoint `latest` names.
+    {
+        std::string note;
+        ckpt = checkpoint_resolve(ckpt, "eval: --checkpoint", &note);
+        if (rank == 0 && !note.empty()) std::fprintf(stderr, "quintet %s\n", note.c_str());
+    }
     // The checkpoint's deck; [parallel] from the command line alone; overrides on top.
     const CheckpointMeta meta = checkpoint_read_meta(ckpt);
     if (const std::string why = checkpoint_verify(ckpt, world); !why.empty())

@@ -29,7 +29,7 @@ int export_main(int argc, char** argv) {
         "Writes a checkpoint's model for other runtimes, tokenizer included: gguf = one GGUF file\n"
         "for llama.cpp (architecture llama for model.attention = mha, deepseek2 for mla); hf = a\n"
         "Hugging Face directory (safetensors, config.json, tokenizer). Mappings: docs/interop.md.\n\noptions");
-    desc.add_options()("help,h", "this text")("checkpoint", po::value(&ckpt), "checkpoint file (step_*.h5)")(
+    desc.add_options()("help,h", "this text")("checkpoint", po::value(&ckpt), "checkpoint file (step_*.h5), or a run folder / its checkpoints/ folder / latest (the checkpoint latest names)")(
         "format", po::value(&format), "gguf | hf")("output", po::value(&output),
                                                   "the GGUF file (gguf) or the directory (hf) to write")(
         "dtype", po::value(&dtype)->default_value("f32"), "matrices as f32 | f16 | bf16 (hf: f32 | bf16)")(
@@ -67,6 +67,11 @@ int export_main(int argc, char** argv) {
              : output_check(output, OutputKind::directory, force, "export: --output", "a directory such as hf_model/",
                             hf_export_recognise);
 
+    {  // a run folder, its checkpoints/ folder or `latest`: the checkpoint `latest` names
+        std::string note;
+        ckpt = checkpoint_resolve(ckpt, "export: --checkpoint", &note);
+        if (!note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
+    }
     const CheckpointMeta meta = checkpoint_read_meta(ckpt);
     Tokenizer tok;
     if (!meta.tokenizer.empty()) {

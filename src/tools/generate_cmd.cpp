@@ -46,7 +46,7 @@ int generate_main(int argc, char** argv) {
         "Samples text from a checkpoint with a KV cache, with the tokenizer stored in the checkpoint\n"
         "(a checkpoint from before: the token file --data, else its deck's data.path).\n\noptions");
     desc.add_options()("help,h", "this text")(
-        "checkpoint", po::value(&ckpt), "checkpoint file (run_dir/checkpoints/step_*.h5)")(
+        "checkpoint", po::value(&ckpt), "checkpoint file (run_dir/checkpoints/step_*.h5), or a run folder / its checkpoints/ folder / latest (the checkpoint latest names)")(
         "prompt", po::value(&prompt)->default_value(""), "text to continue")(
         "tokens", po::value(&tokens)->default_value(200), "tokens to generate")(
         "temperature", po::value(&temperature)->default_value(0.8, "0.8"), "softmax temperature; 0 = greedy")(
@@ -79,6 +79,11 @@ int generate_main(int argc, char** argv) {
         throw ConfigError("generate: --kv-cache = '" + kv_cache + "': valid: compact | full");
     // Read the deck first, to build the parameter table the checkpoint must match; RoPE as the
     // checkpoint trained it (YaRN's original_max_position = 0: the trained context it records).
+    {  // a run folder, its checkpoints/ folder or `latest`: the checkpoint `latest` names
+        std::string note;
+        ckpt = checkpoint_resolve(ckpt, "generate: --checkpoint", &note);
+        if (!note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
+    }
     const CheckpointMeta meta = checkpoint_read_meta(ckpt);
     if (const std::string why = checkpoint_verify(ckpt, MpiCommunicator(MPI_COMM_SELF, "self")); !why.empty())
         throw ConfigError("generate: --checkpoint '" + ckpt + "' is unusable: " + why);

@@ -125,6 +125,23 @@ int generate_main(int argc, char** argv) {
     if (ids.empty()) ids.push_back(uint32_t('\n') < uint32_t(tok.vocab_size()) ? '\n' : 0);
     auto be = make_cpu_backend(0);
     const int trained = meta.trained_context > 0 ? int(meta.trained_context) : deck.data.seq_len;
+    // Positions the weights never saw (as train and eval warn): past the trained context without
+    // a scaling rule, or past YaRN's extended one.
+    {
+        const int64_t positions = int64_t(ids.size()) + tokens;
+        const bool yarn = deck.rope.scaling == "yarn";
+        const int original = deck.rope.original_max_position > 0 ? deck.rope.original_max_position : trained;
+        const int64_t reach = yarn ? int64_t(std::llround(deck.rope.factor * original)) : trained;
+        if (positions > reach)
+            std::fprintf(stderr,
+                         "generate: warning: the prompt (%zu tokens) and --tokens %d reach position %lld, past %s (%lld) "
+                         "of checkpoint '%s'%s: positions from %lld on were never trained; proceeding\n",
+                         ids.size(), tokens, (long long)positions,
+                         yarn ? "the context YaRN extends it to" : "the context its weights were trained at", (long long)reach,
+                         ckpt.c_str(),
+                         yarn ? "" : " and rope.scaling = none (train or fine-tune with rope.scaling = yarn to extend it)",
+                         (long long)reach);
+    }
     Decoder dec(*be, deck.model, deck.rope, trained, table, params, int(ids.size()) + tokens,
                 kv_cache == "full");
     std::fprintf(stderr, "generate: %s attention, KV cache %zu bytes per token (%s, all %d layers)\n",

@@ -144,6 +144,35 @@ TEST_F(LongContext, EvalCountsEachValidationTokenOnce) {
     EXPECT_NE(none.output.find("holds 0 whole batches: it cannot be evaluated"), std::string::npos) << none.output;
 }
 
+// `quintet generate` warns, as train and eval do, when prompt + new tokens run past the context
+// the weights were trained at without a scaling rule, or past what YaRN extends it to.
+TEST_F(LongContext, GenerateWarnsPastTheTrainedContext) {
+    auto r = train(1, "run", "");
+    ASSERT_EQ(r.status, 0) << r.output;
+    const std::string ck = (dir / "run/checkpoints/step_00000006.h5").string();
+    auto gen = [&](const std::string& ckpt, int tokens) {
+        return run_quintet(0, "generate --checkpoint " + ckpt + " --prompt-ids '1 2 3 4' --temperature 0 --tokens " +
+                                  std::to_string(tokens));
+    };
+    auto within = gen(ck, 28);  // 4 + 28 = 32 positions: the trained context
+    ASSERT_EQ(within.status, 0) << within.output;
+    EXPECT_EQ(within.output.find("warning"), std::string::npos) << within.output;
+    auto past = gen(ck, 40);
+    ASSERT_EQ(past.status, 0) << past.output;
+    EXPECT_NE(past.output.find("generate: warning: the prompt (4 tokens) and --tokens 40 reach position 44, past the "
+                               "context its weights were trained at (32) of checkpoint"), std::string::npos)
+        << past.output;
+    EXPECT_NE(past.output.find("rope.scaling = none"), std::string::npos) << past.output;
+    // With YaRN (factor 2 over the 32 trained): 64 positions are within, 70 past.
+    r = train(1, "yarn", "--checkpoint.init_from=" + ck + " --rope.scaling=yarn --rope.factor=2 --train.steps=1 --train.warmup=0");
+    ASSERT_EQ(r.status, 0) << r.output;
+    const std::string yk = (dir / "yarn/checkpoints/step_00000001.h5").string();
+    EXPECT_EQ(gen(yk, 60).output.find("warning: the prompt"), std::string::npos);
+    auto far = gen(yk, 66);
+    EXPECT_NE(far.output.find("reach position 70, past the context YaRN extends it to (64)"), std::string::npos)
+        << far.output;
+}
+
 TEST_F(LongContext, InitFromLoadsWeightsOnlyAcrossLayoutAndSeqLen) {
     auto a = train(2, "short", "--parallel.microbatches=2");
     ASSERT_EQ(a.status, 0) << a.output;

@@ -192,6 +192,9 @@ int eval_main(int argc, char** argv, MPI_Comm world_handle) {
             for (auto& d : opts)
                 if (d.key == key) d.set(val);
         }
+        bool vs_given = false;
+        for (const auto& o : overrides) vs_given = vs_given || o.rfind("--parallel.virtual_stages=", 0) == 0;
+        deck_schedule_defaults(deck, vs_given);
     }
     // Evaluation has no training batch: the checkpoint's train.global_batch must not constrain
     // the layout. MoE layers under tp need sequence parallelism; it changes no number, so eval

@@ -124,6 +124,24 @@ TEST(Deck, DuplicateKeysWarmupAndValuesAsWritten) {
     EXPECT_EQ(deck_value(y, "train.lr"), "0.0003") << "a key not given reads as the deck prints it";
 }
 
+// parallel.schedule = zbv runs two chunks per stage and nothing else: virtual_stages defaults to
+// 2 there (a value given still holds, and is checked).
+TEST(Deck, ZbvDefaultsToTwoVirtualStages) {
+    Deck d = deck_load("", {"--parallel.schedule=zbv", "--parallel.pp=2", "--parallel.microbatches=4"});
+    EXPECT_EQ(d.parallel.virtual_stages, 2);
+    d.model.vocab_size = 256;
+    EXPECT_EQ(error_of([&] { deck_validate(d, 2, false); }), "");
+    const fs::path p = write_deck("[parallel]\nschedule = zbv\npp = 2\n");
+    EXPECT_EQ(deck_load(p.string(), {}).parallel.virtual_stages, 2);
+    fs::remove(p);
+    Deck three = deck_load("", {"--parallel.schedule=zbv", "--parallel.pp=2", "--parallel.virtual_stages=3"});
+    EXPECT_EQ(three.parallel.virtual_stages, 3);
+    three.model.vocab_size = 256;
+    EXPECT_NE(error_of([&] { deck_validate(three, 2, false); }).find("must be 2 with parallel.schedule = zbv"),
+              std::string::npos);
+    EXPECT_EQ(deck_load("", {"--parallel.schedule=interleaved"}).parallel.virtual_stages, 1);
+}
+
 TEST(Deck, ResolvedTextRoundTrips) {
     Deck d = deck_load("", {"--model.d_model=96", "--rope.factor=2.5", "--output.run_dir=runs/x y"});
     std::string text = deck_to_text(d);

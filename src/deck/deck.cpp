@@ -361,10 +361,13 @@ Deck deck_load(const std::string& deck_path, const std::vector<std::string>& ove
         }
     }
     std::vector<std::string> args;
-    for (auto& a : overrides) {
+    std::map<std::string, size_t> last;  // each key's last override: the one that holds
+    for (size_t i = 0; i < overrides.size(); ++i) {
+        const std::string& a = overrides[i];
         if (a.rfind("--", 0) != 0 || a.find('=') == std::string::npos)
             throw ConfigError("command line: '" + a + "': overrides are written --section.key=value");
-        args.push_back(a);
+        last[a.substr(2, a.find('=') - 2)] = i;
+        if (a.back() != '=') args.push_back(a);  // Boost refuses "--key=": empty values are set below
     }
     try {
         auto parsed = po::command_line_parser(args).options(desc).allow_unregistered().style(
@@ -372,6 +375,17 @@ Deck deck_load(const std::string& deck_path, const std::vector<std::string>& ove
         apply(opts, parsed, "command line", &deck.given);
     } catch (const po::error& e) {
         throw ConfigError(std::string("command line: ") + e.what());
+    }
+    // An empty value (--data.val_path=): the key's own parser decides whether it is one.
+    for (size_t i = 0; i < overrides.size(); ++i) {
+        const std::string& a = overrides[i];
+        const std::string key = a.substr(2, a.find('=') - 2);
+        if (a.back() != '=' || last[key] != i) continue;
+        bool known = false;
+        for (auto& d : opts)
+            if (d.key == key) d.set(""), known = true;
+        if (!known) unknown_key(opts, key, "command line");
+        deck.given[key] = "";
     }
     deck_schedule_defaults(deck, deck.given.count("parallel.virtual_stages") > 0);
     return deck;

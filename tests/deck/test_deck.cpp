@@ -142,6 +142,23 @@ TEST(Deck, ZbvDefaultsToTwoVirtualStages) {
     EXPECT_EQ(deck_load("", {"--parallel.schedule=interleaved"}).parallel.virtual_stages, 1);
 }
 
+// An empty value on the command line (--data.val_path=) is a value, as in a deck file: a path
+// key takes it, a number refuses it by name; the last override of a key holds.
+TEST(Deck, AnEmptyValueOnTheCommandLine) {
+    const fs::path p = write_deck("[data]\nval_path = val.h5\n");
+    EXPECT_EQ(deck_load(p.string(), {}).data.val_path, "val.h5");
+    Deck d = deck_load(p.string(), {"--data.val_path="});
+    EXPECT_EQ(d.data.val_path, "");
+    EXPECT_EQ(d.given.at("data.val_path"), "");
+    EXPECT_EQ(deck_load(p.string(), {"--data.val_path=", "--data.val_path=b.h5"}).data.val_path, "b.h5");
+    EXPECT_EQ(deck_load(p.string(), {"--data.val_path=b.h5", "--data.val_path="}).data.val_path, "");
+    fs::remove(p);
+    EXPECT_NE(error_of([] { deck_load("", {"--train.steps="}); }).find("deck key 'train.steps' = '': expected an integer"),
+              std::string::npos);
+    EXPECT_NE(error_of([] { deck_load("", {"--train.bogus="}); }).find("'train.bogus': unknown key in [train]"),
+              std::string::npos);
+}
+
 TEST(Deck, ResolvedTextRoundTrips) {
     Deck d = deck_load("", {"--model.d_model=96", "--rope.factor=2.5", "--output.run_dir=runs/x y"});
     std::string text = deck_to_text(d);

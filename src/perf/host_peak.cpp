@@ -182,7 +182,7 @@ HostPeak host_fma_peak(bool remeasure, bool add_reading) {
     p.source = "measured now (" + why + "), the highest of " + std::to_string(n) + " readings" + rejected;
     // Best effort: a read-only home only costs a measurement next time.
     std::ostringstream o;
-    o.precision(10);  // the figure as measured
+    o.precision(17);  // the figure as measured, to the last bit
     o << "gflops_per_core=" << per_core << " isa=" << m.isa << " one_core=" << alone << " readings=" << n;
     write_line("fma_peak", o.str());
     return p;
@@ -198,7 +198,7 @@ void host_peak_note_achieved(double ratio) {
     const double bound = cpu_fma_ceiling().gflops_per_core;
     const double raised = bound > 0 ? std::min(bound, cached * ratio) : cached * ratio;
     std::ostringstream o;
-    o.precision(10);  // the figure as measured
+    o.precision(17);  // the figure as measured, to the last bit
     o << "gflops_per_core=" << std::max(cached, raised) << " isa=" << kv["isa"] << " one_core=" << std::max(one, raised)
       << " readings=" << std::max(1, int(number(kv, "readings"))) << " low=1";
     write_line("fma_peak", o.str());
@@ -207,7 +207,7 @@ void host_peak_note_achieved(double ratio) {
 bool read_link_cache(LinkFigures* out) { return read_pair("links", "gbs", &out->gbs, "latency_s", &out->latency_s); }
 void write_link_cache(const LinkFigures& l) {
     std::ostringstream o;
-    o.precision(10);  // the figure as measured
+    o.precision(17);  // the figure as measured, to the last bit
     o << "gbs=" << l.gbs << " latency_s=" << l.latency_s;
     write_line("links", o.str());
 }
@@ -244,7 +244,7 @@ double write_sgemm_cache(double g, bool replace) {
     const SgemmEntry e = replace ? SgemmEntry{} : sgemm_entry();
     g = std::max(g, e.gflops);  // readings only ever go up
     std::ostringstream o;
-    o.precision(10);  // the figure as measured
+    o.precision(17);  // the figure as measured, to the last bit
     o << "gflops_per_core=" << g << " readings=" << e.readings + 1;
     write_line(kSgemmKind, o.str());
     return g;
@@ -273,7 +273,7 @@ void sgemm_note_achieved(double gflops_per_core) {
     const SgemmEntry e = sgemm_entry();
     if (e.gflops <= 0 || gflops_per_core <= e.gflops) return;
     std::ostringstream o;
-    o.precision(10);  // the figure as measured
+    o.precision(17);  // the figure as measured, to the last bit
     o << "gflops_per_core=" << gflops_per_core << " readings=" << e.readings << " low=1";
     write_line(kSgemmKind, o.str());
 }
@@ -327,7 +327,7 @@ double job_sgemm_flops(const MpiCommunicator& world, double measured_gflops, int
         if (read_pair(kind, "gflops", &best, nullptr, nullptr) && best > ceiling) best = 0;  // an impossible cached one
         if (!impossible && (best == 0 || node_measured > best)) {
             std::ostringstream o;
-            o.precision(10);  // the figure as measured
+            o.precision(17);  // the figure as measured, to the last bit
             o << "gflops=" << node_measured;
             write_line(kind, o.str());
         }

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>  // AT_FDCWD
 #include <stdio.h>  // renameat2, RENAME_EXCHANGE (glibc)
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -113,6 +114,10 @@ fs::path output_temp_dir(const fs::path& target) {
     buf.push_back('\0');
     if (!::mkdtemp(buf.data()))
         throw RankError("cannot create a temporary folder beside '" + target.string() + "': " + std::strerror(errno));
+    // mkdtemp makes it 0700; an output directory gets the usual 0777 & ~umask.
+    const mode_t mask = ::umask(0);
+    ::umask(mask);
+    ::chmod(buf.data(), 0777 & ~mask);
     return fs::path(buf.data());
 }
 

@@ -220,6 +220,10 @@ TEST_F(ExportOutputs, AnEmptyOrNewDirectoryIsWritten) {
     r = in(dir / "work", export_hf("new/sub/hf/"));
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_TRUE(fs::exists(dir / "work/new/sub/hf/model.safetensors"));
+    // Readable by others as a directory made with mkdir is (the temporary it was built in was 0700).
+    const auto perms = fs::status(dir / "work/new/sub/hf").permissions();
+    EXPECT_NE(perms & fs::perms::others_read, fs::perms::none);
+    EXPECT_NE(perms & fs::perms::owner_write, fs::perms::none);
     for (const auto& e : fs::directory_iterator(dir / "work"))
         EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
 }

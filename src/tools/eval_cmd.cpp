@@ -8,11 +8,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <sstream>
 
 #include "quintet/core/error.hpp"
 #include "quintet/core/lists.hpp"
+#include "quintet/interop/output_path.hpp"
 #include "quintet/io/checkpoint.hpp"
 #include "quintet/io/h5.hpp"
 #include "quintet/io/token_data.hpp"
@@ -166,6 +168,12 @@ int eval_main(int argc, char** argv, MPI_Comm world_handle) {
     }
     if (ckpt.empty() || data.empty())
         throw ConfigError("eval: --checkpoint and --data are required (see quintet eval --help)");
+    // The files it writes, checked before any work (a missing folder would fail after the evaluation).
+    const auto any = [](const std::filesystem::path&) { return std::string(); };  // they are overwritten
+    if (!by_position.empty())
+        output_check(by_position, OutputKind::file, true, "eval: --by-position", "a file such as loss_by_pos.h5", any);
+    if (!passkey_out.empty())
+        output_check(passkey_out, OutputKind::file, true, "eval: --passkey-out", "a file such as passkey.h5", any);
 
     // A run folder, its checkpoints/ folder or `latest`: the checkpoint `latest` names.
     {

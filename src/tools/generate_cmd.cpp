@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <numeric>
 #include <random>
@@ -16,6 +17,7 @@
 #include "quintet/core/error.hpp"
 #include "quintet/core/clock.hpp"
 #include "quintet/core/rng.hpp"
+#include "quintet/interop/output_path.hpp"
 #include "quintet/io/checkpoint.hpp"
 #include "quintet/io/h5.hpp"
 #include "quintet/io/token_data.hpp"
@@ -77,6 +79,9 @@ int generate_main(int argc, char** argv) {
     if (temperature < 0) throw ConfigError("generate: --temperature must be >= 0");
     if (kv_cache != "compact" && kv_cache != "full")
         throw ConfigError("generate: --kv-cache = '" + kv_cache + "': valid: compact | full");
+    if (!probs_out.empty())  // checked before any work; an existing file is overwritten
+        output_check(probs_out, OutputKind::file, true, "generate: --probs", "a file such as probs.f32",
+                     [](const std::filesystem::path&) { return std::string(); });
     // Read the deck first, to build the parameter table the checkpoint must match; RoPE as the
     // checkpoint trained it (YaRN's original_max_position = 0: the trained context it records).
     {  // a run folder, its checkpoints/ folder or `latest`: the checkpoint `latest` names

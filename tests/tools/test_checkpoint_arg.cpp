@@ -102,4 +102,23 @@ TEST_F(CheckpointArg, AFolderWithoutLatestSaysWhatToGive) {
     EXPECT_NE(r.output.find("names 'step_00000009.h5', which is not there"), std::string::npos) << r.output;
 }
 
+// The files eval and generate write are checked before any work, as export's are: a missing
+// folder, a folder given for a file: exit 2 naming the option, not a failure after the work.
+TEST_F(CheckpointArg, OutputFilesAreCheckedBeforeAnyWork) {
+    auto r = run_quintet(0, "eval --checkpoint " + file.string() + " --data " + (dir / "tokens.h5").string() +
+                                " --by-position " + (dir / "missing/pos.h5").string());
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("eval: --by-position '" + (dir / "missing/pos.h5").string() + "': the folder"),
+              std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("val_loss="), std::string::npos) << "evaluated before refusing:\n" << r.output;
+    r = run_quintet(0, "eval --checkpoint " + file.string() + " --data " + (dir / "tokens.h5").string() +
+                           " --passkey 1 --passkey-out " + run.string());
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("eval: --passkey-out '" + run.string() + "' is a folder"), std::string::npos) << r.output;
+    r = run_quintet(0, "generate --checkpoint " + file.string() + " --prompt x --probs " + (dir / "missing/p.f32").string());
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("generate: --probs"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(dir / "missing"));
+}
+
 }  // namespace

@@ -239,14 +239,11 @@ int plan_main(int argc, char** argv) {
     if (target.hardware.host) {
         mm.runtime_base_bytes = runtime_mib >= 0 ? runtime_mib * 1048576 : runtime_base_estimate();
         if (!have_matmul) {
-            double g = 0;
-            if (!read_sgemm_cache(&g)) {
-                auto be = make_cpu_backend(1);
-                g = cpu_measure_sgemm_gflops(*be, 1024, 5);
-                write_sgemm_cache(g);
-                notes += "sgemm measured now (1 thread): " + std::to_string(g) + " GFLOP/s; ";
-            }
-            mm.matmul_gflops_per_core = g;
+            std::string from;
+            mm.matmul_gflops_per_core = host_sgemm_gflops_per_core(&from);
+            char b[64];
+            std::snprintf(b, sizeof b, "sgemm %.4g GFLOP/s per core: ", mm.matmul_gflops_per_core);
+            notes += b + from + "; ";
         }
         LinkFigures link;
         if (measure) {
@@ -264,9 +261,26 @@ int plan_main(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<PlanRow> rows = plan_all(deck, world, target, sweep, only);
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rows.empty()) {
+        // The --parallel.KEY=V restrictions leave no (tp, cp, dp, pp, ep) of this world size.
+        std::string given, divs;
+        for (const auto& [key, v] : {std::pair<const char*, int>{"tp", only.tp}, {"cp", only.cp}, {"pp", only.pp},
+                                     {"dp", only.dp}, {"ep", only.ep}})
+            if (v) given += std::string(given.empty() ? "" : ", ") + "parallel." + key + " = " + std::to_string(v);
+        for (int d = 1; d <= world && divs.size() < 80; ++d)
+            if (world % d == 0) divs += (divs.empty() ? "" : ", ") + std::to_string(d);
+        throw ConfigError("plan: no layout of " + std::to_string(world) + " ranks has " + given +
+                          ": tp x cp x pp x dp must be " + std::to_string(world) + " (each a divisor of it: " + divs +
+                          (divs.size() >= 80 ? ", ..." : "") + "), ep must divide dp x cp, and ep > 1 needs moe.experts > 0");
+    }
+    const bool none_valid = !rows.front().valid;  // sorted: valid rows first
+    const std::string no_valid = "plan: none of the " + std::to_string(rows.size()) + " layouts of " +
+                                 std::to_string(world) + " ranks is valid for this deck (" +
+                                 (json ? "each row's reason is in the JSON" : "the reasons are listed above") + ")";
     if (json) {
         if (top > 0 && size_t(top) < rows.size()) rows.resize(size_t(top));
-        std::cout << plan_json(rows);
+        std::cout << plan_json(rows) << std::flush;  // before the error on stderr
+        if (none_valid) throw ConfigError(no_valid);
         return 0;
     }
     const Hardware& hw = target.hardware;
@@ -280,8 +294,8 @@ int plan_main(int argc, char** argv) {
                     si(hw.peak_tflops(deck.train.precision == "bf16") * 1e12).c_str(), bytes(hw.memory_bytes()).c_str(),
                     si(hw.memory_gbs * 1e9, "B").c_str(), hw.devices_per_node, si(hw.link_gbs * 1e9, "B").c_str(),
                     si(hw.network_gbs * 1e9, "B").c_str());
-    size_t valid = 0, fitting = 0;
-    for (const auto& r : rows) valid += r.valid, fitting += r.valid && r.fits;
+    size_t valid = 0, fitting = 0, ties = 0;
+    for (const auto& r : rows) valid += r.valid, fitting += r.valid && r.fits, ties += r.tie;
     const PlanRow* any = nullptr;
     for (const auto& r : rows)
         if (r.valid) { any = &r; break; }
@@ -314,10 +328,14 @@ int plan_main(int argc, char** argv) {
                     seconds(r.comm_s.cp).c_str(), seconds(r.comm_s.dp).c_str(), seconds(r.comm_s.ep).c_str(),
                     seconds(r.comm_s.pp).c_str(), r.bubble, seconds(r.step_time_s).c_str(), si(r.tokens_per_s).c_str(),
                     si(r.tflops_per_device).c_str(), r.mfu * 100,
-                    r.fits ? "" : hw.host ? "  (does not fit --device-memory)" : "  (does not fit the device's memory)");
+                    r.fits ? (r.tie && ties > 1 ? "  tie" : "")
+                           : hw.host ? "  (does not fit --device-memory)" : "  (does not fit the device's memory)");
     }
     std::printf("(memory of the largest rank; links: the link each of tp, cp, dp, ep, pp crosses: N NVLink, W network, "
                 "h this host, - none; comm: exposed seconds per step on each axis)\n");
+    if (ties > 1)
+        std::printf("tie: %zu layouts are predicted within %.1f%% of the fastest, the planner's validated error "
+                    "(docs/planner.md): their order is not a prediction\n", ties, 100 * plan_error(target));
     if (valid > shown) std::printf("%zu more valid layout(s) not shown (--top K, --top 0 for all)\n", valid - shown);
     if (invalid) {
         // The reasons, most frequent first, with one example each.
@@ -339,6 +357,10 @@ int plan_main(int argc, char** argv) {
                         r.tp, r.cp, r.dp, r.pp, r.ep, r.micro_batch_size, r.microbatches, r.zero, r.recompute.c_str(),
                         r.reason.c_str());
         }
+    }
+    if (none_valid) {
+        std::fflush(stdout);  // the reasons before the error on stderr
+        throw ConfigError(no_valid);
     }
     return 0;
 }

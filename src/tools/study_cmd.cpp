@@ -378,13 +378,7 @@ std::vector<double> steady(const std::vector<double>& v) {
 MachineModel machine_model() {
     MachineModel mm;
     mm.cores = host_cores();
-    double g = 0;
-    if (!read_sgemm_cache(&g)) {
-        auto be = make_cpu_backend(1);
-        g = cpu_measure_sgemm_gflops(*be, 1024, 5);
-        write_sgemm_cache(g);
-    }
-    mm.matmul_gflops_per_core = g;
+    mm.matmul_gflops_per_core = host_sgemm_gflops_per_core();
     LinkFigures l;
     if (read_link_cache(&l)) mm.link_gbs = l.gbs, mm.link_latency_s = l.latency_s;
     mm.runtime_base_bytes = runtime_base_estimate();

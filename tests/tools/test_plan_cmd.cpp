@@ -134,3 +134,51 @@ TEST_F(PlanCmd, SweepsTheMicroBatchSize) {
     EXPECT_EQ(bad.status, 2) << bad.output;
     EXPECT_NE(bad.output.find("data.micro_batch_size"), std::string::npos) << bad.output;
 }
+
+// No layout of the world size at all (a --parallel.KEY=V that does not divide it), or none that
+// is valid: exit 2 with the reason, not an empty table and exit 0.
+TEST_F(PlanCmd, NoValidLayoutIsExitTwoWithTheReason) {
+    RunResult r = plan("--world 8 --hardware h100-sxm --vocab-size 32000 --parallel.tp=3");
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("plan: no layout of 8 ranks has parallel.tp = 3: tp x cp x pp x dp must be 8 (each a "
+                            "divisor of it: 1, 2, 4, 8)"), std::string::npos) << r.output;
+    r = plan("--world 8 --hardware h100-sxm --vocab-size 32000 --parallel.tp=2 --parallel.pp=2 --parallel.dp=4");
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("has parallel.tp = 2, parallel.pp = 2, parallel.dp = 4"), std::string::npos) << r.output;
+    // Every layout of 3 ranks is invalid for 16 heads split 3 ways or 16 layers in 3 stages,
+    // except dp 3 and cp 3 -- which global_batch = 8 rules out (not a multiple of 3).
+    r = plan("--world 3 --hardware h100-sxm --vocab-size 32000 --train.global_batch=8");
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("invalid layout(s):"), std::string::npos) << r.output;  // the reasons, then the error
+    EXPECT_NE(r.output.find("plan: none of the 4 layouts of 3 ranks is valid for this deck (the reasons are listed "
+                            "above)"), std::string::npos) << r.output;
+    r = plan("--world 3 --hardware h100-sxm --vocab-size 32000 --train.global_batch=8 --json");
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_EQ(r.output.front(), '[') << r.output;
+    EXPECT_NE(r.output.find("each row's reason is in the JSON"), std::string::npos) << r.output;
+}
+
+// Rows predicted within the planner's validated error of the fastest are marked as ties: in the
+// table ("tie", and a line saying what it means) and as "tie" in the JSON.
+TEST_F(PlanCmd, RowsWithinThePlannersErrorAreTies) {
+    // The 70 B example of docs/planner.md §9: its three fastest layouts are within 0.7%.
+    deck = fs::path(QUINTET_SOURCE_DIR) / "inputs/plan_70b.deck";
+    const RunResult j = plan("--world 1024 --hardware h100-sxm --json");
+    ASSERT_EQ(j.status, 0) << j.output;
+    write_file(dir / "plan.json", j.output);
+    const RunResult py = run_shell(
+        "/usr/bin/python3 -c \"import json; rows=json.load(open('" + (dir / "plan.json").string() +
+        "')); best=rows[0]; assert best['valid'] and best['fits'] and best['tie']; "
+        "assert all((r['tie'] is None) == (not r['valid']) for r in rows); "
+        "v=[r for r in rows if r['valid'] and r['fits']]; "
+        "assert all(r['tie'] == (r['tokens_per_s'] * 1.125 >= best['tokens_per_s']) for r in v); "
+        "n=sum(1 for r in v if r['tie']); assert 1 < n < len(v), (n, len(v)); print(n)\"");
+    if (py.status == 127) GTEST_SKIP() << "no python3";
+    ASSERT_EQ(py.status, 0) << py.output;
+    const size_t ties = std::stoul(py.output);
+    const RunResult t = plan("--world 1024 --hardware h100-sxm --top 0");
+    ASSERT_EQ(t.status, 0) << t.output;
+    EXPECT_EQ(count(t.output, "%  tie\n"), ties) << t.output;
+    EXPECT_NE(t.output.find("tie: " + std::to_string(ties) + " layouts are predicted within 12.5% of the fastest, the "
+                            "planner's validated error"), std::string::npos) << t.output;
+}

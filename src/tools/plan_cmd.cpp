@@ -17,6 +17,7 @@
 
 #include "quintet/core/error.hpp"
 #include "quintet/core/lists.hpp"
+#include "quintet/core/process.hpp"
 #include "quintet/deck/deck.hpp"
 #include "quintet/data/dataset.hpp"
 #include "quintet/io/token_data.hpp"
@@ -81,13 +82,6 @@ int parse_count(const std::string& key, const std::string& v, long lo, long hi) 
         throw ConfigError("plan: " + key + " = '" + v + "': expected an integer in [" + std::to_string(lo) + ", " +
                           std::to_string(hi) + "]");
     return int(x);
-}
-
-// This executable's path, for launching it under mpirun.
-std::string self_exe() {
-    char buf[4096];
-    const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-    return n > 0 ? std::string(buf, size_t(n)) : "quintet";
 }
 
 // Runs `mpirun -n 2 quintet peak --links` and parses its last line.

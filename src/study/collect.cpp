@@ -12,6 +12,7 @@
 #include "quintet/kernels/backend.hpp"
 #include "quintet/perf/host_peak.hpp"
 #include "quintet/perf/planner.hpp"
+#include "quintet/study/laws_study.hpp"
 #include "quintet/study/run_metrics.hpp"
 
 namespace quintet {
@@ -48,8 +49,14 @@ Collected collect(const Study& st, const std::vector<Case>& cases, bool parity) 
     h5::write_attr_string(f, "scaling", st.scaling);
     h5::write_attr_string(f, "study", st.text);
     h5::write_attr_string(f, "base_deck", st.base);
+    if (st.laws.present) {
+        h5::write_attr_string(f, "kind", "laws");
+        h5::write_attr_string(f, "laws_params", st.laws.params);
+        h5::write_attr_string(f, "laws_family", st.laws.family_text());
+    }
     std::map<std::string, RunResult> results;
-    int n_done = 0, n_missing = 0;
+    int n_done = 0, n_missing = 0, n_failed = 0;
+    std::string missing;
     for (const auto& c : cases) {
         if (!c.skip.empty()) continue;
         RunResult r = read_run(st, c);
@@ -57,9 +64,38 @@ Collected collect(const Study& st, const std::vector<Case>& cases, bool parity) 
         if (c.is_reference) continue;
         if (r.exit_status < 0) {
             ++n_missing;
+            missing += (missing.empty() ? "" : ",") + c.name;
             continue;
         }
         h5::Handle g = h5::group(h5::create_groups(f, "/runs/" + c.name));
+        if (c.laws.budget > 0) {
+            // What a law is fitted to (docs/formats.md): N counted three ways, D, C = 6 N D, the
+            // exact model FLOPs (attention included), and the final losses.
+            const LawsRun& L = c.laws;
+            h5::write_attr_f64(g, "budget", L.budget);
+            h5::write_attr_f64(g, "N", L.n);
+            h5::write_attr_f64(g, "N_total", L.counts.total);
+            h5::write_attr_f64(g, "N_non_embedding", L.counts.non_embedding);
+            h5::write_attr_f64(g, "N_active", L.counts.active);
+            h5::write_attr_f64(g, "D", L.tokens);
+            h5::write_attr_f64(g, "C", 6.0 * L.n * L.tokens);
+            h5::write_attr_i64(g, "steps", L.steps);
+            h5::write_attr_string(g, "shape", L.shape);
+            MachineModel mm = mm0;
+            mm.threads_per_rank = c.threads;
+            const PlanRow pr = plan_layout(c.deck, c.world, mm);
+            h5::write_attr_f64(g, "flops", pr.valid ? pr.flops_per_step * double(L.steps) : std::nan(""));
+            h5::write_attr_f64(g, "val_loss", r.eval_loss.empty() ? std::nan("") : r.eval_loss.back());
+            h5::write_attr_f64(g, "train_loss_smoothed", smoothed_final(r.loss, st.laws.smooth));
+        }
+        if (r.exit_status != 0) {
+            // A failed run: listed with its status, no series (a law leaves it out).
+            h5::write_attr_i64(g, "world", c.world), h5::write_attr_i64(g, "exit_status", r.exit_status);
+            h5::write_attr_string(g, "deck", deck_to_text(c.deck));
+            h5::write_attr_string(g, "status", "failed");
+            ++n_failed;
+            continue;
+        }
         const auto& p = c.deck.parallel;
         h5::write_attr_i64(g, "tp", p.tp), h5::write_attr_i64(g, "cp", p.cp), h5::write_attr_i64(g, "dp", p.dp);
         h5::write_attr_i64(g, "pp", p.pp), h5::write_attr_i64(g, "ep", p.ep), h5::write_attr_i64(g, "world", c.world);
@@ -131,10 +167,13 @@ Collected collect(const Study& st, const std::vector<Case>& cases, bool parity) 
                         std::isfinite(el) ? std::to_string(el).c_str() : "-");
         }
     }
+    if (st.laws.present) h5::write_attr_string(f, "laws_missing", missing);
     f.reset();
     fs::rename(tmp, out);
-    std::printf("study: %d run(s) collected into %s%s\n", n_done, out.c_str(),
-                n_missing ? (" (" + std::to_string(n_missing) + " not finished yet)").c_str() : "");
+    std::string notes;
+    if (n_failed) notes += std::to_string(n_failed) + " failed";
+    if (n_missing) notes += (notes.empty() ? "" : ", ") + std::to_string(n_missing) + " not finished yet";
+    std::printf("study: %d run(s) collected into %s%s\n", n_done, out.c_str(), notes.empty() ? "" : (" (" + notes + ")").c_str());
     std::fflush(stdout);
     return {n_done, n_missing};
 }

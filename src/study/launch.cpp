@@ -91,6 +91,7 @@ int run_local(const Study& st, const std::vector<Case>& cases, bool dry) {
             continue;
         }
         fs::create_directories(run_dir(st, *c));
+        fs::remove(failed_marker(st, *c));
         std::ofstream(run_dir(st, *c) + "/command") << line << "\n";
         const double r0 = now_s();
         const int rc = run_process(args, run_dir(st, *c) + "/train.log", false, {"OMP_NUM_THREADS=" + std::to_string(c->threads)});
@@ -98,9 +99,12 @@ int run_local(const Study& st, const std::vector<Case>& cases, bool dry) {
         const double el = (now_s() - t0);
         const double took = (now_s() - r0);
         const double eta = el / i * double(todo.size() - size_t(i));
-        std::ofstream(done_marker(st, *c) + ".tmp") << rc << "\n";
-        if (rc == 0) fs::rename(done_marker(st, *c) + ".tmp", done_marker(st, *c));
-        else fs::remove(done_marker(st, *c) + ".tmp"), ++failed;
+        // study_done for a finished run, study_failed (its exit status) for one that failed: a
+        // re-run of the study runs it again, and study.h5 lists it meanwhile.
+        const std::string marker = rc == 0 ? done_marker(st, *c) : failed_marker(st, *c);
+        std::ofstream(marker + ".tmp") << rc << "\n";
+        fs::rename(marker + ".tmp", marker);
+        if (rc != 0) ++failed;
         const RunResult r = rc == 0 ? read_run(st, *c) : RunResult{};
         char b[400];
         if (rc == 0)

@@ -26,7 +26,11 @@ std::vector<double> steady(const std::vector<double>& v) {
 RunResult read_run(const Study& st, const Case& c) {
     RunResult r;
     std::ifstream m(done_marker(st, c));
-    if (!(m >> r.exit_status)) return r;
+    if (!(m >> r.exit_status)) {
+        std::ifstream failed(failed_marker(st, c));  // a run that ended with an error: its status, nothing else
+        if (!(failed >> r.exit_status)) r.exit_status = -1;
+        return r;
+    }
     const std::string path = run_dir(st, c) + "/metrics.h5";
     if (!fs::exists(path)) return r;
     h5::silence_errors();
@@ -41,6 +45,7 @@ RunResult read_run(const Study& st, const Case& c) {
     r.mfu = train(ms::kMfu);
     r.mfu_matmul = train(ms::kMfuMatmul);
     r.step_time = train(ms::kStepTime);
+    r.eval_loss = h5::read_f64(f, ms::path(ms::kEval, ms::kLoss));
     r.expert_load = h5::read_f64(f, ms::kExpertLoad);
     for (const char* k : {ms::kTpComm, ms::kCpExposed, ms::kTimeDpReduce, ms::kEpDispatch, ms::kEpCombine, ms::kTimePipelineWait})
         r.timing[k] = h5::read_f64(f, ms::path(ms::kTiming, k));

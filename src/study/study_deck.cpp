@@ -49,8 +49,11 @@ Study read_study(const std::string& path) {
         if (kv.count(o.string_key)) throw ConfigError("study deck key '" + o.string_key + "' is given twice");
         kv[o.string_key] = o.value[0];
     }
+    std::map<std::string, std::string> laws;
     for (const auto& [k, v] : kv) {
-        if (k.rfind("vary.", 0) == 0) {
+        if (k.rfind("laws.", 0) == 0) {
+            laws[k.substr(5)] = v;
+        } else if (k.rfind("vary.", 0) == 0) {
             const std::string key = k.substr(5);
             Deck probe;
             bool known = false;
@@ -98,6 +101,24 @@ Study read_study(const std::string& path) {
         }
     }
     if (st.base.empty()) throw ConfigError("study deck '" + path + "': [study] base = DECK is required");
+    if (!laws.empty()) {
+        st.laws = read_laws_section(laws);
+        // A law compares shapes and budgets on one footing: one layout, world and thread count.
+        auto one = [&](const char* key, size_t n) {
+            if (n > 1)
+                throw ConfigError(std::string("study deck key 'study.") + key + "' lists " + std::to_string(n) +
+                                  " values: a [laws] study runs every (budget, shape) the same way, so give one");
+        };
+        one("worlds", st.worlds.size()), one("threads", st.threads.size()), one("layouts", st.layouts.size());
+        if (!st.vary.empty())
+            throw ConfigError("study deck: [vary] with [laws]: a law's runs differ only in budget and shape (give the "
+                              "other keys in the base deck or the shapes)");
+        if (kv.count("study.steps"))
+            throw ConfigError("study deck key 'study.steps': a [laws] study derives each run's steps from its budget");
+        if (st.scaling != "none")
+            throw ConfigError("study deck key 'study.scaling' = '" + st.scaling + "': not with [laws] (the global batch is the base deck's "
+                              "or study.global_batch)");
+    }
     const fs::path beside = fs::path(path).parent_path() / st.base;
     if (!fs::exists(st.base) && fs::exists(beside)) st.base = beside.string();
     if (!fs::exists(st.base)) throw ConfigError("study deck key 'study.base' = '" + st.base + "': no such file");

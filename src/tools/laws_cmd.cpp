@@ -162,9 +162,13 @@ int laws_main(int argc, char** argv) {
         }
         fs::rename(tmp_png, out_png);
     }
-    for (const auto& w : rep.fit.warnings) std::fprintf(stderr, "laws: warning: %s\n", w.c_str());
-    for (const auto& w : rep.isoflop.warnings) std::fprintf(stderr, "laws: warning: %s\n", w.c_str());
+    auto warnings = [&] {
+        std::fflush(stdout);
+        for (const auto& w : rep.fit.warnings) std::fprintf(stderr, "laws: warning: %s\n", w.c_str());
+        for (const auto& w : rep.isoflop.warnings) std::fprintf(stderr, "laws: warning: %s\n", w.c_str());
+    };
     if (json) {
+        warnings();
         std::cout << text;
         return 0;
     }
@@ -211,6 +215,7 @@ int laws_main(int argc, char** argv) {
         }
     }
     if (!out_png.empty()) std::printf("\nwrote %s\n", out_png.c_str());
+    warnings();
     return 0;
 }
 

@@ -61,11 +61,27 @@ const char* kStudyUsage =
     "  steps = N                   train.steps of every run (default the base deck's)\n"
     "  mpirun_flags = ...          extra mpirun flags for --submit local (default --oversubscribe)\n"
     "  sbatch_flags = ...          extra sbatch flags for --submit slurm (partition, account, time)\n"
-    "[vary] section: any deck key with a list, e.g. `data.micro_batch_size = 4, 8` (a grid).\n";
+    "[vary] section: any deck key with a list, e.g. `data.micro_batch_size = 4, 8` (a grid).\n"
+    "\n"
+    "A scaling-law study: a [laws] section instead of layouts and [vary] (one world, layout and\n"
+    "thread count; docs/scaling-laws.md):\n"
+    "  budgets = 1e13, 3e13, 1e14   FLOP budgets, C = 6 N D\n"
+    "  shapes = d_model=64 n_layers=2 n_heads=2; d_model=128 n_layers=4 n_heads=4\n"
+    "                              the model family as a list of shapes (';'-separated model keys), or\n"
+    "  family = widths=64,96,128 aspect=32 head_dim=32 [ffn_ratio=R] [q_per_kv=G]\n"
+    "                              a rule: n_layers = width / aspect, n_heads = width / head_dim (the\n"
+    "                              base deck's ratios where omitted)\n"
+    "  params = active             N counts total, non_embedding or active parameters\n"
+    "  smooth = 0.1                the smoothed final training loss: over this last fraction of steps\n"
+    "  warmup_fraction = F         train.warmup = F x each run's steps (default: the base deck's)\n"
+    "Each (budget, shape) trains on D = C / (6 N) tokens: train.steps = D / (global batch x seq_len),\n"
+    "so the cosine schedule ends with the run; eval.every = steps gives the final validation loss.\n"
+    "study.h5 gets N (three counts), D, C, the exact FLOPs, the final losses; fit with quintet laws.\n";
 
 // DIR/plots/ from study.h5 (a missing matplotlib is a warning: study.h5 is complete without it).
 void plot(const Study& st, const Collected& c) {
     if (c.done == 0) return;
+    if (st.laws.present) std::printf("study: fit the law with: quintet laws %s [-o law.png] [--json]\n", st.dir.c_str());
     try {
         const int rc = run_python(project_script("plot_study.py"), {st.dir});
         if (rc != 0) std::fprintf(stderr, "study: warning: plot_study.py exited %d (study.h5 is complete)\n", rc);
@@ -113,13 +129,23 @@ int study_main(int argc, char** argv) {
     }
     if (deck.empty()) throw ConfigError(std::string("study: no STUDY.deck given\n") + kStudyUsage);
     Study st = read_study(deck);
+    if (parity && st.laws.present)
+        throw ConfigError("study: --parity compares layouts with one rank; a [laws] study runs one layout");
     const auto cases = make_cases(st, parity);
     int runs = 0;
     for (const auto& c : cases) {
         if (c.skip.empty()) ++runs;
         else std::printf("study: %s skipped: %s\n", c.name.c_str(), c.skip.c_str());
     }
-    std::printf("study %s: %d run(s) in %s (%s scaling)\n", deck.c_str(), runs, st.dir.c_str(), st.scaling.c_str());
+    if (st.laws.present) {
+        std::printf("study %s: %d run(s) in %s (scaling law: %zu budget(s), N = %s parameters)\n", deck.c_str(), runs,
+                    st.dir.c_str(), st.laws.budgets.size(), st.laws.params.c_str());
+        for (const auto& c : cases)
+            if (c.skip.empty())
+                std::printf("  %-28s N = %-10.4g D = %-10.4g steps = %lld\n", c.name.c_str(), c.laws.n, c.laws.tokens,
+                            (long long)c.laws.steps);
+    } else
+        std::printf("study %s: %d run(s) in %s (%s scaling)\n", deck.c_str(), runs, st.dir.c_str(), st.scaling.c_str());
     if (runs == 0) throw ConfigError("study: no case of " + deck + " can run (see the reasons above)");
     if (!dry) {
         fs::create_directories(st.dir + "/runs");

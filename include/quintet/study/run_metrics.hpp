@@ -12,8 +12,9 @@ namespace quintet {
 
 struct RunResult {
     bool done = false;     // exit status 0 and a loss curve
-    int exit_status = -1;  // -1: no marker (not finished, or never started)
+    int exit_status = -1;  // -1: no marker (not finished, or never started); > 0: the run failed (study_failed)
     std::vector<double> step, loss, grad_norm, tps, mfu, mfu_matmul, step_time, expert_load;
+    std::vector<double> eval_loss;  // /eval/loss, one per evaluation
     std::map<std::string, std::vector<double>> timing;
     std::vector<double> memory;  // [ranks, 6] the last step's: params, grads, optimizer, activations, buffers, peak_rss
     int ranks = 0;

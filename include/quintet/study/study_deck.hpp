@@ -1,12 +1,14 @@
 // The study deck (docs/studies.md): a [study] section naming the base training deck and what
 // varies across runs (worlds, layouts, threads, seeds, scaling), and a [vary] section of deck
-// keys with lists. Every key and value is checked here, before any run starts.
+// keys with lists -- or a [laws] section (docs/scaling-laws.md): budgets and model shapes. Every key and value is checked here, before any run starts.
 #pragma once
 #include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "quintet/study/laws_study.hpp"
 
 namespace quintet {
 
@@ -21,6 +23,7 @@ struct Study {
     std::vector<std::map<std::string, std::string>> layouts{{}};  // [parallel] settings, one map per layout
     std::vector<std::pair<std::string, std::vector<std::string>>> vary;  // deck key -> values (a grid)
     int global_batch = 0, steps = 0;
+    LawsSpec laws;  // a [laws] section: runs laid out by FLOP budget (study/laws_study.hpp)
 };
 
 // Reads and checks a study deck; throws ConfigError naming the key, the value and what is valid.

@@ -115,6 +115,39 @@ Shape family_shape(const FamilyRule& rule, const Deck& base, int width) {
     return s;
 }
 
+std::vector<Shape> family_candidates(const FamilyRule& rule, const Deck& base) {
+    std::vector<Shape> out;
+    if (!rule.widths.empty()) {
+        for (int w : rule.widths) out.push_back(family_shape(rule, base, w));
+        return out;
+    }
+    const ModelConfig& m = base.model;
+    const int head_dim = rule.head_dim > 0 ? rule.head_dim : m.d_model / m.n_heads;
+    const int base_kv = m.n_kv_heads > 0 ? m.n_kv_heads : m.n_heads;
+    const int q_per_kv = rule.q_per_kv > 0 ? rule.q_per_kv : std::max(1, m.n_heads / base_kv);
+    for (int w = head_dim * q_per_kv; w <= 65536; w += head_dim * q_per_kv) out.push_back(family_shape(rule, base, w));
+    return out;
+}
+
+std::vector<Shape> parse_shapes(const std::string& text, const std::string& key) {
+    std::vector<Shape> shapes;
+    size_t i = 0;
+    for (const auto& one : split_list(text, ';')) {
+        Shape sh;
+        for (const auto& item : split_list(one, ' ')) {
+            const auto eq = item.find('=');
+            if (eq == std::string::npos)
+                throw ConfigError(key + ": '" + item + "' is not KEY=VALUE (e.g. d_model=128 n_layers=4 n_heads=4)");
+            const std::string value = item.substr(eq + 1);
+            sh.keys.push_back({shape_key(item.substr(0, eq), value, key), value});
+        }
+        sh.name = shape_name(sh.keys, i++);
+        shapes.push_back(sh);
+    }
+    if (shapes.empty()) throw ConfigError(key + " is empty: ';'-separated shapes, e.g. d_model=64 n_layers=2; d_model=128 n_layers=4");
+    return shapes;
+}
+
 double ParamCounts::of(const std::string& kind) const {
     return kind == "total" ? total : kind == "non_embedding" ? non_embedding : active;
 }
@@ -147,20 +180,7 @@ LawsSpec read_laws_section(const std::map<std::string, std::string>& kv) {
             if (std::adjacent_find(s.budgets.begin(), s.budgets.end()) != s.budgets.end())
                 throw ConfigError(key + " = '" + v + "': a budget is listed twice");
         } else if (k == "shapes") {
-            size_t i = 0;
-            for (const auto& one : split_list(v, ';')) {
-                Shape sh;
-                for (const auto& item : split_list(one, ' ')) {
-                    const auto eq = item.find('=');
-                    if (eq == std::string::npos)
-                        throw ConfigError(key + ": '" + item + "' is not KEY=VALUE (e.g. d_model=128 n_layers=4 n_heads=4)");
-                    const std::string value = item.substr(eq + 1);
-                    sh.keys.push_back({shape_key(item.substr(0, eq), value, key), value});
-                }
-                sh.name = shape_name(sh.keys, i++);
-                s.shapes.push_back(sh);
-            }
-            if (s.shapes.empty()) throw ConfigError(key + " is empty: ';'-separated shapes, e.g. d_model=64 n_layers=2; d_model=128 n_layers=4");
+            s.shapes = parse_shapes(v, key);
         } else if (k == "family") {
             s.family = parse_family(v, "study deck key 'laws.family'");
             if (s.family.widths.empty()) throw ConfigError(key + " = '" + v + "': a study's family needs widths=W1,W2,...");

@@ -38,6 +38,14 @@ FamilyRule parse_family(const std::string& text, const std::string& key);  // ke
 // ConfigError when the width does not split into heads of head_dim (or kv heads).
 Shape family_shape(const FamilyRule& rule, const Deck& base, int width);
 
+// The shapes a plan may pick from: the rule's widths, or (none given) every width that splits
+// into whole heads and kv heads, from one head up to 65536.
+std::vector<Shape> family_candidates(const FamilyRule& rule, const Deck& base);
+
+// ';'-separated shapes of model keys ("d_model=64 n_layers=2; d_model=128 n_layers=4"), each
+// key and value checked as the deck checks it; `key` names the source in messages.
+std::vector<Shape> parse_shapes(const std::string& text, const std::string& key);
+
 // Parameters of a model, counted three ways: total (every trained tensor), non_embedding
 // (without the token embedding and the LM head), active (what a token multiplies: the LM head
 // included, the embedding lookup not, only the k routed experts of a MoE layer -- the P of the

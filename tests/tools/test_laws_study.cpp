@@ -133,6 +133,23 @@ TEST_F(LawsStudy, RunsByBudgetGathersAndFits) {
     EXPECT_EQ(law["points"].size(), 6u);
     EXPECT_EQ(law["params"], "non_embedding");
     EXPECT_EQ(law["family"], "widths=16,24,32 aspect=16 head_dim=8");
+    // The study as CSV (scripts/laws_csv.py, where Debian's python3-h5py is installed) fits the same law.
+    if (run_shell("/usr/bin/python3 -c 'import h5py'").status == 0) {
+        const fs::path csv = dir / "a.csv";
+        const RunResult c = run_shell("/usr/bin/python3 " + std::string(QUINTET_SOURCE_DIR) + "/scripts/laws_csv.py " +
+                                      (dir / "a").string() + " " + csv.string());
+        ASSERT_EQ(c.status, 0) << c.output;
+        auto fit = [&](const std::string& in) {
+            const RunResult r = run_shell("(" + std::string(QUINTET_BINARY) + " laws " + in + " --bootstrap 0 --json 2>/dev/null)");
+            EXPECT_EQ(r.status, 0) << r.output;
+            return nlohmann::json::parse(r.output);
+        };
+        const auto from_h5 = fit((dir / "a").string()), from_csv = fit(csv.string());
+        for (const char* k : {"E", "A", "B", "alpha", "beta"}) {
+            const double a = from_h5[k]["value"].get<double>(), b = from_csv[k]["value"].get<double>();
+            EXPECT_NEAR(a, b, 1e-6 * std::fabs(a)) << k;
+        }
+    }
     // Another count on request.
     const RunResult t = run_quintet(0, "laws " + (dir / "a").string() + " --bootstrap 0 --params total --loss train");
     ASSERT_EQ(t.status, 0) << t.output;

@@ -389,23 +389,30 @@ IsoflopFit fit_isoflop(const std::vector<LawPoint>& points, const LawFitOptions&
             b.N_opt = std::exp(pr.x_opt), b.D_opt = C / (6.0 * b.N_opt), b.loss_opt = pr.loss_opt;
             double nlo = INFINITY, nhi = 0;
             for (const auto* p : pts) nlo = std::min(nlo, p->N), nhi = std::max(nhi, p->N);
-            if (b.N_opt < nlo || b.N_opt > nhi)
+            if (b.N_opt < nlo || b.N_opt > nhi) {
+                // Not a measured minimum: reported, but a and b (and their resamples) leave it out.
                 fit.warnings.push_back("IsoFLOP budget " + fmt(C) + ": the minimum N_opt = " + fmt(b.N_opt) +
                                        " lies outside the sampled N [" + fmt(nlo) + ", " + fmt(nhi) +
-                                       "] (extrapolated; add shapes on that side)");
-            logC.push_back(std::log(C)), logN.push_back(std::log(b.N_opt)), logD.push_back(std::log(b.D_opt));
+                                       "] (extrapolated: left out of a and b; add shapes on that side)");
+            } else {
+                b.used = true;
+                logC.push_back(std::log(C)), logN.push_back(std::log(b.N_opt)), logD.push_back(std::log(b.D_opt));
+            }
         }
         fit.budgets.push_back(b);
     }
     if (logC.size() < 2) {
         fit.why = by_budget.size() < 2 ? "one budget: the exponents a and b need the minima of at least two budgets"
-                                       : "fewer than two budgets have a minimum: a and b need at least two";
+                                       : "fewer than two budgets have a minimum inside their sampled N: a and b need at least two";
         fit.warnings.push_back("IsoFLOP: " + fit.why);
         return fit;
     }
     fit.ok = true;
     std::tie(fit.a.value, fit.log_kN) = line(logC, logN);
     std::tie(fit.b.value, fit.log_kD) = line(logC, logD);
+    std::set<double> used;
+    for (const auto& b : fit.budgets)
+        if (b.used) used.insert(b.C);
     // Bootstrap: each budget's runs resampled with replacement (the budgets themselves are fixed);
     // a resample needs two budgets with a minimum inside their sampled N.
     if (opt.bootstrap > 0) {
@@ -414,6 +421,7 @@ IsoflopFit fit_isoflop(const std::vector<LawPoint>& points, const LawFitOptions&
         for (int r = 0; r < opt.bootstrap; ++r) {
             std::vector<double> lc, ln, ld;
             for (const auto& [C, pts] : by_budget) {
+                if (!used.count(C)) continue;  // the budgets the fit itself used
                 std::uniform_int_distribution<size_t> pick(0, pts.size() - 1);
                 std::vector<const LawPoint*> sample;
                 for (size_t i = 0; i < pts.size(); ++i) sample.push_back(pts[pick(rng)]);

@@ -55,7 +55,7 @@ std::string law_json(const LawReport& r) {
     iso["log_kN"] = number(r.isoflop.ok ? r.isoflop.log_kN : NAN), iso["log_kD"] = number(r.isoflop.ok ? r.isoflop.log_kD : NAN);
     ordered_json budgets = ordered_json::array();
     for (const auto& b : r.isoflop.budgets) {
-        ordered_json o{{"C", b.C}, {"points", b.points}, {"parabola", {b.parabola[0], b.parabola[1], b.parabola[2]}}, {"ok", b.ok}};
+        ordered_json o{{"C", b.C}, {"points", b.points}, {"parabola", {b.parabola[0], b.parabola[1], b.parabola[2]}}, {"ok", b.ok}, {"used", b.used}};
         if (b.ok) o["N_opt"] = b.N_opt, o["D_opt"] = b.D_opt, o["loss_opt"] = b.loss_opt;
         else o["why"] = b.why;
         budgets.push_back(o);

@@ -196,8 +196,8 @@ int laws_main(int argc, char** argv) {
     std::printf("  %-12s %5s %12s %12s %12s\n", "budget C", "runs", "N_opt", "D_opt", "loss at N_opt");
     for (const auto& b : rep.isoflop.budgets) {
         if (b.ok)
-            std::printf("  %-12s %5d %12s %12s %12s\n", g4(b.C).c_str(), b.points, g4(b.N_opt).c_str(), g4(b.D_opt).c_str(),
-                        g4(b.loss_opt).c_str());
+            std::printf("  %-12s %5d %12s %12s %12s%s\n", g4(b.C).c_str(), b.points, g4(b.N_opt).c_str(), g4(b.D_opt).c_str(),
+                        g4(b.loss_opt).c_str(), b.used ? "" : "  (outside the sampled N: not in a, b)");
         else std::printf("  %-12s %5d  no minimum: %s\n", g4(b.C).c_str(), b.points, b.why.c_str());
     }
     if (rep.isoflop.ok) {

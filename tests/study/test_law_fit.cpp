@@ -202,6 +202,35 @@ TEST(LawFit, FitsThatCannotBeMadeSaySo) {
     EXPECT_NE(t.budgets[0].why.find("2 distinct N"), std::string::npos) << t.budgets[0].why;
 }
 
+TEST(LawFit, AnExtrapolatedIsoflopMinimumIsLeftOutOfTheExponents) {
+    // Budget 1e13's shapes all lie above its optimum: its parabola's minimum falls below the
+    // sampled N. It is reported (ok) but not used for a and b, which come from the other two.
+    auto pts = draw(kSmall, {1e12, 3e12, 1e13}, 5, 0.0, 1);
+    const double nopt = law_n_opt(kSmall, 1e13);
+    int k = 0;
+    for (auto& p : pts)
+        if (p.budget == 1e13) {
+            p.N = nopt * std::exp(0.5 * (k++ + 1)), p.D = p.C / (6 * p.N), p.loss = law_loss(kSmall, p.N, p.D);
+        }
+    LawFitOptions opt;
+    opt.bootstrap = 50;
+    const IsoflopFit iso = fit_isoflop(pts, opt);
+    ASSERT_EQ(iso.budgets.size(), 3u);
+    EXPECT_TRUE(iso.budgets[0].used && iso.budgets[1].used);
+    EXPECT_TRUE(iso.budgets[2].ok);
+    EXPECT_FALSE(iso.budgets[2].used);
+    EXPECT_LT(iso.budgets[2].N_opt, nopt * std::exp(0.5));
+    bool warned = false;
+    for (const auto& w : iso.warnings) warned = warned || w.find("extrapolated: left out of a and b") != std::string::npos;
+    EXPECT_TRUE(warned);
+    // a from the two measured minima alone, and the interval holds it.
+    ASSERT_TRUE(iso.ok);
+    const double a2 = std::log(iso.budgets[1].N_opt / iso.budgets[0].N_opt) / std::log(3.0);
+    EXPECT_NEAR(iso.a.value, a2, 1e-12);
+    EXPECT_LE(iso.a.lo, iso.a.value);
+    EXPECT_GE(iso.a.hi, iso.a.value);
+}
+
 TEST(LawFit, WarningsNameTheParameter) {
     // A law whose alpha lies beyond the grid of starts' [0, 2]: the warning names alpha.
     const LawParams steep{1.0, 5e5, 60.0, 2.3, 0.36};

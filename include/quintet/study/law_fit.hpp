@@ -90,6 +90,7 @@ struct IsoflopBudget {
     std::array<double, 3> parabola{0, 0, 0};  // loss = p0 + p1 log N + p2 (log N)^2
     double N_opt = 0, D_opt = 0, loss_opt = 0;
     bool ok = false;       // a minimum exists (p2 > 0, at least 3 distinct N)
+    bool used = false;     // ok and inside the sampled N: it enters a and b (an extrapolated minimum does not)
     std::string why;       // why not
 };
 

@@ -194,7 +194,10 @@ BudgetChoice choose_budget(const LawFile& law, double budget, double target_loss
     } else if (!law.family.empty() && law.family.find("widths=") != std::string::npos) {
         rule = parse_family(law.family, "plan: the law's family");
         rule.widths.clear();
-        b.family = "the law's family (" + law.family + ") at every width";
+        std::string ratios;  // the rule without its study's widths
+        for (const auto& item : split_list(law.family, ' '))
+            if (item.rfind("widths=", 0) != 0) ratios += (ratios.empty() ? "" : " ") + item;
+        b.family = "the law's family rule at any width (" + (ratios.empty() ? "the deck's ratios" : ratios) + ")";
         shapes = family_candidates(rule, deck);
     } else {
         b.family = "the deck's shape ratios at every width";

@@ -212,6 +212,8 @@ BudgetChoice choose_budget(const LawFile& law, double budget, double target_loss
         const double n = count_params(d.model).of(b.params);
         const double dist = std::fabs(std::log(n / b.n));
         if (dist < best) best = dist, b.shape = s, b.shape_n = n;
+        // Enumerated widths ascend and N grows with them: past N_opt and getting farther, stop.
+        if (rule.widths.empty() && n > b.n && dist > best) break;
     }
     if (!std::isfinite(best)) throw ConfigError("plan: the family has no shape to choose from");
     b.shape_d = b.flops / (6.0 * b.shape_n);
@@ -219,7 +221,7 @@ BudgetChoice choose_budget(const LawFile& law, double budget, double target_loss
     return b;
 }
 
-std::string budget_json(const BudgetChoice& b, const Deck& deck, const std::vector<PlanRow>& rows) {
+std::string budget_json(const BudgetChoice& b, const std::vector<PlanRow>& rows) {
     using nlohmann::ordered_json;
     auto num = [](double v) { return std::isfinite(v) ? ordered_json(v) : ordered_json(nullptr); };
     ordered_json shape = ordered_json::object();
@@ -228,7 +230,6 @@ std::string budget_json(const BudgetChoice& b, const Deck& deck, const std::vect
         const long x = std::strtol(v.c_str(), &end, 10);
         shape[k] = *end ? ordered_json(v) : ordered_json(x);
     }
-    (void)deck;
     ordered_json j;
     j["budget"] = {{"flops", b.flops},          {"N", b.n},
                    {"D", b.d},                  {"loss", b.loss},
@@ -396,7 +397,7 @@ int plan_main(int argc, char** argv) {
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (json) {
         if (top > 0 && size_t(top) < rows.size()) rows.resize(size_t(top));
-        std::cout << (from_law ? budget_json(choice, deck, rows) : plan_json(rows));
+        std::cout << (from_law ? budget_json(choice, rows) : plan_json(rows));
         return 0;
     }
     const Hardware& hw = target.hardware;

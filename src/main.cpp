@@ -78,7 +78,7 @@ constexpr Subcommand kSubcommands[] = {
      "run a scaling study (no mpirun: it launches the runs)", Runs::without_mpi,
      [](int c, char** v, MPI_Comm) { return quintet::study_main(c, v); }},
     {"laws", nullptr, "STUDY.h5|DATA.csv [--bootstrap N] [--json] [-o PLOT.png]",
-     "fit a scaling law to a study's runs (IsoFLOP profiles and L = E + A/N^a + B/D^b)", Runs::without_mpi,
+     "fit a scaling law to a study's runs (IsoFLOP profiles and L = E + A/N^alpha + B/D^beta)", Runs::without_mpi,
      [](int c, char** v, MPI_Comm) { return quintet::laws_main(c, v); }},
     {"plot", nullptr, "RUN_DIR... [-o FILE.png]",
      "plot metrics.h5 of one or several runs", Runs::without_mpi,

@@ -18,6 +18,7 @@ packages=(
   libsentencepiece-dev                  # tokenizers: spm: models, through the SentencePiece library
   nlohmann-json3-dev                    # tokenizers: tokenizer.json
   libicu-dev                            # tokenizers: tokenizer.json's NFC normalizer (Qwen 2)
+  liblbfgs-dev                          # scaling laws: L-BFGS for `quintet laws`
   python3-sentencepiece                 # the SentencePiece reference test
   python3 python3-numpy python3-h5py python3-torch  # reference model, benchmarks, HDF5 tools
   python3-matplotlib                    # plots (docs, quintet plot)

@@ -1,5 +1,5 @@
 // quintet: one MPI program, subcommands train | eval | prepare | generate | export | import | deck | peak | schedule,
-// and plan | study | plot | tokenize, which run without MPI. kSubcommands below is the one list: the
+// and plan | study | laws | plot | tokenize, which run without MPI. kSubcommands below is the one list: the
 // dispatch and the usage text are both made from it, so a new subcommand is one row.
 // Errors (exit statuses: docs/reliability.md): ConfigError (the same on every rank) ends the job
 // cleanly with status 2 after rank 0 prints it; any other failure prints "rank N: ..." and
@@ -77,6 +77,9 @@ constexpr Subcommand kSubcommands[] = {
     {"study", nullptr, "STUDY.deck [--submit local|slurm]",
      "run a scaling study (no mpirun: it launches the runs)", Runs::without_mpi,
      [](int c, char** v, MPI_Comm) { return quintet::study_main(c, v); }},
+    {"laws", nullptr, "STUDY.h5|DATA.csv [--bootstrap N] [--json] [-o PLOT.png]",
+     "fit a scaling law to a study's runs (IsoFLOP profiles and L = E + A/N^alpha + B/D^beta)", Runs::without_mpi,
+     [](int c, char** v, MPI_Comm) { return quintet::laws_main(c, v); }},
     {"plot", nullptr, "RUN_DIR... [-o FILE.png]",
      "plot metrics.h5 of one or several runs", Runs::without_mpi,
      [](int c, char** v, MPI_Comm) { return quintet::plot_main(c, v); }},

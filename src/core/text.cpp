@@ -1,7 +1,5 @@
 #include "quintet/core/text.hpp"
 
-#include <unistd.h>
-
 #include <cstdio>
 
 namespace quintet {
@@ -20,12 +18,6 @@ std::string human_count(double x) {
     else if (x >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", x / 1e3);
     else std::snprintf(buf, sizeof buf, "%.0f", x);
     return buf;
-}
-
-std::string self_exe() {
-    char buf[4096];
-    const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-    return n > 0 ? std::string(buf, size_t(n)) : "quintet";
 }
 
 }  // namespace quintet

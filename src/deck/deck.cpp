@@ -214,7 +214,8 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_enum("parallel.schedule", &p.schedule, {"1f1b", "interleaved", "gpipe", "zb_h1", "zbv"},
                  "pipeline schedule; zb_h1 and zbv split each backward into its input and weight parts and "
                  "fill the bubble with the latter (zbv: parallel.virtual_stages = 2, in a V)"),
-        opt_int("parallel.virtual_stages", &p.virtual_stages, 1, 1 << 20, "layer chunks per stage (interleaved; 2 for zbv)"),
+        opt_int("parallel.virtual_stages", &p.virtual_stages, 1, 1 << 20,
+                "layer chunks per stage (interleaved; zbv needs 2, which is then the default)"),
         opt_counts("parallel.pp_layers", &p.pp_layers,
                    "layers per stage as a comma list; a range a-b stands for a, a+1, ..., b (the syntax of moe.layers); "
                    "empty = even split"),
@@ -417,10 +418,13 @@ Deck deck_load(const std::string& deck_path, const std::vector<std::string>& ove
         }
     }
     std::vector<std::string> args;
-    for (auto& a : overrides) {
+    std::map<std::string, size_t> last;  // each key's last override: the one that holds
+    for (size_t i = 0; i < overrides.size(); ++i) {
+        const std::string& a = overrides[i];
         if (a.rfind("--", 0) != 0 || a.find('=') == std::string::npos)
             throw ConfigError("command line: '" + a + "': overrides are written --section.key=value");
-        args.push_back(a);
+        last[a.substr(2, a.find('=') - 2)] = i;
+        if (a.back() != '=') args.push_back(a);  // Boost refuses "--key=": empty values are set below
     }
     try {
         auto parsed = po::command_line_parser(args).options(desc).allow_unregistered().style(
@@ -429,8 +433,25 @@ Deck deck_load(const std::string& deck_path, const std::vector<std::string>& ove
     } catch (const po::error& e) {
         throw ConfigError(std::string("command line: ") + e.what());
     }
+    // An empty value (--data.val_path=): the key's own parser decides whether it is one.
+    for (size_t i = 0; i < overrides.size(); ++i) {
+        const std::string& a = overrides[i];
+        const std::string key = a.substr(2, a.find('=') - 2);
+        if (a.back() != '=' || last[key] != i) continue;
+        bool known = false;
+        for (auto& d : opts)
+            if (d.key == key) d.set(""), known = true;
+        if (!known) unknown_key(opts, key, "command line");
+        deck.given[key] = "";
+    }
+    deck_schedule_defaults(deck, deck.given.count("parallel.virtual_stages") > 0);
     derive_model(deck);
     return deck;
+}
+
+void deck_schedule_defaults(Deck& deck, bool virtual_stages_given) {
+    // ZB-V runs two chunks per stage in a V and nothing else: its virtual_stages need not be spelled out.
+    if (deck.parallel.schedule == "zbv" && !virtual_stages_given) deck.parallel.virtual_stages = 2;
 }
 
 std::string deck_value(const Deck& deck, const std::string& key) {

@@ -1,9 +1,13 @@
 #include "quintet/interop/weights.hpp"
 
 #include <mpi.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -178,7 +182,17 @@ void dtype_append(std::string& out, const float* x, size_t n, const std::string&
 }
 
 void write_atomically(const std::string& path, const std::function<void(const std::string& tmp)>& write) {
-    const std::string tmp = path + ".tmp";
+    // A fresh name beside it, never another file's: a failure removes only what it made.
+    std::string tmpl = path + ".tmp-XXXXXX";
+    std::vector<char> name(tmpl.begin(), tmpl.end());
+    name.push_back('\0');
+    const int fd = ::mkstemp(name.data());
+    if (fd < 0) throw RankError("cannot create a temporary file beside '" + path + "': " + std::strerror(errno));
+    const mode_t mask = ::umask(0);  // mkstemp makes it 0600; the output gets the usual 0666 & ~umask
+    ::umask(mask);
+    ::fchmod(fd, 0666 & ~mask);
+    ::close(fd);
+    const std::string tmp = name.data();
     try {
         write(tmp);
         std::error_code ec;
@@ -186,19 +200,9 @@ void write_atomically(const std::string& path, const std::function<void(const st
         if (ec) throw RankError("cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
     } catch (...) {
         std::error_code ec;
-        fs::remove_all(tmp, ec);
+        fs::remove(tmp, ec);
         throw;
     }
-}
-
-void check_output_path(const std::string& path, bool force, const std::string& what) {
-    if (path.empty()) throw ConfigError(what + " is required");
-    std::error_code ec;
-    if (fs::exists(path, ec) && !force)
-        throw ConfigError(what + " '" + path + "' exists; give --force to replace it");
-    const fs::path parent = fs::path(path).parent_path();
-    if (!parent.empty() && !fs::is_directory(parent, ec))
-        throw ConfigError(what + " '" + path + "': the folder '" + parent.string() + "' does not exist");
 }
 
 }  // namespace quintet

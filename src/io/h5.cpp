@@ -88,6 +88,29 @@ int64_t read_attr_i64(hid_t obj, const std::string& name) {
     return v;
 }
 
+double read_attr_f64(hid_t obj, const std::string& name) {
+    Handle a = attr(check(H5Aopen(obj, name.c_str(), H5P_DEFAULT), "open attribute " + name));
+    double v = 0;
+    check(H5Aread(a, H5T_NATIVE_DOUBLE, &v), "read attribute " + name);
+    return v;
+}
+
+std::vector<std::string> child_names(hid_t loc, const std::string& group) {
+    std::vector<std::string> out;
+    Handle g = h5::group(check(H5Gopen2(loc, group.c_str(), H5P_DEFAULT), "open group " + group));
+    H5G_info_t info;
+    check(H5Gget_info(g, &info), "read group " + group);
+    for (hsize_t i = 0; i < info.nlinks; ++i) {
+        const ssize_t n = H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+        if (n < 0) continue;
+        std::string name(size_t(n) + 1, '\0');
+        H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(), H5P_DEFAULT);
+        name.resize(size_t(n));
+        out.push_back(name);
+    }
+    return out;
+}
+
 bool exists(hid_t loc, const std::string& path) {
     size_t pos = 0;
     while (true) {

@@ -443,8 +443,17 @@ std::vector<PlanRow> plan_all(const Deck& deck, int world, const PlanTarget& tar
         if (a.fits != b.fits) return a.fits;
         return a.tokens_per_s > b.tokens_per_s;
     });
+    // Ties with the first row: a time per token within the planner's error of its.
+    if (!rows.empty() && rows.front().valid) {
+        const PlanRow& best = rows.front();
+        const double err = plan_error(target);
+        for (PlanRow& r : rows)
+            r.tie = r.valid && r.fits == best.fits && r.tokens_per_s * (1 + err) >= best.tokens_per_s;
+    }
     return rows;
 }
+
+double plan_error(const PlanTarget& target) { return target.hardware.host ? 0.10 : 0.125; }
 
 std::vector<PlanRow> plan_all(const Deck& deck, int world, const MachineModel& machine, const PlanSweep& sweep,
                               double device_memory_bytes) {
@@ -505,12 +514,13 @@ std::string plan_json(const std::vector<PlanRow>& rows) {
               << ", \"step_time_s\": " << num(r.step_time_s) << ", \"tokens_per_s\": " << num(r.tokens_per_s)
               << ", \"global_batch\": " << r.global_batch << ", \"params_total\": " << num(r.params_total)
               << ", \"params_active\": " << num(r.params_active) << ", \"flops_per_step\": " << num(r.flops_per_step)
-              << ", \"tflops_per_device\": " << num(r.tflops_per_device) << ", \"mfu\": " << num(r.mfu);
+              << ", \"tflops_per_device\": " << num(r.tflops_per_device) << ", \"mfu\": " << num(r.mfu)
+              << ", \"tie\": " << (r.tie ? "true" : "false");
         } else {
             o << ", \"fits\": null, \"stage\": null, \"memory_bytes\": null, \"comm_bytes\": null, \"comm_s\": null, "
                  "\"links\": null, \"bubble\": null, \"compute_s\": null, \"step_time_s\": null, \"tokens_per_s\": null, "
                  "\"global_batch\": null, \"params_total\": null, \"params_active\": null, \"flops_per_step\": null, "
-                 "\"tflops_per_device\": null, \"mfu\": null";
+                 "\"tflops_per_device\": null, \"mfu\": null, \"tie\": null";
         }
         o << "}";
     }

@@ -33,7 +33,8 @@ Telemetry::Telemetry(RankModel& model, std::string deck_text)
         // MFU's denominator: the FMA peak of the cores the job runs on (cached per host).
         HostPeak hp;
         peak_flops_ = job_fma_peak_flops(grid.world(), be.threads(), &hp);
-        peak_what_ = "FMA peak, " + hp.isa + ", " + hp.source;
+        peak_what_ = "FMA peak, " + hp.isa + ", " + hp.describe();
+        host_cores_used_ = hp.gflops_per_core > 0 ? peak_flops_ / (hp.gflops_per_core * 1e9) : 0;
         // The achieved share of the measured matmul rate, the second column: every rank's sgemm
         // at once (so shared cores are not counted twice); 1024^3, best of 5, and per node the
         // best seen on this host (job_sgemm_flops): short runs read 30% low on a busy machine.
@@ -224,19 +225,27 @@ void Telemetry::record_step(int64_t s, const StepStats& st, bool skipped, const 
         std::snprintf(b, sizeof b, "%.4g", x / 1e9);
         return std::string(b);
     };
+    // The cached figures of this host are then marked, so the next run (or plan) measures them
+    // again (rank 0; the caches are per host).
+    const bool host = host_cores_used_ > 0 && grid.rank() == 0;
     if (achieved > matmul_flops_) {
-        if (!raised_matmul_)
+        if (!raised_matmul_) {
             log("note: step " + std::to_string(s) + " reached " + gflops(achieved) +
                 " GFLOP/s, above the sgemm rate measured at the start (" + gflops(matmul_flops_) +
                 "): that measurement was low (a busy machine); \"of sgemm\" reads against the fastest step from now on");
+            if (host) sgemm_note_achieved(achieved / 1e9 / host_cores_used_);
+        }
         raised_matmul_ = true;
         matmul_flops_ = achieved;
     }
     if (achieved > peak_flops_) {
-        if (!raised_peak_)
+        if (!raised_peak_) {
             log("note: step " + std::to_string(s) + " reached " + gflops(achieved) + " GFLOP/s, above the peak MFU " +
                 "is measured against (" + gflops(peak_flops_) + ", " + peak_what_ +
-                "): that figure is too low; MFU reads against the fastest step from now on");
+                "): that figure is too low; MFU reads against the fastest step from now on" +
+                (host ? "; the cached peak is raised and will be measured again by the next run" : ""));
+            if (host) host_peak_note_achieved(achieved / peak_flops_);
+        }
         raised_peak_ = true;
         peak_flops_ = achieved;
     }

@@ -27,7 +27,10 @@ Trainer::Trainer(RankModel& model, const std::string& deck_text, const DataSet& 
                    [this](const std::string& l) { telemetry_.log(l); }),
       nonfinite_(deck_.train, deck_.output.run_dir, grid_.rank(), [this](const std::string& l) { telemetry_.log(l); }),
       lock_(lock) {
-    if (deck_.eval.every > 0) eval_.emplace(model, sampler_);
+    if (deck_.eval.every > 0) {
+        eval_.emplace(model, sampler_);
+        for (const std::string& n : eval_->notes()) telemetry_.log("warning: " + n);
+    }
     // This replica's samples of every step are read a step ahead (the samples [g0, g0 + m) of step()).
     {
         const int64_t mbs = deck_.data.micro_batch_size, m = deck_.parallel.microbatches;

@@ -129,6 +129,21 @@ TEST(Tiktoken, WholePieceRuleAndFileChecks) {
     EXPECT_NE(bad(ranks + base64("ab") + " 7\n").find("rank 7 appears twice"), std::string::npos);
     EXPECT_NE(bad(ranks + base64("ab") + " x\n").find("line 257"), std::string::npos);
     EXPECT_NE(bad(ranks, {{"<s>", 5}}).find("is also a rank"), std::string::npos);
+    // A token given twice (two ranks for the same bytes), a multi-byte one or a byte's: the line.
+    EXPECT_NE(bad(ranks + base64("ab") + " 256\n" + base64("ab") + " 257\n")
+                  .find("x.tiktoken: line 258 ('YWI= 257'): its token is the token of line 257"),
+              std::string::npos)
+        << bad(ranks + base64("ab") + " 256\n" + base64("ab") + " 257\n");
+    EXPECT_NE(bad(ranks + base64("a") + " 300\n").find("line 257 ('YQ== 300'): its token is the token of line 98"),
+              std::string::npos);
+    // A binary file: its bytes shown as \xNN, the message whole (a NUL would have ended it).
+    std::string binary;
+    for (int i = 0; i < 3 * 256; ++i) binary += char(i % 256);
+    const std::string e = bad(binary);
+    EXPECT_NE(e.find("line 1 ('\\x00\\x01\\x02\\x03\\x04\\x05\\x06\\x07\\x08\\x09'): no space between token and rank; "
+                     "a .tiktoken file has one"),
+              std::string::npos) << e;
+    for (char c : e) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << "a raw byte " << int(static_cast<unsigned char>(c)) << " in: " << e;
     EXPECT_NE(bad("").find("no ranks"), std::string::npos);
     EXPECT_EQ(quintet::tiktoken_specials("<a>=5,<b>=6", "s").size(), 2u);
     EXPECT_EQ(quintet::tiktoken_specials("llama3", "s").size(), 256u);

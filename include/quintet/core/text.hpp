@@ -1,5 +1,4 @@
-// Small text helpers every command shares: numbers for people (durations, rates), and this
-// executable's path (for launching it again under mpirun or sbatch).
+// Numbers for people, as every command prints them: durations and rates.
 #pragma once
 #include <string>
 
@@ -9,7 +8,5 @@ namespace quintet {
 std::string human_seconds(double s);
 // 950, 13.9k, 2.35M.
 std::string human_count(double x);
-// This executable's path ("quintet" when /proc/self/exe cannot be read).
-std::string self_exe();
 
 }  // namespace quintet

@@ -56,11 +56,9 @@ size_t dtype_bytes(const std::string& dtype);
 // Appends `n` floats converted to `dtype`, little-endian.
 void dtype_append(std::string& out, const float* x, size_t n, const std::string& dtype);
 
-// Writes `path` through `write(tmp)` into "<path>.tmp" and renames it when write returns; on an
-// exception the temporary is removed and the exception passes on, so `path` is never half-written.
+// Writes `path` through `write(tmp)` into a fresh "<path>.tmp-XXXXXX" and renames it when write
+// returns; on an exception that temporary is removed and the exception passes on, so `path` is
+// never half-written. Where `path` may go: interop/output_path.hpp.
 void write_atomically(const std::string& path, const std::function<void(const std::string& tmp)>& write);
-
-// ConfigError unless `path` may be written: it does not exist, or `force`. `what` names the option.
-void check_output_path(const std::string& path, bool force, const std::string& what);
 
 }  // namespace quintet

@@ -72,6 +72,12 @@ std::string checkpoint_metrics_path(const std::string& checkpoint);
 // The path named by run_dir/checkpoints/latest, or "" when there is none.
 std::string checkpoint_latest(const std::string& run_dir);
 
+// The checkpoint file a command's `--checkpoint` names (`what`, e.g. "eval: --checkpoint"): a file
+// as it is; a run folder, its checkpoints/ folder (a trailing slash or not) or the `latest` file
+// in it: the checkpoint `latest` names. *note (when given) says which file a folder or `latest`
+// resolved to. ConfigError for a folder without `latest`, or a `latest` naming a missing file.
+std::string checkpoint_resolve(const std::string& given, const std::string& what, std::string* note = nullptr);
+
 // "" when `path` opens, every tensor reads in full and matches its stored checksum (checkpoints
 // from before the checksums: every tensor reads); else why not, e.g. "tensor /params/x does not
 // match its checksum". The ranks of `comm` share the reading. collective over comm

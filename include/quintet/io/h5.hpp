@@ -69,6 +69,8 @@ std::vector<double> read_f64(hid_t loc, const std::string& path, std::vector<hsi
 bool has_attr(hid_t obj, const std::string& name);
 std::string read_attr_string(hid_t obj, const std::string& name);
 int64_t read_attr_i64(hid_t obj, const std::string& name);
+double read_attr_f64(hid_t obj, const std::string& name);
+std::vector<std::string> child_names(hid_t loc, const std::string& group);  // the links in a group, by name
 bool exists(hid_t loc, const std::string& path);  // every link along the path exists
 hid_t create_groups(hid_t file, const std::string& path);  // mkdir -p of groups; returns the last
 std::vector<hsize_t> dataset_shape(hid_t dset);

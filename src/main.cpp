@@ -1,5 +1,5 @@
 // quintet: one MPI program, subcommands train | eval | prepare | generate | export | import | deck | peak | schedule,
-// and plan | study | laws | plot | tokenize, which run without MPI. kSubcommands below is the one list: the
+// and plan | study | laws | mup-check | plot | tokenize, which run without MPI. kSubcommands below is the one list: the
 // dispatch and the usage text are both made from it, so a new subcommand is one row.
 // Errors (exit statuses: docs/reliability.md): ConfigError (the same on every rank) ends the job
 // cleanly with status 2 after rank 0 prints it; any other failure prints "rank N: ..." and
@@ -80,6 +80,9 @@ constexpr Subcommand kSubcommands[] = {
     {"laws", nullptr, "STUDY.h5|DATA.csv [--bootstrap N] [--json] [-o PLOT.png]",
      "fit a scaling law to a study's runs (IsoFLOP profiles and L = E + A/N^alpha + B/D^beta)", Runs::without_mpi,
      [](int c, char** v, MPI_Comm) { return quintet::laws_main(c, v); }},
+    {"mup-check", nullptr, "DECK --widths W1,W2,... [--steps S] [--scheme standard|mup] [--json] [-o PNG]",
+     "the coordinate check of µP: each kind of layer output's RMS against width over a few steps", Runs::without_mpi,
+     [](int c, char** v, MPI_Comm) { return quintet::mup_check_main(c, v); }},
     {"plot", nullptr, "RUN_DIR... [-o FILE.png]",
      "plot metrics.h5 of one or several runs", Runs::without_mpi,
      [](int c, char** v, MPI_Comm) { return quintet::plot_main(c, v); }},

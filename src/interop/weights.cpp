@@ -64,7 +64,36 @@ ExportModel export_model_read(const std::string& path, const Tokenizer& tok) {
         t.data.assign(arena.begin() + long(s->offset), arena.begin() + long(s->offset + lt.numel()));
         m.tensors.push_back(std::move(t));
     }
+    fold_forward_multipliers(m);
     return m;
+}
+
+void fold_forward_multipliers(ExportModel& m) {
+    ModelConfig& c = m.deck.model;
+    auto scale = [](NamedTensor& t, double f) {
+        for (float& x : t.data) x = float(double(x) * f);
+    };
+    if (c.attn_mult != 1.0)  // q . k x scale x mult = (mult q) . k x scale: into every query projection
+        for (NamedTensor& t : m.tensors)
+            if (t.name.find(".self_attn.q_proj.weight") != std::string::npos ||
+                t.name.find(".self_attn.q_b_proj.weight") != std::string::npos)
+                scale(t, c.attn_mult);
+    if (c.logit_mult != 1.0) {
+        if (c.tie_embeddings) {  // the head as a tensor of its own (the embedding keeps its rows)
+            NamedTensor head = m.at("model.embed_tokens.weight");
+            head.name = "lm_head.weight";
+            m.tensors.push_back(std::move(head));
+            c.tie_embeddings = false;
+        }
+        for (NamedTensor& t : m.tensors)
+            if (t.name == "lm_head.weight") scale(t, c.logit_mult);
+    }
+    // What is written is now a plain model: the standard scheme's forward.
+    if (m.deck.init.scheme == "mup") {
+        m.deck.init.scheme = "scaled";
+        m.deck.init.base_width = m.deck.init.base_head_dim = 0;
+    }
+    c.logit_mult = c.attn_mult = 1.0;
 }
 
 // GPT-2's byte-to-unicode alphabet: byte b as the UTF-8 of the code point that stands for it.

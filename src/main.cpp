@@ -160,6 +160,11 @@ int main(int argc, char** argv) {
         if (rank == 0) std::fprintf(stderr, "quintet: error: %s\n", e.what());
         MPI_Finalize();
         return 3;
+    } catch (const quintet::FaultError& e) {
+        // Agreed on by every rank, temporaries already removed: report once, end cleanly, status 4.
+        if (rank == 0) std::fprintf(stderr, "quintet: error: %s\n", e.what());
+        MPI_Finalize();
+        return 4;
     } catch (const quintet::IoError& e) {
         // An I/O failure during the run: a transient fault (docs/reliability.md). Exit status 4.
         std::fprintf(stderr, "quintet: rank %d: error: %s\n", rank, e.what());

@@ -357,6 +357,14 @@ void remove_quietly(const fs::path& p) {
 
 }  // namespace
 
+void prepare_catch_signals() {
+    std::signal(SIGINT, on_prepare_signal);
+    std::signal(SIGTERM, on_prepare_signal);
+    std::signal(SIGUSR1, on_prepare_signal);
+}
+
+bool prepare_interrupted() { return stopping(); }
+
 std::string prepare_state_dir(const PrepareJob& job) {
     if (job.shard_tokens > 0) return (fs::path(job.output) / ".prepare").string();
     return job.output + ".prepare";
@@ -411,6 +419,17 @@ std::string prepare_check_output(const PrepareJob& job, const MpiCommunicator& w
     world.barrier();
     if (!fs::is_directory(parent, ec)) bad("cannot create its directory '" + parent.string() + "'");
     return "";
+}
+
+void prepare_tidy(const PrepareJob& job, const MpiCommunicator& world) {
+    const std::string state = prepare_state_dir(job);
+    std::error_code ec;
+    if (!fs::exists(state, ec)) return;
+    RunLock lock(state, world, 3600.0, nullptr, "prepare --output '" + job.output + "'");
+    if (world.rank() == 0)
+        for (const auto& e : fs::directory_iterator(state, ec))
+            if (e.path().filename() != "lock") remove_quietly(e.path());
+    lock.remove_folder_when_released();
 }
 
 TokenizerState prepare_saved_tokenizer(const PrepareJob& job) {
@@ -521,9 +540,7 @@ int prepare_run(const PrepareJob& job, const Tokenizer& tok, const MpiCommunicat
     }
     world.broadcast(refusal, sizeof refusal, 0);
     if (refusal[0]) throw ConfigError(refusal);
-    std::signal(SIGINT, on_prepare_signal);
-    std::signal(SIGTERM, on_prepare_signal);
-    std::signal(SIGUSR1, on_prepare_signal);
+    prepare_catch_signals();
 
     // 2. The units of work, and which inputs are text.
     const bool can_cut = tok.cuts_at_line_starts();
@@ -880,14 +897,15 @@ int prepare_run(const PrepareJob& job, const Tokenizer& tok, const MpiCommunicat
     std::signal(SIGTERM, SIG_DFL);
     std::signal(SIGUSR1, SIG_DFL);
 
-    double in_bytes = 0;
-    for (int64_t x : bytes) in_bytes += double(x);
+    double in_bytes = 0;  // encoded by this run
+    for (size_t u = 0; u < nu; ++u)
+        if (!done_before[u]) in_bytes += double(bytes[u]);
     double slowest = enc_s;
     world.all_reduce_max(&slowest, 1);
     if (rank == 0) {
         const int64_t all_docs = std::accumulate(docs.begin(), docs.end(), int64_t(0));
-        std::printf("prepare: encoded %.1f MB of %zu file(s) in %.2f s (%.1f MB/s; %d rank(s) x %d thread(s))\n",
-                    in_bytes / 1e6, job.files.size(), slowest, slowest > 0 ? in_bytes / 1e6 / slowest : 0.0, size,
+        std::printf("prepare: encoded %.1f MB of %zu file(s)%s in %.2f s (%.1f MB/s; %d rank(s) x %d thread(s))\n",
+                    in_bytes / 1e6, job.files.size(), resumed_units ? " (the rest was done before --resume)" : "", slowest, slowest > 0 ? in_bytes / 1e6 / slowest : 0.0, size,
                     threads);
         if (skipped_files)
             std::printf("prepare: skipped %lld input(s) that are not UTF-8 text (--binary skip; the first: '%s')\n",

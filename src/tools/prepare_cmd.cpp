@@ -234,6 +234,13 @@ int prepare_main(int argc, char** argv, MPI_Comm world_handle) {
                 bad_option(option, value, std::string("bpe has one special token, ") + kEndOfText + ", or give an id");
     }
 
+    prepare_catch_signals();
+    // A stop before the pipeline starts (reading the tokenizer, training bpe) leaves nothing.
+    auto stop_if_asked = [&] {
+        double stop = prepare_interrupted() ? 1.0 : 0.0;
+        world.all_reduce_max(&stop, 1);
+        if (stop > 0) throw FaultError("prepare: interrupted by a signal before any work was kept; nothing was written");
+    };
     PrepareJob job;
     job.files = corpus_inputs(inputs);
     job.sep = unescape(split_on);
@@ -264,6 +271,7 @@ int prepare_main(int argc, char** argv, MPI_Comm world_handle) {
     const bool documents = job.files.size() > 1 || !job.sep.empty() || n_jsonl > 0;
     const std::string complete = prepare_check_output(job, world);
     if (complete == "complete") {
+        prepare_tidy(job, world);
         if (rank == 0) std::cout << "prepare: '" << output << "' is a complete corpus already (manifest.json); nothing to resume" << std::endl;
         return 0;
     }
@@ -305,6 +313,7 @@ int prepare_main(int argc, char** argv, MPI_Comm world_handle) {
         // The end-of-text token exists when documents need it or --bos/--eos name it.
         tok = tokenizer_bpe(merges, documents || bos == kEndOfText || eos == kEndOfText, "gpt2", "bpe");
     }
+    stop_if_asked();
     job.bos_id = bos.empty() ? -1 : resolve_token("bos", bos, tok);
     job.eos_id = eos.empty() ? -1 : resolve_token("eos", eos, tok);
     if (documents && job.eos_id < 0) {

@@ -31,12 +31,21 @@ struct PrepareJob {
     int threads = 0;               // per rank; 0 = OMP_NUM_THREADS, else the rank's share of the node's cores
 };
 
+// SIGINT, SIGTERM and SIGUSR1 set a flag from here on (until prepare_run returns) that stops the
+// job at the next part of its work; prepare_interrupted() says whether one came.
+void prepare_catch_signals();
+bool prepare_interrupted();
+
 // The state folder of a job's output (DIR/.prepare for shards, FILE.prepare for one file).
 std::string prepare_state_dir(const PrepareJob& job);
 
 // Checks the output before any work: ConfigError (exit status 2) naming --output and what is
 // expected. Creates the output directory (shards) or the file's folder when missing. collective
 std::string prepare_check_output(const PrepareJob& job, const MpiCommunicator& world);
+
+// A complete output's leftover state folder (a stop that came after the manifest) removed, under
+// the lock. collective
+void prepare_tidy(const PrepareJob& job, const MpiCommunicator& world);
 
 // The tokenizer an interrupted prepare of this output trained (bpe), so --resume encodes with the
 // same merges; empty (kind "") when there is none.

@@ -17,51 +17,13 @@
 
 #include "bpe_merge.hpp"
 #include "quintet/core/error.hpp"
+#include "quintet/tokenizer/byte_alphabet.hpp"
 #include "quintet/tokenizer/pretokenizer.hpp"
 
 namespace quintet {
 namespace {
 
 using json = nlohmann::json;
-
-// GPT-2's byte-to-unicode alphabet: printable Latin-1 bytes stand for themselves, the other 68
-// bytes for U+0100 onwards. unicode_to_byte()[cp] = the byte, or -1.
-const std::array<int, 324>& unicode_to_byte() {
-    static const std::array<int, 324> table = [] {
-        std::array<int, 324> t;
-        t.fill(-1);
-        std::array<bool, 256> direct{};
-        for (int b = '!'; b <= '~'; ++b) direct[b] = true;
-        for (int b = 0xA1; b <= 0xAC; ++b) direct[b] = true;
-        for (int b = 0xAE; b <= 0xFF; ++b) direct[b] = true;
-        int n = 0;
-        for (int b = 0; b < 256; ++b) t[direct[b] ? b : 256 + n++] = b;
-        return t;
-    }();
-    return table;
-}
-
-// The bytes a vocabulary string stands for; false when a character is outside the alphabet.
-bool alphabet_to_bytes(const std::string& s, std::string& out) {
-    out.clear();
-    const auto& table = unicode_to_byte();
-    for (size_t i = 0; i < s.size();) {
-        const auto c = uint8_t(s[i]);
-        uint32_t cp;
-        if (c < 0x80) {
-            cp = c;
-            i += 1;
-        } else if ((c & 0xE0) == 0xC0 && i + 1 < s.size()) {
-            cp = (uint32_t(c & 0x1F) << 6) | (uint8_t(s[i + 1]) & 0x3F);
-            i += 2;
-        } else {
-            return false;  // the alphabet ends at U+0143: two UTF-8 bytes at most
-        }
-        if (cp >= table.size() || table[cp] < 0) return false;
-        out += char(table[cp]);
-    }
-    return true;
-}
 
 // Unicode NFC (the "NFC" normalizer, Qwen 2's) through ICU, on the UTF-8 directly. Text that is
 // all ASCII is NFC as it is.
@@ -294,7 +256,7 @@ Tokenizer read_tokenizer_json(const std::string& json_text, const std::string& o
         if (!idv.is_number_unsigned() || idv.get<uint64_t>() >= kMaxTokenId)
             refuse(origin, "/model/vocab/" + tok, idv.dump() + ": expected a token id, 0 .. " + std::to_string(kMaxTokenId - 1));
         const uint32_t id = idv.get<uint32_t>();
-        if (!alphabet_to_bytes(tok, bytes))
+        if (!byte_level_bytes(tok, bytes))
             refuse(origin, "/model/vocab/" + tok, "a character outside the byte-level alphabet: not a byte-level BPE "
                                                   "(for SentencePiece models use spm:FILE.model)");
         model->merger.add_token(id, bytes);

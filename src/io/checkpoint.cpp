@@ -332,6 +332,7 @@ std::string save(const MpiCommunicator& comm, const std::string& run_dir, const 
     h5::write_attr_i64(file, "format_version", kCheckpointFormatVersion);
     h5::write_attr_string(file, "layout", meta.layout);
     h5::write_attr_i64(file, "trained_context", meta.trained_context);
+    if (!meta.blend.empty()) h5::write_attr_string(file, "data_blend", meta.blend);
     // Every rank creates the group (collective metadata); rank 0 writes its bytes.
     if (!meta.tokenizer.empty()) tokenizer_store_write(file, "tokenizer", meta.tokenizer, rank == 0);
     for (const char* g : {"/params", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq"})
@@ -422,6 +423,7 @@ CheckpointMeta read_meta(hid_t file, const std::string& path) {
     meta.deck = h5::read_attr_string(file, "deck");
     meta.layout = h5::read_attr_string(file, "layout");
     if (h5::has_attr(file, "trained_context")) meta.trained_context = h5::read_attr_i64(file, "trained_context");
+    if (h5::has_attr(file, "data_blend")) meta.blend = h5::read_attr_string(file, "data_blend");
     meta.tokenizer = tokenizer_store_read(file, "tokenizer", "checkpoint '" + path + "'");
     return meta;
 }

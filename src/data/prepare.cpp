@@ -31,6 +31,7 @@
 
 #include "quintet/core/checksum.hpp"
 #include "quintet/core/error.hpp"
+#include "quintet/data/corpus_documents.hpp"
 #include "quintet/data/corpus_manifest.hpp"
 #include "quintet/io/run_lock.hpp"
 #include "quintet/io/token_data.hpp"
@@ -43,7 +44,7 @@ namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr size_t kBlock = size_t(8) << 20;  // bytes of text per part of a long document
+constexpr size_t kBlock = size_t(8) << 20;  // bytes of text per part of a long document (as in corpus_documents)
 constexpr size_t kHead = size_t(64) << 10;  // bytes of a text input checked to be text
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -54,199 +55,10 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 volatile std::sig_atomic_t g_signal = 0;
 extern "C" void on_prepare_signal(int sig) { g_signal = sig; }
 bool stopping() { return g_signal != 0; }
-struct Interrupted {};
-
-// Reads a plain file's lines, knowing where the next one starts.
-class LineReader {
-public:
-    explicit LineReader(ByteStream& in) : in_(in) {}
-    bool line(std::string& out) {
-        out.clear();
-        for (;;) {
-            const size_t nl = buf_.find('\n', at_);
-            if (nl != std::string::npos) {
-                out.append(buf_, at_, nl - at_);
-                at_ = nl + 1;
-                return true;
-            }
-            out.append(buf_, at_, std::string::npos);
-            buf_.clear();
-            at_ = 0;
-            if (in_.read(buf_, size_t(1) << 20) == 0) return !out.empty();
-        }
-    }
-    int64_t tell() const { return in_.tell() - int64_t(buf_.size() - at_); }
-
-private:
-    ByteStream& in_;
-    std::string buf_;
-    size_t at_ = 0;
-};
-
-// A part of a document: text[begin, end) of `text` (the pre-tokenizer sees all of `text`).
-struct Part {
-    std::string text;
-    size_t begin = 0, end = 0;
-    bool first = false, last = false;  // begins / ends its document
-    std::vector<uint32_t> ids;
-};
-
-// The last place in s[from, size) where a part may end: before a line starting with an ASCII
-// letter (tokenizer_cut's rule); 0 when none.
-size_t last_cut(const std::string& s, size_t from) {
-    for (size_t p = s.size(); p > from + 1; --p) {
-        const unsigned char c = static_cast<unsigned char>(s[p - 1]);
-        if (s[p - 2] == '\n' && ((c | 0x20) >= 'a' && (c | 0x20) <= 'z')) return p - 1;
-    }
-    return 0;
-}
-
-// A unit of work: bytes [begin, end) of one input (end -1: to its end); units depend on the file
-// alone, never on the number of ranks.
-struct Unit {
-    size_t file = 0;
-    int64_t begin = 0, end = -1;
-    bool first = true, last = true;  // the file's first / last unit
-};
 
 int64_t unit_bytes() {
     if (const char* e = std::getenv("QUINTET_PREPARE_UNIT_BYTES"); e && std::atoll(e) > 0) return std::atoll(e);
     return int64_t(64) << 20;
-}
-
-// The first place at or after `from` where a unit may begin; -1 when none before the end.
-int64_t next_boundary(const InputFile& f, int64_t from, bool jsonl) {
-    auto in = ByteStream::open(f);
-    in->seek(from - 1);
-    std::string buf;
-    int64_t base = from - 1;
-    while (in->read(buf, 1 << 16) > 0) {
-        for (size_t i = 1; i < buf.size(); ++i) {
-            const unsigned char c = static_cast<unsigned char>(buf[i]);
-            if (buf[i - 1] == '\n' && (jsonl || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z'))) return base + int64_t(i);
-        }
-        base += int64_t(buf.size()) - 1;
-        buf.erase(0, buf.size() - 1);
-    }
-    return -1;
-}
-
-int64_t lines_before(const InputFile& f, int64_t at) {
-    auto in = ByteStream::open(f);
-    std::string buf;
-    int64_t n = 0, seen = 0;
-    while (seen < at && in->read(buf, size_t(std::min<int64_t>(1 << 20, at - seen))) > 0) {
-        n += std::count(buf.begin(), buf.end(), '\n');
-        seen += int64_t(buf.size());
-        buf.clear();
-    }
-    return n;
-}
-
-// What one unit gave: tokens, documents, malformed lines skipped (the first few named).
-struct UnitCounts {
-    int64_t tokens = 0, documents = 0, bad_lines = 0;
-    int64_t bad_before = 0;  // this rank's malformed lines before the unit (the limit is checked on the sum)
-    std::vector<std::string> bad_examples;
-};
-
-// Streams the parts of one unit to `emit(Part&&)`, in order.
-template <class Emit>
-void for_each_part(const PrepareJob& job, const InputFile& file, const Unit& unit, bool can_cut, UnitCounts& counts,
-                   Emit&& emit, const std::function<void(int64_t)>& progress) {
-    auto in_ptr = ByteStream::open(file);
-    ByteStream& in = *in_ptr;
-    if (unit.begin > 0) in.seek(unit.begin);
-    if (file.format == InputFormat::jsonl) {
-        LineReader lines(in);
-        std::string line, text, why;
-        auto line_no = [&](int64_t n) { return std::to_string(n + (unit.begin > 0 ? lines_before(file, unit.begin) : 0)); };
-        for (int64_t n = 1; (unit.end < 0 || lines.tell() < unit.end) && lines.line(line); ++n) {
-            if (stopping()) throw Interrupted{};
-            if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines
-            if (!job.keys.text_of(line, text, why)) {
-                const std::string where = "input '" + file.path + "' line " + line_no(n) + ": " + why;
-                if (counts.bad_before + counts.bad_lines >= job.max_bad_lines)
-                    bad_input(where + (job.max_bad_lines > 0 ? " (more than --max-bad-lines = " +
-                                                                   std::to_string(job.max_bad_lines) + " malformed lines)"
-                                                             : " (--max-bad-lines N skips up to N such lines)"));
-                ++counts.bad_lines;
-                if (counts.bad_examples.size() < 5) counts.bad_examples.push_back(where);
-                continue;
-            }
-            if (text.empty()) continue;
-            Part p;
-            p.text = std::move(text);
-            p.end = p.text.size();
-            p.first = p.last = true;
-            emit(std::move(p));
-            if ((n & 1023) == 0) progress(in.raw_offset());
-        }
-        progress(in.raw_offset());
-        return;
-    }
-    std::string buf;
-    if (!job.sep.empty()) {
-        // Documents between separators, each whole (empty ones dropped).
-        auto doc = [&](std::string text) {
-            if (text.empty()) return;
-            Part p;
-            p.text = std::move(text);
-            p.end = p.text.size();
-            p.first = p.last = true;
-            emit(std::move(p));
-        };
-        for (bool more = true; more;) {
-            if (stopping()) throw Interrupted{};
-            more = in.read(buf, kBlock) > 0;
-            progress(in.raw_offset());
-            size_t at = 0;
-            for (size_t next; (next = buf.find(job.sep, at)) != std::string::npos; at = next + job.sep.size())
-                doc(buf.substr(at, next - at));
-            buf.erase(0, at);
-        }
-        doc(std::move(buf));
-        return;
-    }
-    // The whole file is one document, in parts cut where the tokenizer allows.
-    bool doc_open = !unit.first;  // the document's first part was emitted
-    auto left = [&] { return unit.end < 0 ? int64_t(kBlock) : std::min<int64_t>(int64_t(kBlock), unit.end - in.tell()); };
-    for (bool more = true; more;) {
-        if (stopping()) throw Interrupted{};
-        const int64_t n = left();
-        more = n > 0 && in.read(buf, size_t(n)) > 0;
-        progress(in.raw_offset());
-        if (!more || !can_cut || buf.size() < kBlock) continue;
-        const size_t cut = last_cut(buf, 0);
-        if (cut == 0) continue;
-        Part p;
-        p.text = buf;  // the pre-tokenizer sees past the cut
-        p.end = cut;
-        p.first = !doc_open;
-        doc_open = true;
-        emit(std::move(p));
-        buf.erase(0, cut);
-    }
-    if (buf.empty() && !doc_open) return;  // an empty file: no document
-    if (!unit.last) {
-        // A unit that ends inside the document: its last part sees a little of the next unit.
-        Part p;
-        p.end = buf.size();
-        p.text = std::move(buf);
-        std::string after;
-        in.seek(unit.end);
-        in.read(after, 4096);
-        p.text += after;
-        p.first = !doc_open;
-        emit(std::move(p));
-        return;
-    }
-    Part p;  // the rest, or an empty part that closes the document (its eos)
-    p.end = buf.size();
-    p.text = std::move(buf);
-    p.first = !doc_open;
-    p.last = true;
-    emit(std::move(p));
 }
 
 std::string unit_name(const std::string& state, size_t u, const char* ext) {
@@ -636,7 +448,7 @@ int prepare_run(const PrepareJob& job, const Tokenizer& tok, const MpiCommunicat
         std::vector<uint16_t> narrow;
         for (size_t u = 0; u < nu; ++u) {
             if (owner[u] != rank || done_before[u]) continue;
-            if (stopping()) throw Interrupted{};
+            if (stopping()) throw PrepareInterrupted{};
             const Unit& unit = units[u];
             UnitCounts counts;
             counts.bad_before = my_bad;
@@ -660,7 +472,7 @@ int prepare_run(const PrepareJob& job, const Tokenizer& tok, const MpiCommunicat
                     if (p.end > p.begin) tok.encode_range(p.text, p.begin, p.end, p.ids);
                     if (p.last && job.eos_id >= 0) p.ids.push_back(uint32_t(job.eos_id));
                 }
-                if (stop) throw Interrupted{};
+                if (stop) throw PrepareInterrupted{};
                 for (const Part& p : batch) {
                     size_t wrote = 0;
                     if (width == 2) {
@@ -709,7 +521,7 @@ int prepare_run(const PrepareJob& job, const Tokenizer& tok, const MpiCommunicat
             my_bad += counts.bad_lines;
             done_bytes = before + bytes[u];
         }
-    } catch (const Interrupted&) {
+    } catch (const PrepareInterrupted&) {
         status = 1;
         message = "stopped by signal " + std::to_string(int(g_signal));
     } catch (const ConfigError& e) {
@@ -826,7 +638,7 @@ int prepare_run(const PrepareJob& job, const Tokenizer& tok, const MpiCommunicat
             TokenFileWriter w(path, sb - sa, tok, job.eos_id, job.bos_id, shards ? kCorpusTokenizerName : "");
             size_t u = size_t(std::upper_bound(start.begin(), start.end(), sa) - start.begin()) - 1;
             for (int64_t at = sa; at < sb;) {
-                if (stopping()) throw Interrupted{};
+                if (stopping()) throw PrepareInterrupted{};
                 while (start[u + 1] <= at) ++u;
                 const int64_t n = std::min<int64_t>({sb - at, start[u + 1] - at, int64_t(buf.size())});
                 FILE* in = std::fopen(unit_name(state, u, ".ids").c_str(), "rb");
@@ -844,7 +656,7 @@ int prepare_run(const PrepareJob& job, const Tokenizer& tok, const MpiCommunicat
             shard_info[size_t(k) * 3 + 1] = uint64_t(w.offset());
             shard_info[size_t(k) * 3 + 2] = w.checksum();
         }
-    } catch (const Interrupted&) {
+    } catch (const PrepareInterrupted&) {
         status = 1;
         message = "stopped by signal " + std::to_string(int(g_signal));
     } catch (const IoError& e) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <thread>
 
 #include "quintet/io/token_data.hpp"
 #include "support/run_support.hpp"
@@ -149,6 +150,27 @@ TEST_F(PrepareCorpus, MalformedLineIsNamed) {
                            "' --jsonl-key text --tokenizer byte --output " + (dir / "x.h5").string());
     EXPECT_EQ(r.status, 2) << r.output;
     EXPECT_NE(r.output.find("matches no files"), std::string::npos) << r.output;
+}
+
+}  // namespace
+
+namespace {
+
+// Under mpirun each rank encodes on its share of the node's cores (not every core each), unless
+// told: OMP_NUM_THREADS or --threads.
+TEST_F(PrepareCorpus, RanksUseTheirShareOfTheCores) {
+    const int cores = int(std::thread::hardware_concurrency());
+    const std::string base = std::string("env -u OMP_NUM_THREADS ") + QUINTET_MPIEXEC +
+                             " --oversubscribe --allow-run-as-root --bind-to none -n 2 " + QUINTET_BINARY +
+                             " prepare --input " + (dir / "in").string() + " --jsonl-key text --tokenizer byte " +
+                             "--shard-tokens 5000 --output ";
+    RunResult r = run_shell(base + (dir / "share").string());
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("2 rank(s) x " + std::to_string(std::max(1, cores / 2)) + " thread(s)"), std::string::npos)
+        << r.output;
+    r = run_shell(base + (dir / "three").string() + " --threads 3");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("2 rank(s) x 3 thread(s)"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "quintet/data/dataset.hpp"
 #include "quintet/data/sampler.hpp"
 #include "quintet/deck/deck.hpp"
+#include "quintet/io/checkpoint.hpp"
 #include "quintet/io/token_data.hpp"
 #include "quintet/parallel/layout.hpp"
 #include "quintet/tools/commands.hpp"
@@ -32,7 +33,9 @@ const char* kUsage =
     "       quintet data inspect DECK (--sample N | --step S [--rank R --world W]) [--ids] [--section.key=value ...]\n"
     "                                                   a training sample (N = step * global batch + j) decoded\n"
     "                                                   exactly as the trainer draws it; --step S --rank R: every\n"
-    "                                                   sample rank R trains on at step S\n";
+    "                                                   sample rank R trains on at step S\n"
+    "The blend is the one of the deck's output.run_dir when it holds a checkpoint (weights changed on\n"
+    "a resume included), else the deck's weights.\n";
 
 [[noreturn]] void usage_error(const std::string& what) {
     throw ConfigError("quintet data: " + what + "\n" + kUsage);
@@ -151,15 +154,34 @@ DeckArgs parse_deck_args(const std::vector<std::string>& args) {
     return a;
 }
 
+// The blend of the deck's run: its latest checkpoint's segments (weights changed on a resume)
+// when output.run_dir holds one that matches the sources, else the deck's weights from sample 0.
+std::vector<BlendSegment> run_blend(const Deck& deck, const DataSet& data, std::string& note) {
+    std::vector<double> w;
+    for (const auto& s : data.train) w.push_back(s.weight >= 0 ? s.weight : double(s.len));
+    std::vector<BlendSegment> segs{{0, w}};
+    const std::string latest = checkpoint_latest(deck.output.run_dir);
+    if (latest.empty() || data.train.size() < 2) return segs;
+    try {
+        const auto stored = blend_segments_parse(checkpoint_read_meta(latest).blend);
+        if (!stored.empty() && stored[0].weights.size() == w.size()) {
+            note = "the blend of " + latest + " (" + std::to_string(stored.size()) + " segment(s))";
+            return stored;
+        }
+    } catch (const std::exception&) {
+    }
+    return segs;
+}
+
 int stats_main(const std::vector<std::string>& args) {
     const DeckArgs a = parse_deck_args(args);
     Deck deck = deck_load(a.deck, a.overrides);
     const DataSet data = data_open(deck.data);
     const int64_t G = deck_global_batch(deck, a.world), steps = a.steps >= 0 ? a.steps : deck.train.steps;
     const int T = deck.data.seq_len;
-    std::vector<double> w;
-    for (const auto& s : data.train) w.push_back(s.weight >= 0 ? s.weight : double(s.len));
-    Blend blend(w);
+    std::string note;
+    Blend blend(run_blend(deck, data, note));
+    if (!note.empty()) std::printf("data stats: %s\n", note.c_str());
     const int64_t n = steps * G;
     for (int64_t i = 0; i < n; ++i) blend.next();
     std::printf("data stats: %lld steps x %lld samples of %d tokens (world %d), data.order = %s\n", (long long)steps,
@@ -207,6 +229,9 @@ int inspect_main(const std::vector<std::string>& args) {
     const int64_t G = deck_global_batch(deck, a.world);
     const int T = deck.data.seq_len, mbs = deck.data.micro_batch_size;
     Sampler sampler(data, deck.data, uint64_t(deck.train.seed));
+    std::string note;
+    sampler.set_blend(run_blend(deck, data, note));
+    if (!note.empty()) std::printf("data inspect: %s\n", note.c_str());
     std::vector<std::pair<int64_t, int64_t>> which;  // (step, j)
     if (a.sample >= 0) {
         which.push_back({a.sample / G, a.sample % G});

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <sstream>
 
 #include "support/run_support.hpp"
 
@@ -48,4 +49,18 @@ TEST(BlendResume, ChangedWeightsContinueEachSource) {
     EXPECT_LE(std::abs((b[22] - b[10]) - 0.2 * 48), 1.0) << b[22] << " " << b[10];
     EXPECT_LE(std::abs((b[23] - b[11]) - 0.8 * 48), 1.0) << b[23] << " " << b[11];
     EXPECT_EQ(b[22] + b[23], 96);
+    // `quintet data stats` on the run's deck gives the same counts: it reads the run's blend.
+    const RunResult st = run_quintet(0, "data stats " + (dir / "t.deck").string() + " '--data.path=0.2 " +
+                                            (dir / "prose").string() + "/, 0.8 " + (dir / "code").string() +
+                                            "/' --output.run_dir=" + (dir / "changed").string() + " --world 2");
+    ASSERT_EQ(st.status, 0) << st.output;
+    EXPECT_NE(st.output.find("2 segment(s)"), std::string::npos) << st.output;
+    for (const auto& [name, col] : {std::pair{"\nprose", 22}, std::pair{"\ncode", 23}}) {
+        std::istringstream in(st.output.substr(st.output.find(name) + 1));
+        std::string n, docs;
+        double w = 0, samples = 0;
+        long long tokens = 0;
+        in >> n >> w >> tokens >> docs >> samples;
+        EXPECT_EQ(samples, b[size_t(col)]) << n << "\n" << st.output;
+    }
 }

@@ -49,8 +49,6 @@ constexpr size_t kHead = size_t(64) << 10;  // bytes of a text input checked to 
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-[[noreturn]] void bad_input(const std::string& what) { throw ConfigError("prepare: " + what); }
-
 // SIGINT, SIGTERM and SIGUSR1 stop the job at the next part (docs/data.md, "Faults").
 volatile std::sig_atomic_t g_signal = 0;
 extern "C" void on_prepare_signal(int sig) { g_signal = sig; }

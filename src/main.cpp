@@ -1,5 +1,5 @@
 // quintet: one MPI program, subcommands train | eval | prepare | generate | export | import | deck | peak | schedule,
-// and plan | study | laws | mup-check | plot | tokenize, which run without MPI. kSubcommands below is the one list: the
+// and plan | study | laws | mup-check | plot | tokenize | data, which run without MPI. kSubcommands below is the one list: the
 // dispatch and the usage text are both made from it, so a new subcommand is one row.
 // Errors (exit statuses: docs/reliability.md): ConfigError (the same on every rank) ends the job
 // cleanly with status 2 after rank 0 prints it; any other failure prints "rank N: ..." and
@@ -46,6 +46,9 @@ constexpr Subcommand kSubcommands[] = {
     {"prepare", nullptr, "--input TXT --tokenizer SPEC --output DATA.h5",
      "make a token file", Runs::collective,
      [](int c, char** v, MPI_Comm w) { return quintet::prepare_main(c, v, w); }},
+    {"data", nullptr, "verify|inspect|stats ...",
+     "check a corpus, decode a training sample, a blend's sources", Runs::without_mpi,
+     [](int c, char** v, MPI_Comm) { return quintet::data_main(c, v); }},
     {"tokenize", nullptr, "--tokenizer SPEC [--whole] [--decode]",
      "text on stdin <-> token ids", Runs::without_mpi,
      [](int c, char** v, MPI_Comm) { return quintet::tokenize_main(c, v); }},
@@ -166,6 +169,11 @@ int main(int argc, char** argv) {
         if (rank == 0) std::fprintf(stderr, "quintet: error: %s\n", e.what());
         MPI_Finalize();
         return 3;
+    } catch (const quintet::FaultError& e) {
+        // Agreed on by every rank, temporaries already removed: report once, end cleanly, status 4.
+        if (rank == 0) std::fprintf(stderr, "quintet: error: %s\n", e.what());
+        MPI_Finalize();
+        return 4;
     } catch (const quintet::IoError& e) {
         // An I/O failure during the run: a transient fault (docs/reliability.md). Exit status 4.
         std::fprintf(stderr, "quintet: rank %d: error: %s\n", rank, e.what());

@@ -96,40 +96,6 @@ void fold_forward_multipliers(ExportModel& m) {
     c.logit_mult = c.attn_mult = 1.0;
 }
 
-// GPT-2's byte-to-unicode alphabet: byte b as the UTF-8 of the code point that stands for it.
-namespace {
-
-const std::array<std::string, 256>& byte_symbols() {
-    static const std::array<std::string, 256> table = [] {
-        std::array<std::string, 256> t;
-        auto utf8 = [](uint32_t cp) {
-            std::string s;
-            if (cp < 0x80) {
-                s += char(cp);
-            } else {
-                s += char(0xc0 | (cp >> 6));
-                s += char(0x80 | (cp & 0x3f));
-            }
-            return s;
-        };
-        uint32_t next = 256;
-        for (int b = 0; b < 256; ++b) {
-            const bool printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-            t[b] = utf8(printable ? uint32_t(b) : next++);
-        }
-        return t;
-    }();
-    return table;
-}
-
-}  // namespace
-
-std::string byte_level_text(const std::string& bytes) {
-    std::string s;
-    for (unsigned char c : bytes) s += byte_symbols()[c];
-    return s;
-}
-
 void rope_rows_interleave(NamedTensor& t, int row0, int d, bool inverse) {
     QUINTET_CHECK(d % 2 == 0 && row0 >= 0 && row0 + d <= t.rows, "rope rows out of range in " + t.name);
     const size_t C = size_t(t.cols);

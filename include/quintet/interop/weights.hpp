@@ -11,6 +11,7 @@
 
 #include "quintet/deck/deck.hpp"
 #include "quintet/model/config.hpp"
+#include "quintet/tokenizer/byte_alphabet.hpp"  // byte_level_text, for the exporters
 #include "quintet/tokenizer/tokenizer.hpp"
 
 namespace quintet {
@@ -48,9 +49,7 @@ void fold_forward_multipliers(ExportModel& m);
 // `inverse` undoes it.
 void rope_rows_interleave(NamedTensor& t, int row0, int d, bool inverse = false);
 
-// `bytes` in GPT-2's byte-to-unicode alphabet (each byte one printable character), the form
-// byte-level BPE vocabularies take in tokenizer.json and GGUF.
-std::string byte_level_text(const std::string& bytes);
+
 
 // IEEE half precision, round to nearest even (overflow to infinity); and back.
 uint16_t float_to_f16(float f);

@@ -35,6 +35,9 @@ struct CheckpointMeta {
     // The parameter groups' multipliers the run trained with (model/param_groups.hpp groups_text);
     // empty in checkpoints older than the attribute.
     std::string param_groups;
+    // The data blend's segments (data/sampler.hpp, blend_segments_text): "" in checkpoints older
+    // than the attribute (the deck's weights from sample 0).
+    std::string blend;
 };
 
 // "" when a run on data tokenized by `data_tok` may take its weights from a checkpoint with

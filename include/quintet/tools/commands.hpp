@@ -28,6 +28,7 @@ int plot_main(int argc, char** argv);      // tools/plot_cmd.cpp: metrics.h5 to 
 int metrics_main(int argc, char** argv);   // tools/metrics_cmd.cpp: metrics.h5 as CSV / JSON Lines
 int schedule_main(int argc, char** argv);  // tools/schedule_cmd.cpp: pipeline timeline; rank 0 only, no MPI
 int tokenize_main(int argc, char** argv);  // tools/tokenize_cmd.cpp: text <-> ids; no MPI
+int data_main(int argc, char** argv);      // tools/data_cmd.cpp: verify, inspect, stats of corpora; no MPI
 
 // The tokenizer a checkpoint's weights were trained with (tools/tokenize_cmd.cpp): its own
 // (CheckpointMeta::tokenizer), else -- a checkpoint from before tokenizers travelled with them --

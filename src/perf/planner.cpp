@@ -96,6 +96,7 @@ MuonRanks muon_ranks(const std::vector<MuonEntry>& mats, int tp, int R, bool sha
     const std::vector<int> owner = muon_owners(shapes, int(G));
     std::vector<double> momentum(G, 0.0), own(G, 0.0), gather(G, 0.0), scatter(G, 0.0), dp_corr(G, 0.0),
         dp_base(size_t(tp), 0.0);
+    std::vector<char> replicas(G, 0);  // an owned matrix has pieces that are not designated
     std::vector<double>&largest = out.largest, &side = out.side;
     double pieces = 0;
     for (size_t k = 0; k < mats.size(); ++k) {
@@ -109,6 +110,10 @@ MuonRanks muon_ranks(const std::vector<MuonEntry>& mats, int tp, int R, bool sha
         pieces += piece, own[o] += piece;
         gather[o] += n - (to % r == 0 ? piece : 0.0);    // the designated pieces of the others
         scatter[o] += double(tp) * R * piece - piece;    // the update's pieces to every other holder
+        // Pieces that are not designated, held by other ranks: every other replica's without
+        // ZeRO; the non-writer tp copies' (but the owner's own).
+        const int non_writers = R * (tp - tp / r) - (to % r != 0 ? 1 : 0);
+        if ((!sharded && R > 1) || non_writers > 0) replicas[o] = 1;
         out.tp[o] += double(tp - 1) * piece;
         out.dp[o] += double(R - 1) * tp * piece;
         for (int t = 0; t < tp; t += r) {  // the writers send their designated pieces
@@ -118,7 +123,8 @@ MuonRanks muon_ranks(const std::vector<MuonEntry>& mats, int tp, int R, bool sha
     }
     for (size_t g = 0; g < G; ++g) {
         if (sharded) out.dp[g] += dp_base[g % size_t(tp)] + dp_corr[g];
-        const double staged = G > 1 ? (pieces - own[g]) + gather[g] + scatter[g] : 0.0;
+        // Only designated pieces arriving: the update goes back through the gradient's buffer.
+        const double staged = G > 1 ? (pieces - own[g]) + gather[g] + (replicas[g] ? scatter[g] : 0.0) : 0.0;
         out.floats[g] = momentum[g] + staged;
     }
     return out;

@@ -262,7 +262,12 @@ void Muon::plan(Group& g, const MpiCommunicator& host, Replicas region, int tp, 
     }
     g.seg_buf = alloc(std::max(at_send, at_recv));
     g.gather_recv = alloc(total(g.g_rc));
-    g.scatter_send = alloc(total(g.s_sc));
+    // When every piece that arrives is designated (ZeRO slices, or tp shards without replicas),
+    // the update's pieces go back exactly where the gradient's came from: a matrix's pieces are
+    // read before its iteration and overwritten after it, so one buffer serves both.
+    bool all_designated = true;
+    for (size_t d = 0; d < drecv.size(); d += kDesc) all_designated = all_designated && drecv[d + 6] != 0;
+    g.scatter_send = all_designated ? g.gather_recv : alloc(total(g.s_sc));
     sent_floats_ += double(total(g.g_sc) + total(g.s_sc));
 }
 

@@ -243,6 +243,9 @@ std::vector<DeckOption> deck_options(Deck& d) {
                  "a token attends only to earlier tokens of its own document (packed samples; documents end at data.eos_id)"),
         opt_int("data.eos_id", &da.eos_id, -1, 1 << 30,
                 "the token that ends a document; -1 = the token file's eos_id (set by `quintet prepare --split-on` or several inputs)"),
+        opt_bool("data.allow_incomplete", &da.allow_incomplete,
+                 "use a corpus directory that has no complete manifest, or whose files disagree with it (an "
+                 "interrupted or hand-made corpus), as it is: its *.h5 files by their headers (docs/data.md)"),
         opt_int("train.steps", &t.steps, 0, big, "optimizer steps; 0 = write the step-0 checkpoint and stop"),
         opt_int("train.global_batch", &t.global_batch, 0, big,
                 "samples per step; 0 = dp x parallel.microbatches x data.micro_batch_size; when set, each "

@@ -43,6 +43,7 @@ WeightsSource resolve_weights_source(Deck& deck, const MpiCommunicator& comm) {
     }
     const CheckpointMeta meta = checkpoint_read_meta(src.path);
     src.deck = meta.deck;
+    src.blend = meta.blend;
     const Deck theirs = deck_parse_text(meta.deck);
     src.trained_context = meta.trained_context > 0 ? meta.trained_context : theirs.data.seq_len;
     if (rope.scaling == "yarn" && rope.original_max_position == 0)
@@ -87,6 +88,9 @@ std::string verdict(const DeckChange& c, bool resume) {
     if (in("init")) return "the weights come from the checkpoint; the parameter groups as this run says";
     if (in("groups")) return resume ? "allowed: takes effect from the resumed step" : "allowed";
     if (in("rope")) return "allowed: the positions are encoded as this run says";
+    if (k == "data.path" && resume)
+        return "allowed: the new sources' weights from the resumed step, each source continuing from the sample it "
+               "had reached";
     if (in("train") || in("eval") || in("data"))
         return resume ? "allowed: takes effect from the resumed step" : "allowed";
     return "";  // checkpoint.*, output.*: not reported (see below)
@@ -222,6 +226,7 @@ void Checkpointing::save(int64_t step, int64_t tokens_seen, MetricsFile* metrics
     meta.trained_context = std::max<int64_t>(source_.trained_context, deck.data.seq_len);
     meta.tokenizer = tokenizer_;
     meta.param_groups = groups_text(summarise_groups(deck.model, deck.init, deck.groups));
+    meta.blend = blend_;
     // On the CPU backend the arenas are host memory; a device backend stages them through host.
     const float* p = model_.params();
     OptimizerStateIo st = opt_.state(/*for_save=*/true);

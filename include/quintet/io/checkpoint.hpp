@@ -38,6 +38,9 @@ struct CheckpointMeta {
     // The optimizer whose state /optim holds (train.optimizer): "adamw" in checkpoints older
     // than the attribute.
     std::string optimizer = "adamw";
+    // The data blend's segments (data/sampler.hpp, blend_segments_text): "" in checkpoints older
+    // than the attribute (the deck's weights from sample 0).
+    std::string blend;
 };
 
 // The optimizer state of a checkpoint (docs/formats.md): for every trainable tensor AdamW's two

@@ -7,12 +7,14 @@
 // (singular values in the iteration's band) on one rank, tp and ZeRO-3; step-0 checkpoints bit
 // for bit; the momentum checkpointed whole under its Hugging Face name; resume bit for bit and
 // across layouts; a change of optimizer refused (exit 2) or, allowed, reported with the new
-// state at zero; bad input.
+// state at zero; bad input; the parameter groups decide which tensors Muon takes, and a group's
+// learning-rate multiplier scales its matrices' step.
 // ctest: labels=mpi timeout=1800 launches_mpirun
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 
@@ -224,6 +226,60 @@ TEST_F(Muon, TheFirstUpdateIsTheOrthogonalisedGradient) {
             EXPECT_GE(in_band, sv.size() / 2) << args << " " << tensor;
         }
     }
+}
+
+// The parameter groups decide Muon's matrices: the start-up split is the groups table's (hidden and
+// expert to Muon; embedding, head, norms and router to AdamW), and a group's learning-rate
+// multiplier scales Muon's step of its matrices (decay included) while the AdamW tensors' steps
+// stay bit for bit.
+TEST_F(Muon, TheParameterGroupsDecideAndScaleMuonsMatrices) {
+    auto r = train(1, "split", kMoeMla + " --train.steps=1 --train.warmup=1 --eval.every=0 --parallel.microbatches=8");
+    ASSERT_EQ(r.status, 0) << r.output;
+    auto group = [&](const std::string& g) -> std::pair<long, long> {  // tensors, elements of a group
+        const size_t at = r.output.find("\n  " + g + " ");
+        if (at == std::string::npos) return {0, 0};
+        long n = 0, e = 0;
+        std::sscanf(r.output.c_str() + at + 3 + g.size(), " %ld tensors %ld elements", &n, &e);
+        return {n, e};
+    };
+    const auto hidden = group("hidden"), expert = group("expert");
+    const long adamw = group("embedding").first + group("output").first + group("norm").first + group("router").first;
+    ASSERT_GT(expert.first, 0) << r.output;
+    ASSERT_GT(group("router").first, 0) << r.output;
+    char want[160];
+    std::snprintf(want, sizeof want, "optimizer: Muon for %ld matrices (%.4g M elements", hidden.first + expert.first,
+                  double(hidden.second + expert.second) / 1e6);
+    EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
+    EXPECT_NE(r.output.find("AdamW for the other " + std::to_string(adamw) + " tensors"), std::string::npos)
+        << r.output;
+
+    const std::string one = "--train.steps=1 --train.warmup=1 --eval.every=0 --parallel.microbatches=8";
+    ASSERT_EQ(train(1, "g0", "--train.steps=0").status, 0);
+    ASSERT_EQ(train(1, "g1", one).status, 0);
+    ASSERT_EQ(train(1, "gh", one + " --groups.hidden_lr=0.5").status, 0);
+    const auto s0 = tensors("g0", 0), full = tensors("g1", 1), half = tensors("gh", 1);
+    int scaled = 0, same = 0;
+    for (const auto& [name, w1] : full) {
+        if (name.rfind("params/", 0) != 0) continue;
+        const auto *w0 = find(s0, name), *wh = find(half, name);
+        ASSERT_TRUE(w0 && wh) << name;
+        if (name.find("_proj") != std::string::npos) {  // a hidden matrix: Muon, at half the rate
+            double big = 0, err = 0;
+            for (size_t i = 0; i < w1.size(); ++i) {
+                const double d1 = double(w1[i]) - (*w0)[i], dh = double((*wh)[i]) - (*w0)[i];
+                big = std::max(big, std::abs(d1));
+                err = std::max(err, std::abs(dh - 0.5 * d1));
+            }
+            ASSERT_GT(big, 0) << name;
+            EXPECT_LE(err, 1e-4 * big) << name;  // the rounding of fp32 weights ~0.02 moved by ~1e-3
+            ++scaled;
+        } else {  // embedding, head, norms: AdamW, multiplier 1, the same gradient
+            EXPECT_EQ(0, std::memcmp(w1.data(), wh->data(), w1.size() * 4)) << name;
+            ++same;
+        }
+    }
+    EXPECT_EQ(scaled, 28);  // 4 layers x (q, k, v, o, gate, up, down)
+    EXPECT_GT(same, 3);
 }
 
 TEST_F(Muon, StepZeroCheckpointsAreBitIdenticalAndHoldTheMomentumWhole) {

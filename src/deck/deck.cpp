@@ -54,15 +54,16 @@ DeckOption opt_i64(const std::string& key, int64_t* field, std::string help) {
 }
 
 DeckOption opt_double(const std::string& key, double* field, double lo, double hi, std::string help,
-                      bool lo_open = false) {
+                      bool lo_open = false, bool hi_open = false) {
     std::string valid = std::string("a number in ") + (lo_open ? "(" : "[") + fmt_double(lo) + ", " +
-                        fmt_double(hi) + "]";
+                        fmt_double(hi) + (hi_open ? ")" : "]");
     return {key, help + " (" + valid + ")",
             [=](const std::string& v) {
                 size_t pos = 0;
                 double x = 0;
                 try { x = std::stod(v, &pos); } catch (...) { pos = 0; }
-                if (pos == 0 || pos != v.size() || !std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo))
+                if (pos == 0 || pos != v.size() || !std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo) ||
+                    (hi_open && x == hi))
                     config_fail(key, v, "expected " + valid);
                 *field = x;
             },
@@ -256,6 +257,16 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_double("train.beta1", &t.beta1, 0, 0.999999, "AdamW beta1"),
         opt_double("train.beta2", &t.beta2, 0, 0.999999999, "AdamW beta2"),
         opt_double("train.eps", &t.eps, 0, 1, "AdamW epsilon", true),
+        opt_enum("train.optimizer", &t.optimizer, {"adamw", "muon"},
+                 "adamw for every tensor, or muon: orthogonalised momentum (Newton-Schulz) for the 2-D hidden and "
+                 "expert matrices, AdamW with the keys above for the embedding, the LM head, the norms and the router "
+                 "(docs/math.md, \"Muon\")"),
+        opt_double("train.muon_momentum", &t.muon_momentum, 0, 1, "muon: Nesterov momentum mu", false, true),
+        opt_int("train.muon_ns_steps", &t.muon_ns_steps, 1, 100, "muon: Newton-Schulz iterations"),
+        opt_double("train.muon_scale", &t.muon_scale, 0, 1e3,
+                   "muon: the update is lr * (muon_scale * sqrt(max(rows, cols)) * O + weight_decay * W), O the "
+                   "orthogonalised momentum; 0.2 matches AdamW's update RMS, so AdamW's lr and weight decay carry over",
+                   true),
         opt_double("train.grad_clip", &t.grad_clip, 0, 1e12, "global gradient-norm clip; 0 = off"),
         opt_i64("train.seed", &t.seed, "seed of initialisation and data order"),
         opt_enum("train.device", &t.device, {"cpu", "cuda"}, "compute device"),
@@ -319,6 +330,10 @@ std::vector<DeckOption> deck_options(Deck& d) {
                  "resume or init_from on a token file whose tokenizer is not the checkpoint's; init_from may "
                  "extend the vocabulary (new embedding and output rows start as the mean of the trained ones). "
                  "`quintet train --allow-tokenizer-change` sets it; false: exit 2 naming both tokenizers"),
+        opt_bool("checkpoint.allow_optimizer_change", &c.allow_optimizer_change,
+                 "resume a checkpoint written under another train.optimizer: the new optimizer's state starts at "
+                 "zero (Muon's momentum, or AdamW's moments of the matrices Muon had) and the change is reported; "
+                 "false: exit 2 naming the change"),
         opt_string("output.run_dir", &o.run_dir, "directory for metrics.h5 and checkpoints/"),
         opt_int("output.log_every", &o.log_every, 1, big, "progress line every N steps"),
     };
@@ -569,6 +584,13 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
     const auto& m = d.model;
     const auto& p = d.parallel;
     const int kv = m.n_kv_heads == 0 ? m.n_heads : m.n_kv_heads;
+    // Muon's keys under AdamW: every matrix would silently stay under AdamW.
+    if (d.train.optimizer != "muon")
+        for (const char* k : {"train.muon_momentum", "train.muon_ns_steps", "train.muon_scale"})
+            if (d.given.count(k))
+                config_fail(k, deck_value(d, k),
+                            "is Muon's, but train.optimizer = " + d.train.optimizer +
+                                " puts every tensor under AdamW; set train.optimizer = muon, or drop the key");
     if (p.ep > 1 && m.moe.experts == 0)
         config_fail("parallel.ep", S(p.ep), "expert parallelism needs MoE layers (moe.experts > 0); valid here: 1");
     if (p.ep > 1 && m.moe.experts % p.ep != 0)

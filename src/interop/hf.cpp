@@ -562,6 +562,10 @@ void hf_import(const std::string& dir, const std::string& output) {
         if (reg.size() == 0) continue;
         writes.push_back({reg, r == int(Replicas::none) ? 0 : reg.lo});
     }
+    // Fresh AdamW moments (zeros), indexed like the arena.
+    OptimizerStateIo state;
+    state.exp_avg = state.exp_avg_sq = zeros.data();
+    state.ranges = writes;
     CheckpointMeta meta;
     meta.deck = deck_to_text(deck);
     meta.layout = "tp=1 cp=1 dp=1 pp=1 zero=0";
@@ -574,7 +578,7 @@ void hf_import(const std::string& dir, const std::string& output) {
     try {
         MpiCommunicator self(MPI_COMM_SELF, "self");
         const std::string written =
-            checkpoint_save(self, run_dir.string(), meta, table, params.data(), zeros.data(), zeros.data(), writes, 1);
+            checkpoint_save(self, run_dir.string(), meta, table, params.data(), writes, state, 1);
         fs::rename(written, output);
     } catch (...) {
         fs::remove_all(run_dir, ec);

@@ -9,11 +9,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <type_traits>
 #include <vector>
 
 #include "quintet/core/error.hpp"
 #include "quintet/comm/mpi_communicator.hpp"
 #include "quintet/io/h5.hpp"
+#include "quintet/model/param_groups.hpp"
 #include "quintet/io/tokenizer_store.hpp"
 #include "quintet/tokenizer/tokenizer_spec.hpp"
 
@@ -120,32 +122,73 @@ void select_local(hid_t fspace, const ParamSpec& s, size_t a, size_t b) {
 // with one collective H5Dwrite each, which MPI-IO can aggregate.
 constexpr hsize_t kIndependentMax = 1 << 16;
 
-// Collective: every rank creates every dataset (HDF5 metadata is collective); each writes the
-// parts of its writer shards that fall in `writes`. `data` is params (moments = false) or a
-// moment array, indexed through the ranges' state_index.
-// This rank's share of the checksum of every tensor of a group (table.logical order, moments:
-// the trainable ones), from the same pieces write_group writes.
-void group_checksums(const ParamTable& table, const float* data, bool moments,
+// Which tensors a group of the file holds: /params every tensor; AdamW's moments the trainable
+// tensors but Muon's matrices; Muon's momentum those matrices.
+enum class Part { params, moments, momentum };
+template <typename T>
+bool in_part(Part p, const T& t, const OptimizerStateIo* st) {
+    if (p == Part::params) return true;
+    const bool trainable = [&] {
+        if constexpr (std::is_same_v<T, ParamSpec>) return t.trainable();
+        else return t.trainable;
+    }();
+    const bool muon = st && st->optimizer == "muon" && muon_takes(t);
+    return trainable && (p == Part::momentum ? muon : !muon);
+}
+
+// f(range, a, b) for every range of `ranges` (sorted, disjoint) overlapping [lo, hi): [a, b) the overlap.
+template <typename F>
+void for_each_overlap(const std::vector<ArenaRange>& ranges, size_t lo, size_t hi, F f) {
+    auto it = std::lower_bound(ranges.begin(), ranges.end(), lo,
+                               [](const ArenaRange& r, size_t v) { return r.arena.hi <= v; });
+    for (; it != ranges.end() && it->arena.lo < hi; ++it) {
+        const size_t a = std::max(lo, it->arena.lo), b = std::min(hi, it->arena.hi);
+        if (a < b) f(*it, a, b);
+    }
+}
+
+std::vector<ArenaRange> sorted(std::vector<ArenaRange> r) {
+    std::sort(r.begin(), r.end(), [](const ArenaRange& x, const ArenaRange& y) { return x.arena.lo < y.arena.lo; });
+    return r;
+}
+
+// The whole matrix of logical tensor i whose momentum this rank keeps, or null.
+const float* momentum_of(const OptimizerStateIo* st, size_t i) {
+    if (!st) return nullptr;
+    for (const auto& w : st->momentum)
+        if (w.logical == i) return w.data;
+    return nullptr;
+}
+
+// This rank's share of the checksum of every tensor of a group (table.logical order, the
+// tensors of `part`), from the same pieces write_group writes. `data` is params (Part::params)
+// or a moment array, indexed through the ranges' state_index; momentum: the state's whole matrices.
+void group_checksums(const ParamTable& table, const float* data, Part part, const OptimizerStateIo* st,
                      const std::vector<ArenaRange>& writes, std::vector<uint64_t>& out) {
-    for (const auto& lt : table.logical) {
-        if (moments && !lt.trainable) continue;
+    for (size_t i = 0; i < table.logical.size(); ++i) {
+        const LogicalTensor& lt = table.logical[i];
+        if (!in_part(part, lt, st)) continue;
         uint64_t h = 0;
-        if (const ParamSpec* s = table.writer_spec(lt.name))
-            for (const auto& w : writes) {
-                const size_t a = std::max(w.arena.lo, s->offset), b = std::min(w.arena.hi, s->offset + s->numel());
-                if (a >= b) continue;
-                const float* src = moments ? data + w.state_index + (a - w.arena.lo) : data + a;
+        if (part == Part::momentum) {
+            if (const float* w = momentum_of(st, i)) h = whole_checksum(w, lt.numel());
+        } else if (const ParamSpec* s = table.writer_spec(lt.name)) {
+            for_each_overlap(writes, s->offset, s->offset + s->numel(), [&](const ArenaRange& w, size_t a, size_t b) {
+                const float* src = part != Part::params ? data + w.state_index + (a - w.arena.lo) : data + a;
                 h += shard_checksum(*s, src, a - s->offset, b - s->offset);
-            }
+            });
+        }
         out.push_back(h);
     }
 }
 
-void write_group(hid_t file, const std::string& group, const ParamTable& table, const float* data,
-                 bool moments, const std::vector<ArenaRange>& writes, hid_t coll, hid_t indep,
+// Collective: every rank creates every dataset (HDF5 metadata is collective); each writes the
+// parts of its writer shards that fall in `writes` (momentum: the whole matrices it keeps).
+void write_group(hid_t file, const std::string& group, const ParamTable& table, const float* data, Part part,
+                 const OptimizerStateIo* st, const std::vector<ArenaRange>& writes, hid_t coll, hid_t indep,
                  const uint64_t*& checksum) {
-    for (const auto& lt : table.logical) {
-        if (moments && !lt.trainable) continue;
+    for (size_t i = 0; i < table.logical.size(); ++i) {
+        const LogicalTensor& lt = table.logical[i];
+        if (!in_part(part, lt, st)) continue;
         const std::string path = group + "/" + lt.name;
         auto shape = logical_shape(lt.rows, lt.cols, lt.ndim);
         h5::Handle fs = h5::space(
@@ -157,29 +200,35 @@ void write_group(hid_t file, const std::string& group, const ParamTable& table, 
         int64_t as_i64;
         std::memcpy(&as_i64, &sum, 8);
         h5::write_attr_i64(ds, "checksum", as_i64);
-        const ParamSpec* s = table.writer_spec(lt.name);
         const bool collective = lt.numel() > kIndependentMax;
-        // The pieces of this tensor in the write ranges (at most one per range).
         bool any = false;
-        for (const auto& w : writes) {
-            if (!s) break;
-            const size_t a = std::max(w.arena.lo, s->offset), b = std::min(w.arena.hi, s->offset + s->numel());
-            if (a >= b) continue;
-            select_local(fs, *s, a - s->offset, b - s->offset);
-            hsize_t n = b - a;
-            h5::Handle ms = h5::space(h5::check(H5Screate_simple(1, &n, nullptr), "memory dataspace"));
-            const float* src = moments ? data + w.state_index + (a - w.arena.lo) : data + a;
-            h5::check(H5Dwrite(ds, H5T_NATIVE_FLOAT, ms, fs, collective ? coll : indep, src),
-                      "write " + path);
-            any = true;
-            if (collective) break;  // collective: one call per rank (a writer's part is one range)
+        if (part == Part::momentum) {
+            if (const float* w = momentum_of(st, i)) {  // the whole matrix, from the rank that keeps it
+                h5::check(H5Sselect_all(fs), "select " + path);
+                hsize_t n = lt.numel();
+                h5::Handle ms = h5::space(h5::check(H5Screate_simple(1, &n, nullptr), "memory dataspace"));
+                h5::check(H5Dwrite(ds, H5T_NATIVE_FLOAT, ms, fs, collective ? coll : indep, w), "write " + path);
+                any = true;
+            }
+        } else if (const ParamSpec* s = table.writer_spec(lt.name)) {
+            // The pieces of this tensor in the write ranges (at most one per range).
+            for_each_overlap(writes, s->offset, s->offset + s->numel(), [&](const ArenaRange& w, size_t a, size_t b) {
+                if (collective && any) return;  // collective: one call per rank (a writer's part is one range)
+                select_local(fs, *s, a - s->offset, b - s->offset);
+                hsize_t n = b - a;
+                h5::Handle ms = h5::space(h5::check(H5Screate_simple(1, &n, nullptr), "memory dataspace"));
+                const float* src = part != Part::params ? data + w.state_index + (a - w.arena.lo) : data + a;
+                h5::check(H5Dwrite(ds, H5T_NATIVE_FLOAT, ms, fs, collective ? coll : indep, src), "write " + path);
+                any = true;
+            });
         }
         if (collective && !any) {  // take part in the collective write with nothing
             h5::check(H5Sselect_none(fs), "select none in " + path);
             hsize_t zero = 0;
             h5::Handle ms = h5::space(h5::check(H5Screate_simple(1, &zero, nullptr), "dataspace"));
             h5::check(H5Sselect_none(ms), "select none in " + path);
-            h5::check(H5Dwrite(ds, H5T_NATIVE_FLOAT, ms, fs, coll, data), "write " + path);
+            static const float nothing = 0.0f;
+            h5::check(H5Dwrite(ds, H5T_NATIVE_FLOAT, ms, fs, coll, &nothing), "write " + path);
         }
     }
 }
@@ -219,30 +268,30 @@ void read_extended(hid_t ds, const std::string& path, const ParamSpec& s, hsize_
         for (hsize_t c = 0; c < cols; ++c) dst[(r - row0) * cols + c] = float(sum[c] / double(file_rows));
 }
 
-// Reads the local elements in `ranges` (all of the arena for params) of every shard held here.
-void read_group(hid_t file, const std::string& group, const ParamTable& table, float* data,
-                bool moments, const std::vector<ArenaRange>& ranges) {
+// Reads the local elements in `ranges` (all of the arena for params) of every shard of `part`
+// held here. A moment the file lacks is left as it is when `missing_ok`.
+void read_group(hid_t file, const std::string& group, const ParamTable& table, float* data, Part part,
+                const OptimizerStateIo* st, const std::vector<ArenaRange>& ranges, bool missing_ok = false) {
     for (const auto& s : table.specs) {
-        if (moments && !s.trainable()) continue;
-        for (const auto& w : ranges) {
-            const size_t a = std::max(w.arena.lo, s.offset), b = std::min(w.arena.hi, s.offset + s.numel());
-            if (a >= b) continue;
-            const std::string path = group + "/" + s.name;
+        if (!in_part(part, s, st)) continue;
+        const std::string path = group + "/" + s.name;
+        if (missing_ok && !h5::exists(file, path)) continue;
+        for_each_overlap(ranges, s.offset, s.offset + s.numel(), [&](const ArenaRange& w, size_t a, size_t b) {
             h5::Handle ds = h5::dataset(h5::check(H5Dopen2(file, path.c_str(), H5P_DEFAULT), "open " + path));
-            if (!moments && is_vocab_tensor(s.name) && a == s.offset && b == s.offset + s.numel()) {
+            if (part == Part::params && is_vocab_tensor(s.name) && a == s.offset && b == s.offset + s.numel()) {
                 const std::vector<hsize_t> shape = h5::dataset_shape(ds);
                 if (!shape.empty() && shape[0] < hsize_t(s.rows)) {
                     read_extended(ds, path, s, shape[0], data + a);
-                    continue;
+                    return;
                 }
             }
             h5::Handle fs = h5::space(h5::check(H5Dget_space(ds), "dataspace of " + path));
             select_local(fs, s, a - s.offset, b - s.offset);
             hsize_t n = b - a;
             h5::Handle ms = h5::space(h5::check(H5Screate_simple(1, &n, nullptr), "memory dataspace"));
-            float* dst = moments ? data + w.state_index + (a - w.arena.lo) : data + a;
+            float* dst = part != Part::params ? data + w.state_index + (a - w.arena.lo) : data + a;
             h5::check(H5Dread(ds, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, dst), "read " + path);
-        }
+        });
     }
 }
 
@@ -263,26 +312,30 @@ void write_text_atomically(const fs::path& path, const std::string& text) {
 
 namespace {
 std::string save(const MpiCommunicator& comm, const std::string& run_dir, const CheckpointMeta& meta, const ParamTable& table,
-                 const float* params, const float* m, const float* v, const std::vector<ArenaRange>& writes, int keep,
+                 const float* params, const std::vector<ArenaRange>& writes, const OptimizerStateIo& st, int keep,
                  const fs::path& dir, const fs::path& final_path, const fs::path& tmp_path);
 }  // namespace
 
+bool OptimizerStateIo::muon_tensor(const LogicalTensor& t) const { return optimizer == "muon" && muon_takes(t); }
+
 std::string checkpoint_save(const MpiCommunicator& comm, const std::string& run_dir, const CheckpointMeta& meta,
-                            const ParamTable& table, const float* params, const float* m,
-                            const float* v, const std::vector<ArenaRange>& writes, int keep) {
+                            const ParamTable& table, const float* params, const std::vector<ArenaRange>& writes,
+                            const OptimizerStateIo& state, int keep) {
     const int rank = comm.rank();
     fs::path dir = fs::path(run_dir) / "checkpoints";
     fs::path final_path = dir / step_name(meta.step);
     fs::path tmp_path = final_path;
     tmp_path += ".tmp";
     // Room for the file first (a clear error before anything is written): the tensors and the
-    // two moments of the trainable ones, in fp32, plus a margin for HDF5's metadata.
+    // optimizer state of the trainable ones (two moments, or Muon's momentum), in fp32, plus a
+    // margin for HDF5's metadata.
     char full[512] = {0};
     if (rank == 0) {
         std::error_code ec;
         fs::create_directories(dir, ec);
         double bytes = 0;
-        for (const auto& lt : table.logical) bytes += double(lt.numel()) * 4 * (lt.trainable ? 3 : 1);
+        for (const auto& lt : table.logical)
+            bytes += double(lt.numel()) * 4 * (!lt.trainable ? 1 : state.muon_tensor(lt) ? 2 : 3);
         bytes = bytes * 1.02 + 65536 + 1024.0 * double(table.logical.size());
         bytes += double(meta.tokenizer.file.size() + 8 * meta.tokenizer.merges.size());  // the tokenizer group
         const fs::space_info sp = fs::space(dir, ec);
@@ -297,7 +350,7 @@ std::string checkpoint_save(const MpiCommunicator& comm, const std::string& run_
     comm.broadcast(full, sizeof full, 0);
     if (full[0]) throw IoError(full);
     try {
-        return save(comm, run_dir, meta, table, params, m, v, writes, keep, dir, final_path, tmp_path);
+        return save(comm, run_dir, meta, table, params, writes, state, keep, dir, final_path, tmp_path);
     } catch (const std::exception& e) {
         const int err = errno;
         std::error_code ec;
@@ -311,9 +364,10 @@ std::string checkpoint_save(const MpiCommunicator& comm, const std::string& run_
 
 namespace {
 std::string save(const MpiCommunicator& comm, const std::string& run_dir, const CheckpointMeta& meta, const ParamTable& table,
-                 const float* params, const float* m, const float* v, const std::vector<ArenaRange>& writes, int keep,
+                 const float* params, const std::vector<ArenaRange>& writes_in, const OptimizerStateIo& st, int keep,
                  const fs::path& dir, const fs::path& final_path, const fs::path& tmp_path) {
     (void)run_dir;
+    const std::vector<ArenaRange> writes = sorted(writes_in), moments = sorted(st.ranges);
     const int rank = comm.rank();
     comm.barrier();
 
@@ -334,22 +388,27 @@ std::string save(const MpiCommunicator& comm, const std::string& run_dir, const 
     h5::write_attr_string(file, "layout", meta.layout);
     h5::write_attr_i64(file, "trained_context", meta.trained_context);
     if (!meta.param_groups.empty()) h5::write_attr_string(file, "param_groups", meta.param_groups);
+    h5::write_attr_string(file, "optimizer", st.optimizer);
     if (!meta.blend.empty()) h5::write_attr_string(file, "data_blend", meta.blend);
     // Every rank creates the group (collective metadata); rank 0 writes its bytes.
     if (!meta.tokenizer.empty()) tokenizer_store_write(file, "tokenizer", meta.tokenizer, rank == 0);
-    for (const char* g : {"/params", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq"})
-        h5::group(h5::check(H5Gcreate2(file, g, H5P_DEFAULT, h5::group_create_plist(), H5P_DEFAULT), g));
+    const bool muon = st.optimizer == "muon";
+    for (const char* g : {"/params", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq", "/optim/momentum"})
+        if (muon || std::string(g) != "/optim/momentum")
+            h5::group(h5::check(H5Gcreate2(file, g, H5P_DEFAULT, h5::group_create_plist(), H5P_DEFAULT), g));
     // Every tensor's checksum, completed over the ranks before the datasets (and their
     // "checksum" attributes, collective metadata) are created.
     std::vector<uint64_t> sums;
-    group_checksums(table, params, false, writes, sums);
-    group_checksums(table, m, true, writes, sums);
-    group_checksums(table, v, true, writes, sums);
+    group_checksums(table, params, Part::params, &st, writes, sums);
+    group_checksums(table, st.exp_avg, Part::moments, &st, moments, sums);
+    group_checksums(table, st.exp_avg_sq, Part::moments, &st, moments, sums);
+    if (muon) group_checksums(table, nullptr, Part::momentum, &st, moments, sums);
     comm.all_reduce_sum(sums.data(), sums.size());
     const uint64_t* next = sums.data();
-    write_group(file, "/params", table, params, false, writes, coll, indep, next);
-    write_group(file, "/optim/exp_avg", table, m, true, writes, coll, indep, next);
-    write_group(file, "/optim/exp_avg_sq", table, v, true, writes, coll, indep, next);
+    write_group(file, "/params", table, params, Part::params, &st, writes, coll, indep, next);
+    write_group(file, "/optim/exp_avg", table, st.exp_avg, Part::moments, &st, moments, coll, indep, next);
+    write_group(file, "/optim/exp_avg_sq", table, st.exp_avg_sq, Part::moments, &st, moments, coll, indep, next);
+    if (muon) write_group(file, "/optim/momentum", table, nullptr, Part::momentum, &st, moments, coll, indep, next);
     h5::check(H5Fflush(file, H5F_SCOPE_GLOBAL), "flush " + tmp_path.string());
     h5::check(H5Fclose(file.release()), "close " + tmp_path.string());
     comm.barrier();
@@ -456,6 +515,7 @@ CheckpointMeta read_meta(hid_t file, const std::string& path) {
     meta.layout = h5::read_attr_string(file, "layout");
     if (h5::has_attr(file, "trained_context")) meta.trained_context = h5::read_attr_i64(file, "trained_context");
     if (h5::has_attr(file, "param_groups")) meta.param_groups = h5::read_attr_string(file, "param_groups");
+    if (h5::has_attr(file, "optimizer")) meta.optimizer = h5::read_attr_string(file, "optimizer");
     if (h5::has_attr(file, "data_blend")) meta.blend = h5::read_attr_string(file, "data_blend");
     meta.tokenizer = tokenizer_store_read(file, "tokenizer", "checkpoint '" + path + "'");
     return meta;
@@ -471,10 +531,15 @@ CheckpointMeta checkpoint_read_meta(const std::string& path) {
 CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& table,
                                   bool with_optimizer) {
     h5::Handle file = open_checkpoint(path);
-    for (const char* group : {"/params/", "/optim/exp_avg/", "/optim/exp_avg_sq/"}) {
+    OptimizerStateIo theirs;  // the file's own optimizer decides which state it holds
+    if (h5::has_attr(file, "optimizer")) theirs.optimizer = h5::read_attr_string(file, "optimizer");
+    for (const char* group : {"/params/", "/optim/exp_avg/", "/optim/exp_avg_sq/", "/optim/momentum/"}) {
         if (!with_optimizer && group != std::string("/params/")) continue;
+        const Part part = group == std::string("/params/")          ? Part::params
+                          : group == std::string("/optim/momentum/") ? Part::momentum
+                                                                     : Part::moments;
         for (const auto& s : table.logical) {
-            if (!s.trainable && group != std::string("/params/")) continue;
+            if (!in_part(part, s, &theirs)) continue;
             std::string p = group + s.name;
             if (!h5::exists(file, p))
                 throw ConfigError("checkpoint '" + path + "': has no tensor " + p +
@@ -584,13 +649,22 @@ std::string checkpoint_newest_valid(const std::string& run_dir, const MpiCommuni
     return "";
 }
 
-void checkpoint_load(const std::string& path, const ParamTable& table, float* params,
-                     float* m, float* v, const std::vector<ArenaRange>& state) {
+void checkpoint_load(const std::string& path, const ParamTable& table, float* params, const OptimizerStateIo* st,
+                     bool missing_state_is_zero) {
     h5::silence_errors();
     h5::Handle file = h5::file(h5::check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "open " + path));
-    read_group(file, "/params", table, params, false, {ArenaRange{Range{0, table.total}, 0}});
-    if (m) read_group(file, "/optim/exp_avg", table, m, true, state);
-    if (v) read_group(file, "/optim/exp_avg_sq", table, v, true, state);
+    read_group(file, "/params", table, params, Part::params, st, {ArenaRange{Range{0, table.total}, 0}});
+    if (!st) return;
+    const std::vector<ArenaRange> ranges = sorted(st->ranges);
+    read_group(file, "/optim/exp_avg", table, st->exp_avg, Part::moments, st, ranges, missing_state_is_zero);
+    read_group(file, "/optim/exp_avg_sq", table, st->exp_avg_sq, Part::moments, st, ranges, missing_state_is_zero);
+    for (const auto& w : st->momentum) {
+        const LogicalTensor& lt = table.logical[w.logical];
+        const std::string p = "/optim/momentum/" + lt.name;
+        if (missing_state_is_zero && !h5::exists(file, p)) continue;
+        h5::Handle ds = h5::dataset(h5::check(H5Dopen2(file, p.c_str(), H5P_DEFAULT), "open " + p));
+        h5::check(H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, w.data), "read " + p);
+    }
 }
 
 std::string tokenizer_change(const CheckpointMeta& meta, const Tokenizer& data_tok) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <mutex>
 
+#include "quintet/model/param_groups.hpp"
 #include "quintet/parallel/pipeline_schedule.hpp"
 
 namespace quintet {
@@ -72,6 +73,12 @@ Parts read_parts(const ModelConfig& s, int dl, int ml, int tp, int ep, bool sequ
         if (k) {
             k->params += floats_of(spec);
             k->active += logical;
+            if (muon_takes(spec)) {
+                k->muon += floats_of(spec);
+                const int copies = int(std::lround(double(tp) * double(spec.numel()) / (double(spec.rows) * spec.cols)));
+                k->muon_matrices.push_back({{spec.rows, spec.cols}, double(spec.numel()), std::max(copies, 1),
+                                            int(spec.replicas)});
+            }
             // Every matrix of a layer is a GEMM's weight (norms are vectors).
             if (spec.ndim == 2 && spec.numel() > 0) {
                 const Gemm g{rows_of(n), double(spec.lrows), double(spec.lcols), 1, n};
@@ -117,6 +124,16 @@ ModelInventory::ModelInventory(const ModelConfig& m, int tp, int ep, bool sequen
         for (int r = 0; r < kNumRegions; ++r)
             p.moe.params.r[size_t(r)] += x * (p.moe.params.r[size_t(r)] - a.moe.params.r[size_t(r)]);
         p.moe.active += x * (p.moe.active - a.moe.active);
+        for (int r = 0; r < kNumRegions; ++r)
+            p.moe.muon.r[size_t(r)] += x * (p.moe.muon.r[size_t(r)] - a.moe.muon.r[size_t(r)]);
+        // The rank's experts' matrices: the first expert's three (gate, up, down), E/ep times.
+        std::vector<MuonEntry> list, first;
+        for (const MuonEntry& e : p.moe.muon_matrices) {
+            if (e.region != int(Replicas::expert)) list.push_back(e);
+            else if (first.size() < 3) first.push_back(e);
+        }
+        for (int e = 0; e < E / ep; ++e) list.insert(list.end(), first.begin(), first.end());
+        p.moe.muon_matrices = std::move(list);
         for (Gemm& g : p.moe.gemms) {
             if (g.rows == GemmRows::expert) g.count *= double(E) / (2.0 * ep);
             else if (g.name.find(".mlp.gate.weight") != std::string::npos) g.out = E;
@@ -163,6 +180,20 @@ std::vector<ModelInventory::Unit> ModelInventory::stage_units(const std::vector<
         if (m_.tie_embeddings && pp > 1 && !first) add(embed_, false);  // the tied copy, in unit "head"
     }
     return u;
+}
+
+ModelInventory::MuonStage ModelInventory::stage_muon(const std::vector<ChunkPlan>& chunks) const {
+    std::vector<int> layers;
+    for (const auto& c : chunks)
+        for (int l = c.layer_begin; l < c.layer_end; ++l) layers.push_back(l);
+    std::sort(layers.begin(), layers.end());
+    MuonStage st;
+    for (int l : layers) {
+        st.floats += kind(l).muon;
+        for (const MuonEntry& e : kind(l).muon_matrices)
+            (e.region == int(Replicas::expert) ? st.expert : st.dense).push_back(e);
+    }
+    return st;
 }
 
 ZeroLayout zero_sizes(const std::vector<ModelInventory::Unit>& units, const double group[kNumRegions], double* arena) {

@@ -105,7 +105,30 @@ std::vector<std::string> report_changes(const WeightsSource& source, const Deck&
     // Checkpoints written before the vocabulary was resolved into the deck say 0 there ("from the
     // data"): not another model. The tensors' shapes, checked when they load, decide.
     if (theirs.model.vocab_size == 0) theirs.model.vocab_size = deck.model.vocab_size;
+    // Another optimizer on resume: its state is not in the checkpoint (docs/reliability.md).
+    const std::string& was = theirs.train.optimizer;
+    const std::string& now = deck.train.optimizer;
+    if (source.resume && was != now && !deck.checkpoint.allow_optimizer_change)
+        throw ConfigError("train.optimizer = " + now + ": checkpoint.resume '" + source.path + "' was trained with " +
+                          "train.optimizer = " + was + ", whose state (" +
+                          (was == "muon" ? "Muon's momentum of the hidden and expert matrices"
+                                         : "AdamW's moments of every tensor") +
+                          ") is not " + now + "'s; keep train.optimizer = " + was +
+                          ", or set checkpoint.allow_optimizer_change = true to start " + now +
+                          "'s state at zero from the resumed step");
     for (const DeckChange& c : deck_diff(theirs, deck)) {
+        if (c.key == "train.optimizer") {
+            lines.push_back(c.key + ": " + c.before + " -> " + c.after + " (" +
+                            (source.resume ? "allowed by checkpoint.allow_optimizer_change: " +
+                                                 std::string(now == "muon" ? "Muon's momentum of the hidden and expert "
+                                                                             "matrices starts at zero, the other tensors "
+                                                                             "keep their AdamW moments"
+                                                                           : "AdamW's moments of the matrices Muon had "
+                                                                             "start at zero, the other tensors keep theirs")
+                                           : "allowed: init_from starts a fresh optimizer") +
+                            ")");
+            continue;
+        }
         if (c.key.rfind("checkpoint.", 0) == 0 || c.key.rfind("output.", 0) == 0 || c.key == "train.threads" ||
             c.key == "train.profile" || c.key == "train.collective_timeout_s")
             continue;  // how this run is kept and watched, not what it computes
@@ -140,7 +163,7 @@ std::vector<std::string> report_changes(const WeightsSource& source, const Deck&
     return lines;
 }
 
-Checkpointing::Checkpointing(RankModel& model, const GradientSync& sync, AdamW& opt, std::string deck_text,
+Checkpointing::Checkpointing(RankModel& model, const GradientSync& sync, Optimizer& opt, std::string deck_text,
                              TokenizerState tokenizer, WeightsSource source, const FaultInjection& faults,
                              std::function<void(const std::string&)> log)
     : model_(model), sync_(sync), opt_(opt), deck_text_(std::move(deck_text)), tokenizer_(std::move(tokenizer)),
@@ -154,7 +177,7 @@ Checkpointing::Checkpointing(RankModel& model, const GradientSync& sync, AdamW& 
 Checkpointing::~Checkpointing() = default;
 
 std::vector<ArenaRange> Checkpointing::writes() const {
-    std::vector<ArenaRange> w = opt_.write_ranges();
+    std::vector<ArenaRange> w = opt_.param_write_ranges();
     if (model_.grid().dp_cp().rank() != 0) return w;
     // Buffers (no moments): the region, or under ZeRO-2/3 each unit's buffer part.
     if (const ZeroState* z = model_.zero()) {
@@ -166,8 +189,6 @@ std::vector<ArenaRange> Checkpointing::writes() const {
     if (buf.size() > 0) w.push_back({buf, 0});
     return w;
 }
-
-std::vector<ArenaRange> Checkpointing::state() const { return opt_.state_ranges(); }
 
 std::vector<float> Checkpointing::whole_from_shard() const {
     // ZeRO-3: this rank's slices (and buffers) at their arena offsets -- all it writes.
@@ -207,14 +228,16 @@ void Checkpointing::save(int64_t step, int64_t tokens_seen, MetricsFile* metrics
     meta.param_groups = groups_text(summarise_groups(deck.model, deck.init, deck.groups));
     meta.blend = blend_;
     // On the CPU backend the arenas are host memory; a device backend stages them through host.
-    const float *p = model_.params(), *m = opt_.exp_avg(), *v = opt_.exp_avg_sq();
+    const float* p = model_.params();
+    OptimizerStateIo st = opt_.state(/*for_save=*/true);
     std::vector<float> hp, hm, hv;
+    std::vector<std::vector<float>> hmom;
     if (sharded_params) {  // staged through host memory: a whole arena holding this rank's slices
         hp = whole_from_shard();
         p = hp.data();
     }
     if (!model_.host_arena()) {
-        const size_t ns = opt_.state_floats();
+        const size_t ns = std::max<size_t>(opt_.moment_floats(), 1);
         if (!sharded_params) {
             hp.resize(table.total);
             be.to_host(hp.data(), model_.params(), table.total);
@@ -223,7 +246,12 @@ void Checkpointing::save(int64_t step, int64_t tokens_seen, MetricsFile* metrics
         hv.resize(ns);
         be.to_host(hm.data(), opt_.exp_avg(), ns);
         be.to_host(hv.data(), opt_.exp_avg_sq(), ns);
-        p = hp.data(), m = hm.data(), v = hv.data();
+        p = hp.data(), st.exp_avg = hm.data(), st.exp_avg_sq = hv.data();
+        for (auto& w : st.momentum) {
+            hmom.emplace_back(table.logical[w.logical].numel());
+            be.to_host(hmom.back().data(), w.data, hmom.back().size());
+            w.data = hmom.back().data();
+        }
     }
     const double t0 = now_s();
     // The metrics history up to this step beside the checkpoint, complete before it is: a resume
@@ -234,8 +262,7 @@ void Checkpointing::save(int64_t step, int64_t tokens_seen, MetricsFile* metrics
     if (w) w->begin("checkpoint write", &kCheckpointComm, grid.rank(), grid.world().size(), uint64_t(step),
                     deck.train.collective_timeout_s, &grid.world().world_ranks());
     faults_.in_checkpoint(step);
-    std::string path = checkpoint_save(*io_comm_, deck.output.run_dir, meta, table, p, m, v, writes(),
-                                       deck.checkpoint.keep);
+    std::string path = checkpoint_save(*io_comm_, deck.output.run_dir, meta, table, p, writes(), st, deck.checkpoint.keep);
     if (w) w->end();
     char secs[32];
     std::snprintf(secs, sizeof secs, " (%.2f s)", now_s() - t0);
@@ -267,16 +294,28 @@ int64_t Checkpointing::start(int64_t* tokens_seen) {
     const ParamTable& table = model_.table();
     Backend& be = model_.backend();
     CheckpointMeta meta = checkpoint_inspect(path, table);
+    // Another optimizer (allowed by report_changes under checkpoint.allow_optimizer_change): the
+    // state the file lacks for this run's optimizer starts at zero.
+    const bool changed = meta.optimizer != deck.train.optimizer;
+    OptimizerStateIo st = opt_.state(/*for_save=*/false);
     if (model_.host_arena() && model_.params()) {
-        checkpoint_load(path, table, model_.params(), opt_.exp_avg(), opt_.exp_avg_sq(), state());
+        checkpoint_load(path, table, model_.params(), &st, changed);
     } else {  // a device arena, or ZeRO-3's slices: through host memory
-        const size_t ns = opt_.state_floats();
-        std::vector<float> hp(table.total), hm(ns), hv(ns);
-        checkpoint_load(path, table, hp.data(), hm.data(), hv.data(), state());
+        const size_t ns = std::max<size_t>(opt_.moment_floats(), 1);
+        std::vector<float> hp(table.total), hm(ns, 0.0f), hv(ns, 0.0f);
+        std::vector<std::vector<float>> hmom;
+        OptimizerStateIo host = st;
+        host.exp_avg = hm.data(), host.exp_avg_sq = hv.data();
+        for (auto& w : host.momentum) {
+            hmom.emplace_back(table.logical[w.logical].numel(), 0.0f);
+            w.data = hmom.back().data();
+        }
+        checkpoint_load(path, table, hp.data(), &host, changed);
         if (model_.params()) be.from_host(model_.params(), hp.data(), table.total);
         else model_.load_shard(hp.data());
         be.from_host(opt_.exp_avg(), hm.data(), ns);
         be.from_host(opt_.exp_avg_sq(), hv.data(), ns);
+        for (size_t i = 0; i < st.momentum.size(); ++i) be.from_host(st.momentum[i].data, hmom[i].data(), hmom[i].size());
     }
     model_.refresh_bf16_weights();
     *tokens_seen = meta.tokens_seen;

@@ -31,7 +31,7 @@ ShardPlan shard_plan(const Deck& deck, const ProcessGrid& grid) {
 RankModel::RankModel(const Deck& deck, const ProcessGrid& grid, Backend& be)
     : deck_(deck), grid_(grid), be_(be), rss_before_(process_rss_bytes()),
       dims_(model_dims(deck.model, grid.tp().size(), grid.coord(kTP))),
-      comms_(grid, be, dims_.kv_group(), dims_.tied),
+      comms_(grid, be, dims_.kv_group(), dims_.tied, deck.train.optimizer == "muon"),
       tp_(comms_.group(Group::tp), deck.parallel.sequence_parallel),
       table_(make_param_table(deck.model, shard_plan(deck, grid))) {
     const auto& dc = deck.data;
@@ -115,7 +115,7 @@ void RankModel::load_weights(const std::string& path) {
         hp.resize(table_.total);
         dst = hp.data();
     }
-    checkpoint_load(path, table_, dst, nullptr, nullptr, {});
+    checkpoint_load(path, table_, dst);
     if (!params_) load_shard(hp.data());
     else if (!host_arena_) be_.from_host(params_, hp.data(), table_.total);
     refresh_bf16_weights();

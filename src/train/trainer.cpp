@@ -23,8 +23,8 @@ Trainer::Trainer(RankModel& model, const std::string& deck_text, const DataSet& 
       grads_(be_.alloc(model.zero() ? 1 : model.table().total)),
       sync_(std::make_unique<GradientSync>(model.table(), be_, model.comms(), model.tp(), deck_.parallel.bucket_mb,
                                            deck_.parallel.zero == 1, deck_.parallel.overlap_dp, model.zero())),
-      opt_(std::make_unique<AdamW>(model.table(), be_, *sync_, deck_.train,
-                                   tensor_rules(model.table(), deck_.model, deck_.init, deck_.groups))),
+      opt_(std::make_unique<Optimizer>(model.table(), be_, *sync_, model.comms(), grid_.tp().size(), deck_.train,
+                                       tensor_rules(model.table(), deck_.model, deck_.init, deck_.groups))),
       sampler_(data, deck_.data, uint64_t(deck_.train.seed)),
       faults_(grid_.rank()),
       telemetry_(model, deck_text),
@@ -47,7 +47,8 @@ Trainer::Trainer(RankModel& model, const std::string& deck_text, const DataSet& 
     if (model.zero()) model.zero()->enable_gradients();
     telemetry_.set_training_bytes(model.zero() ? model.zero()->grad_bytes()
                                                : double(model.table().total) * 4 + double(opt_->shard_floats()) * 4,
-                                  2.0 * double(std::max<size_t>(opt_->state_floats(), 1)) * 4);
+                                  opt_->bytes());
+    telemetry_.log(opt_->describe());
     if (model.moe()) moe_ = MoeCounts(deck_.model.n_layers, deck_.model.moe.experts, grid_.ep().size());
 }
 
@@ -121,7 +122,7 @@ StepStats Trainer::step(int64_t s, bool locate) {
     grid_.pp().all_reduce_sum(sums, 2);
     grid_.dp_cp().all_reduce_sum(sums, 2);
     const double t3 = now_s();
-    // 4. Global-norm clipping and AdamW -- unless the loss or the norm is not finite (the same
+    // 4. Global-norm clipping and the optimizer (AdamW, or Muon and AdamW) -- unless the loss or the norm is not finite (the same
     //    decision on every rank: both are all-reduced), which leaves the state as it was.
     profile::Scope optimizer_scope("optimizer");
     const double norm = opt_->grad_norm(grads_, grid_.world());

@@ -31,6 +31,10 @@ struct TrainConfig {
     double lr = 3e-4, lr_min = 3e-5;
     int warmup = 10;
     double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, grad_clip = 1.0;
+    std::string optimizer = "adamw";  // adamw | muon (the hidden and expert matrices; the rest AdamW)
+    double muon_momentum = 0.95;      // Muon's Nesterov momentum, in [0, 1)
+    int muon_ns_steps = 5;            // Newton-Schulz iterations
+    double muon_scale = 0.2;          // the update's RMS factor: scale * sqrt(max(rows, cols))
     int64_t seed = 1234;
     std::string device = "cpu";     // cpu | cuda
     std::string precision = "fp32"; // fp32 | bf16
@@ -56,6 +60,7 @@ struct CheckpointConfig {
     std::string init_from = "";    // weights only from this checkpoint, then a fresh run
     int keep = 3;                  // complete checkpoints kept; 0 = all
     bool allow_tokenizer_change = false;  // train on data whose tokenizer is not the checkpoint's
+    bool allow_optimizer_change = false;  // resume with another train.optimizer (its state starts at zero)
 };
 
 struct OutputConfig {

@@ -47,14 +47,15 @@ class Checkpointing {
 public:
     // log: a line for rank 0's output. collective over the grid (makes the I/O communicator)
     // tokenizer: the training data's, stored in every checkpoint.
-    Checkpointing(RankModel& model, const GradientSync& sync, AdamW& opt, std::string deck_text,
+    Checkpointing(RankModel& model, const GradientSync& sync, Optimizer& opt, std::string deck_text,
                   TokenizerState tokenizer, WeightsSource source, const FaultInjection& faults,
                   std::function<void(const std::string&)> log);
     ~Checkpointing();
 
     // Before the first step: refuses to overwrite a run's checkpoints under resume = none, prints
-    // the source's warnings, then loads what the source names -- a resume (parameters and AdamW
-    // moments) or init_from (parameters only). Returns the step the run continues from (0 for a
+    // the source's warnings, then loads what the source names -- a resume (parameters and the
+    // optimizer state; under an allowed change of optimizer the new one's state starts at zero)
+    // or init_from (parameters only). Returns the step the run continues from (0 for a
     // fresh start) and sets *tokens_seen. collective
     int64_t start(int64_t* tokens_seen);
     // Writes the checkpoint of `step` (steps done) with the metrics history so far beside it.
@@ -66,14 +67,13 @@ public:
     void set_blend(std::string text) { blend_ = std::move(text); }  // stored in every checkpoint
 
 private:
-    // The arena ranges this rank writes (its dp-owned slice of each trainable region, and the
-    // buffers from the first rank of its dp x cp group), and those whose moments it holds.
+    // The arena ranges this rank writes (its dp-owned slice of each trainable tensor, and the
+    // buffers from the first rank of its dp x cp group).
     std::vector<ArenaRange> writes() const;
-    std::vector<ArenaRange> state() const;
     std::vector<float> whole_from_shard() const;  // ZeRO-3 (host)
     RankModel& model_;
     const GradientSync& sync_;
-    AdamW& opt_;
+    Optimizer& opt_;
     std::string deck_text_, blend_;
     TokenizerState tokenizer_;
     WeightsSource source_;

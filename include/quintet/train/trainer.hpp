@@ -1,6 +1,6 @@
 // The trainer: one rank's part of a training job. It wires the rank's model (RankModel) to
 // what acts on it -- the gradient arena and its synchronisation over the replica groups
-// (train/grad_sync), AdamW (train/optimizer), the sampler -- and to the run's policies:
+// (train/grad_sync), the optimizer (train/optimizer: AdamW, Muon), the sampler -- and to the run's policies:
 // checkpoints (train/checkpointing), faults (train/faults), evaluation (train/evaluator) and
 // telemetry (train/telemetry). step() reads as the list of what a step does; run() is the
 // whole job (collective over the grid).
@@ -54,7 +54,7 @@ private:
     Backend& be_;
     float* grads_ = nullptr;
     std::unique_ptr<GradientSync> sync_;
-    std::unique_ptr<AdamW> opt_;
+    std::unique_ptr<Optimizer> opt_;
     Sampler sampler_;
     std::optional<Evaluator> eval_;  // eval.every > 0
     FaultInjection faults_;

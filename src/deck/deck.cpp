@@ -181,6 +181,12 @@ std::vector<DeckOption> deck_options(Deck& d) {
                 "checkpoint the weights come from (init_from, resume), or data.seq_len from scratch"),
         opt_double("rope.beta_fast", &r.beta_fast, 0, 1e6, "YaRN: rotations above which a dim is left alone", true),
         opt_double("rope.beta_slow", &r.beta_slow, 0, 1e6, "YaRN: rotations below which a dim is fully interpolated", true),
+        opt_double("rope.mscale", &r.mscale, 0, 1e3,
+                   "YaRN attention temperature as DeepSeek defines it, with m(c) = 0.1 c ln(factor) + 1: cos and sin "
+                   "times m(rope.mscale) / m(rope.mscale_all_dim) (HF rope_scaling.mscale)"),
+        opt_double("rope.mscale_all_dim", &r.mscale_all_dim, 0, 1e3,
+                   "YaRN: the attention softmax scale times m(rope.mscale_all_dim)^2 (HF rope_scaling.mscale_all_dim; "
+                   "with model.attention = mha it cancels: the logits are times m(rope.mscale)^2)"),
         opt_bool("rope.document_positions", &r.document_positions,
                  "RoPE positions restart at each document of a packed sample (documents end at data.eos_id)"),
         opt_int("moe.experts", &e.experts, 0, 1 << 20, "routed experts E; 0 = dense FFN"),
@@ -188,7 +194,19 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("moe.shared_experts", &e.shared_experts, 0, 1 << 20, "always-on shared experts"),
         opt_int("moe.ffn_dim", &e.ffn_dim, 0, big, "hidden width of each expert; 0 = model.ffn_dim"),
         opt_layers("moe.layers", &e.layers, "layers with MoE"),
-        opt_bool("moe.norm_topk", &e.norm_topk, "renormalise the chosen weights to sum 1"),
+        opt_bool("moe.norm_topk", &e.norm_topk, "renormalise the chosen weights to sum 1 (HF norm_topk_prob)"),
+        opt_enum("moe.scoring", &e.scoring, {"softmax", "sigmoid"},
+                 "router scores: softmax over the experts (DeepSeek-V2) or a sigmoid per expert (DeepSeek-V3) "
+                 "(HF scoring_func)"),
+        opt_enum("moe.topk_method", &e.topk_method, {"greedy", "group_limited_greedy", "noaux_tc"},
+                 "top-k: greedy over all experts; or first the moe.group_top_k of moe.groups expert groups, ranked "
+                 "by their best score (group_limited_greedy, DeepSeek-V2) or by the sum of their two best biased "
+                 "scores (noaux_tc, DeepSeek-V3) (HF topk_method)"),
+        opt_int("moe.groups", &e.groups, 1, 64, "expert groups of the group-limited top-k; divides moe.experts (HF n_group)"),
+        opt_int("moe.group_top_k", &e.group_top_k, 1, 64,
+                "groups a token's experts may come from (HF topk_group)"),
+        opt_double("moe.routed_scaling", &e.routed_scaling, 0, 1e6,
+                   "the routed experts' weights are multiplied by this (HF routed_scaling_factor)", true),
         opt_enum("moe.balance", &e.balance, {"aux_loss", "aux_free", "none"}, "load balancing"),
         opt_double("moe.aux_coef", &e.aux_coef, 0, 1e3, "weight of the load-balancing loss"),
         opt_double("moe.bias_rate", &e.bias_rate, 0, 1e3, "aux-free bias update rate"),
@@ -583,6 +601,22 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
                 config_fail("moe.layers", e.layers.text(),
                             "expected all, or layer indices in [0, " + S(m.n_layers) + ") (model.n_layers = " +
                                 S(m.n_layers) + ")");
+        if (e.topk_method == "greedy" && (e.groups != 1 || e.group_top_k != 1))
+            config_fail(e.groups != 1 ? "moe.groups" : "moe.group_top_k",
+                        S(e.groups != 1 ? e.groups : e.group_top_k),
+                        "groups limit moe.topk_method = group_limited_greedy or noaux_tc; with greedy: 1");
+        if (e.experts % e.groups != 0)
+            config_fail("moe.groups", S(e.groups), "must divide moe.experts = " + S(e.experts));
+        if (e.group_top_k > e.groups)
+            config_fail("moe.group_top_k", S(e.group_top_k), "must be at most moe.groups = " + S(e.groups));
+        if (e.top_k > e.group_top_k * (e.experts / e.groups))
+            config_fail("moe.top_k", S(e.top_k),
+                        "must be at most the experts of moe.group_top_k groups, " +
+                            S(e.group_top_k * (e.experts / e.groups)));
+        if (e.topk_method == "noaux_tc" && e.experts / e.groups < 2)
+            config_fail("moe.groups", S(e.groups),
+                        "noaux_tc ranks a group by the sum of its two best scores: each group needs at least 2 "
+                        "experts (moe.experts / moe.groups >= 2)");
         if (p.tp > 1 && !p.sequence_parallel)
             config_fail("parallel.sequence_parallel", "false",
                         "MoE layers with parallel.tp > 1 need sequence parallelism (each tp rank routes its "

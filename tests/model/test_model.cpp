@@ -422,6 +422,18 @@ TEST(Rope, YarnRampFollowsTheDesignFormula) {
     EXPECT_NEAR(rope_mscale(r), 0.1 * std::log(8.0) + 1.0, 1e-15);
     RopeConfig plain;
     EXPECT_EQ(rope_mscale(plain), 1.0);
+    EXPECT_EQ(rope_table_factor(plain), 1.0);
+    EXPECT_EQ(rope_softmax_factor(plain), 1.0);
+    // DeepSeek's two coefficients (V2-Lite: factor 40, mscale = mscale_all_dim = 0.707): m(c) =
+    // 0.1 c ln s + 1; the tables times m(mscale) / m(mscale_all_dim), the softmax times m(mscale_all_dim)^2.
+    r.factor = 40, r.mscale = 0.707, r.mscale_all_dim = 0.707;
+    const double m = 0.1 * 0.707 * std::log(40.0) + 1.0;
+    EXPECT_NEAR(rope_table_factor(r), 1.0, 1e-15);
+    EXPECT_NEAR(rope_softmax_factor(r), m * m, 1e-14);
+    r.mscale = 1.0, r.mscale_all_dim = 0.0;
+    EXPECT_NEAR(rope_table_factor(r), 0.1 * std::log(40.0) + 1.0, 1e-15);
+    EXPECT_EQ(rope_softmax_factor(r), 1.0);
+    EXPECT_EQ(yarn_mscale(1.0, 5.0), 1.0);  // no extension, no temperature
 }
 
 TEST(Init, EachElementIsAFunctionOfSeedNameAndIndexOnly) {

@@ -173,6 +173,9 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("model.qk_nope_dim", &m.qk_nope_dim, 0, big, "MLA: per-head q/k dims without RoPE (> 0 with mla)"),
         opt_int("model.qk_rope_dim", &m.qk_rope_dim, 0, big, "MLA: per-head q/k dims with RoPE, one k_rope shared by the heads (even, > 0 with mla)"),
         opt_int("model.v_head_dim", &m.v_head_dim, 0, big, "MLA: per-head value dims (> 0 with mla)"),
+        opt_int("model.mtp_depth", &m.mtp_depth, 0, 64,
+                "multi-token prediction modules after the last decoder layer (DeepSeek-V3's MTP, HF "
+                "num_nextn_predict_layers): module k predicts the token k+1 ahead; 0 = none"),
         opt_double("rope.theta", &r.theta, 1, 1e12, "RoPE base", true),
         opt_enum("rope.scaling", &r.scaling, {"none", "yarn"}, "RoPE frequency scaling"),
         opt_double("rope.factor", &r.factor, 1, 1e6, "YaRN context extension factor s"),
@@ -291,6 +294,9 @@ std::vector<DeckOption> deck_options(Deck& d) {
                  "record the root mean square of each kind of layer output (embedding, attention scores, "
                  "attention and feed-forward outputs, the last residual stream, the logits) over every step's tokens "
                  "in /probe/<kind>: the coordinate check of quintet mup-check (costs host copies: a diagnostic)"),
+        opt_double("train.mtp_weight", &t.mtp_weight, 0, 1e3,
+                   "multi-token prediction: the loss is the main cross-entropy plus mtp_weight / model.mtp_depth "
+                   "times the sum of the MTP modules' cross-entropies (DeepSeek-V3's lambda)"),
         opt_int("train.exit_after", &t.exit_after, 0, big,
                 "stop after this many steps of this run, with a checkpoint (time-limited jobs); 0 = never"),
         opt_int("train.threads", &t.threads, 0, 4096, "threads per rank; 0 = OMP_NUM_THREADS or cores/local ranks"),
@@ -621,6 +627,18 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
             config_fail("parallel.sequence_parallel", "false",
                         "MoE layers with parallel.tp > 1 need sequence parallelism (each tp rank routes its "
                         "own rows, as in Megatron-Core): set parallel.sequence_parallel = true");
+    }
+    if (m.mtp_depth > 0) {  // docs/math.md §11
+        if (p.zero >= 2)
+            config_fail("parallel.zero", S(p.zero),
+                        "model.mtp_depth > 0 runs with parallel.zero = 0 or 1 (the MTP modules are not ZeRO units)");
+        if (p.schedule == "zb_h1" || p.schedule == "zbv")
+            config_fail("parallel.schedule", p.schedule,
+                        "model.mtp_depth > 0 needs a schedule that runs each backward whole: 1f1b, interleaved or gpipe");
+        if (d.data.seq_len <= m.mtp_depth)
+            config_fail("model.mtp_depth", S(m.mtp_depth),
+                        "module k predicts the token k+1 ahead: data.seq_len = " + S(d.data.seq_len) +
+                            " leaves the last module nothing to predict (model.mtp_depth < data.seq_len)");
     }
     if (d.train.device == "cuda") {
 #ifndef QUINTET_WITH_CUDA

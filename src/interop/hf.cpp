@@ -183,10 +183,33 @@ json config_json(const ExportModel& m, const std::string& dtype, const HfTarget&
         j["topk_group"] = groups ? e.group_top_k : 1;
         j["routed_scaling_factor"] = e.routed_scaling;
         j["aux_loss_alpha"] = e.balance == "aux_loss" ? e.aux_coef : 0.0;
-        j["num_nextn_predict_layers"] = 0;  // quintet has no multi-token prediction modules
+        j["num_nextn_predict_layers"] = c.mtp_depth;
         if (v3) j["rope_interleave"] = true;  // the rotary rows are written interleaved
     }
     return j;
+}
+
+// DeepSeek-V3's checkpoint layout for the MTP modules: each module's layer also holds copies of
+// the shared embedding and output head (model.layers.<L+k>.embed_tokens, .shared_head.head).
+void add_mtp_copies(std::vector<NamedTensor>& ts, const ModelConfig& c) {
+    if (c.mtp_depth == 0) return;
+    const NamedTensor* emb = nullptr;
+    const NamedTensor* head = nullptr;
+    for (const NamedTensor& t : ts) {
+        if (t.name == "model.embed_tokens.weight") emb = &t;
+        if (t.name == "lm_head.weight") head = &t;
+    }
+    QUINTET_CHECK(emb != nullptr, "no embedding to copy into the MTP layers");
+    std::vector<NamedTensor> extra;
+    for (int k = 0; k < c.mtp_depth; ++k) {
+        const std::string p = "model.layers." + std::to_string(c.n_layers + k) + ".";
+        NamedTensor e = *emb, h = head ? *head : *emb;
+        e.name = p + "embed_tokens.weight";
+        h.name = p + "shared_head.head.weight";
+        extra.push_back(std::move(e));
+        extra.push_back(std::move(h));
+    }
+    for (NamedTensor& t : extra) ts.push_back(std::move(t));
 }
 
 // A tokenizer.json for quintet's byte-level tokenizers: BPE over GPT-2's byte alphabet, special
@@ -324,7 +347,7 @@ void hf_export(const ExportModel& m, const OutputTarget& out, const std::string&
                 for (float& x : t.data) x = float(double(x) * f * f);
     }
     if (target.v3 && c.moe.experts > 0 && c.moe.balance != "aux_free")  // its router always adds the bias
-        for (int l = 0; l < c.n_layers; ++l)
+        for (int l = 0; l < c.n_layers + c.mtp_depth; ++l)
             if (moe_layer(c, l)) {
                 NamedTensor b;
                 b.name = "model.layers." + std::to_string(l) + ".mlp.gate.e_score_correction_bias";
@@ -332,6 +355,7 @@ void hf_export(const ExportModel& m, const OutputTarget& out, const std::string&
                 b.data.assign(size_t(c.moe.experts), 0.0f);
                 tensors.push_back(std::move(b));
             }
+    add_mtp_copies(tensors, c);
     if (is_deepseek(c)) deepseek_rope_rows(tensors, c, false);
     const json config = config_json(m, dtype, target);
     json tok_json;
@@ -438,7 +462,7 @@ const std::map<std::string, std::string> kConfigKeyOf = {
     {"moe.layers", "first_k_dense_replace"}, {"data.seq_len", "max_position_embeddings"},
     {"moe.groups", "n_group"}, {"moe.group_top_k", "topk_group"}, {"moe.routed_scaling", "routed_scaling_factor"},
     {"moe.aux_coef", "aux_loss_alpha"}, {"rope.mscale", "rope_scaling.mscale"},
-    {"rope.mscale_all_dim", "rope_scaling.mscale_all_dim"}};
+    {"rope.mscale_all_dim", "rope_scaling.mscale_all_dim"}, {"model.mtp_depth", "num_nextn_predict_layers"}};
 
 // The deck import makes must be one quintet accepts: each key's own range (the deck's option
 // table, as a deck file is read) and the checks across keys (deck_validate, one rank). A
@@ -588,7 +612,7 @@ void hf_import(const std::string& dir, const std::string& output) {
         }
     }
     // DeepSeek-V3's multi-token prediction modules (num_nextn_predict_layers: the layers after
-    // the last decoder layer) are no part of quintet's model: their tensors are left out.
+    // the last decoder layer): model.mtp_depth when the files hold them, else none.
     const int nextn = ds ? cfg.integer("num_nextn_predict_layers", 0, 64, 0) : 0;
     deck.data.seq_len = std::min(deck.data.seq_len, trained);
 
@@ -606,13 +630,25 @@ void hf_import(const std::string& dir, const std::string& output) {
                    "the safetensors hold " + std::to_string(last_layer + 1) + " layers (model.layers.0 to " +
                        std::to_string(last_layer) + ")" +
                        (nextn ? ", num_nextn_predict_layers = " + std::to_string(nextn) : std::string()));
-    size_t left_out = 0;
-    for (auto it = by_name.begin(); it != by_name.end();)
-        if (layer_of(it->first) >= c.n_layers) it = by_name.erase(it), ++left_out;
-        else ++it;
-    if (left_out > 0)
-        std::printf("import: left out the %d multi-token prediction layer(s) model.layers.%d+ (%zu tensors): quintet's "
-                    "model has no MTP modules\n", nextn, c.n_layers, left_out);
+    if (nextn > 0 && c.n_layers + nextn == last_layer + 1) {
+        c.mtp_depth = nextn;
+    } else if (nextn > 0) {
+        std::printf("import: config.json names %d multi-token prediction layer(s), the files hold none: the model "
+                    "is imported without them (model.mtp_depth = 0)\n", nextn);
+    }
+    // The MTP layers' copies of the shared embedding and output head (DeepSeek-V3's layout) are
+    // not tensors of their own in quintet, which shares the model's: their shapes are checked,
+    // their values not read.
+    for (int k = 0; k < c.mtp_depth; ++k)
+        for (const char* copy : {"embed_tokens.weight", "shared_head.head.weight"}) {
+            const std::string name = "model.layers." + std::to_string(c.n_layers + k) + "." + copy;
+            auto it = by_name.find(name);
+            if (it == by_name.end()) continue;
+            if (it->second->rows != c.vocab_size || it->second->cols != c.d_model)
+                throw ConfigError("import: tensor " + name + " is [" + std::to_string(it->second->rows) + ", " +
+                                  std::to_string(it->second->cols) + "], not the shared [vocab_size, hidden_size]");
+            by_name.erase(it);
+        }
     const std::string embed = "model.embed_tokens.weight";
     if (!by_name.count(embed)) throw ConfigError("import: --input '" + dir + "' has no tensor " + embed);
     if (by_name[embed]->rows != c.vocab_size || by_name[embed]->cols != c.d_model)

@@ -153,6 +153,11 @@ def main():
     c = json.load(open(os.path.join(d, "config.json")))
     cfg = config_of(c)
     tensors = read_dir(d)
+    # DeepSeek-V3's multi-token prediction layers (after the last decoder layer): Transformers
+    # does not load them, and neither does this reader.
+    L = c["num_hidden_layers"]
+    tensors = {k: v for k, v in tensors.items()
+               if not (k.startswith("model.layers.") and int(k.split(".")[2]) >= L)}
     if cfg.mla:
         H, dn, dr = cfg.n_heads, c["qk_nope_head_dim"], c["qk_rope_head_dim"]
         for i in range(cfg.n_layers):

@@ -180,6 +180,19 @@ TEST_F(HfRoundTrip, MlaMoeShardedIsBitIdentical) {
     EXPECT_TRUE(fs::exists(dir / "hf/model.safetensors.index.json"));
 }
 
+// DeepSeek-V3's multi-token prediction module goes out as the layer after the last decoder layer,
+// with its copies of the embedding and head (DeepSeek-V3's layout), and comes back bit for bit;
+// readers that do not run it (Transformers, the PyTorch reader, generate) see the main model.
+TEST_F(HfRoundTrip, MtpModuleRoundTrips) {
+    round_trip(std::string(kMla) + " --model.mtp_depth=1", "");
+    const auto cfg = nlohmann::ordered_json::parse(read_file(dir / "hf/config.json"));
+    EXPECT_EQ(cfg["num_nextn_predict_layers"], 1);
+    const std::string index = read_file(dir / "hf/model.safetensors");
+    for (const char* n : {"model.layers.3.eh_proj.weight", "model.layers.3.embed_tokens.weight",
+                          "model.layers.3.shared_head.head.weight", "model.layers.3.shared_head.norm.weight"})
+        EXPECT_NE(index.find(n), std::string::npos) << n;
+}
+
 // µP's forward multipliers (logits x 1/m, attention scale x sqrt(base/head dim)) are folded into
 // the exported weights (the tied head untied): PyTorch's plain Llama computes the same model.
 TEST_F(HfRoundTrip, MupExportComputesTheSameModel) {

@@ -58,6 +58,9 @@ struct ModelConfig {
     std::string attention = "mha";  // mha | mla
     int kv_lora_rank = 0, q_lora_rank = 0, qk_nope_dim = 0, qk_rope_dim = 0, v_head_dim = 0;
     MoeConfig moe;       // the [moe] section (which layers are MoE, and how)
+    // DeepSeek-V3's multi-token prediction: D modules after the last decoder layer (layers
+    // L..L+D-1 of the checkpoint), module k predicting the token k+1 ahead (docs/math.md §11).
+    int mtp_depth = 0;
     int vocab_size = 0;  // V: model.vocab_size, or (0) the token file's
     // The forward's two µP multipliers (init.scheme = mup; model/param_groups.hpp), derived from
     // the [init] section when a deck is read, not deck keys: the output logits are multiplied by

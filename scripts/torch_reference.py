@@ -123,7 +123,7 @@ DECK_DEFAULTS = {
     "data.val_fraction": "0.05",
     "train.steps": "100", "train.lr": "3e-4", "train.lr_min": "3e-5", "train.warmup": "10",
     "train.weight_decay": "0.1", "train.beta1": "0.9", "train.beta2": "0.95", "train.eps": "1e-8",
-    "train.grad_clip": "1.0",
+    "train.grad_clip": "1.0", "model.mtp_depth": "0", "train.mtp_weight": "0.3",
 }
 
 
@@ -782,12 +782,18 @@ def build_model_class(bf16=False, exact_sums=False):
             self.lm_head = None if cfg.tie_embeddings else nn.Parameter(
                 torch.empty(cfg.vocab, cfg.d_model))
             self._rope_cache = {}
+            # Multi-token prediction (docs/math.md §11): module k is layer n_layers + k.
+            self.mtp = nn.ModuleList(MtpModule(cfg, layer_class, cfg.n_layers + k)
+                                     for k in range(getattr(cfg, "mtp_depth", 0)))
+            self.mtp_ce = []  # per module: the summed cross-entropy of the last forward with targets
 
         def hf_views(self, get=lambda p: p.data):
             views = {"model.embed_tokens.weight": get(self.embed)}
             for i, layer in enumerate(self.layers):
                 views.update(layer.hf_views(f"model.layers.{i}.", get))
             views["model.norm.weight"] = get(self.norm)
+            for k, md in enumerate(self.mtp):
+                views.update(md.hf_views(f"model.layers.{self.cfg.n_layers + k}.", get))
             if self.lm_head is not None:
                 views["lm_head.weight"] = get(self.lm_head)
             return views
@@ -821,8 +827,10 @@ def build_model_class(bf16=False, exact_sums=False):
                                          mask.repeat(rep, 1))
             return self._rope_cache[key]
 
-        def forward(self, tokens):
-            """tokens [B, T] int64 -> logits [B, T, V]"""
+        def forward(self, tokens, targets=None):
+            """tokens [B, T] int64 -> logits [B, T, V]. With targets [B, T] and MTP modules,
+            also each module's summed cross-entropy into self.mtp_ce: module k (1-based) at row
+            p embeds targets[p + k - 1] and predicts targets[p + k], for p + k < T."""
             T = tokens.shape[1]
             cos, sin, mask = self._tables(T, self.embed.dtype)
             x = F.embedding(tokens, self.embed)
@@ -830,7 +838,42 @@ def build_model_class(bf16=False, exact_sums=False):
                 x = layer(x, cos, sin, mask)
             x = rmsnorm(x, self.norm, self.cfg.norm_eps)
             head = self.embed if self.lm_head is None else self.lm_head
+            self.mtp_ce = []
+            if targets is not None and len(self.mtp):
+                h = x
+                for k, md in enumerate(self.mtp, start=1):
+                    n = T - k  # rows with a token to predict; causal: the later rows change none
+                    c, s_, m_ = self._tables(n, self.embed.dtype)
+                    h = md(h[:, :n], F.embedding(targets[:, k - 1:k - 1 + n], self.embed), c, s_, m_)
+                    logits = linear(rmsnorm(h, md.head_norm, self.cfg.norm_eps), head)
+                    self.mtp_ce.append(F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                       targets[:, k:k + n].reshape(-1), reduction="sum"))
             return linear(x, head)
+
+    class MtpModule(nn.Module):
+        """DeepSeek-V3's MTP module: [RMSNorm(e) | RMSNorm(h)] -> eh_proj (2C -> C) -> a decoder
+        layer -> (the shared head after shared_head.norm)."""
+        def __init__(self, cfg, layer_class, index):
+            super().__init__()
+            d = cfg.d_model
+            self.cfg = cfg
+            self.enorm = nn.Parameter(torch.ones(d))
+            self.hnorm = nn.Parameter(torch.ones(d))
+            self.eh = nn.Parameter(torch.empty(d, 2 * d))
+            self.layer = layer_class(cfg, index)
+            self.head_norm = nn.Parameter(torch.ones(d))
+
+        def hf_views(self, prefix, get):
+            views = {prefix + "enorm.weight": get(self.enorm), prefix + "hnorm.weight": get(self.hnorm),
+                     prefix + "eh_proj.weight": get(self.eh),
+                     prefix + "shared_head.norm.weight": get(self.head_norm)}
+            views.update(self.layer.hf_views(prefix, get))
+            return views
+
+        def forward(self, h, e, cos, sin, mask):
+            eps = self.cfg.norm_eps
+            u = linear(torch.cat([rmsnorm(e, self.enorm, eps), rmsnorm(h, self.hnorm, eps)], dim=-1), self.eh)
+            return self.layer(u, cos, sin, mask)
 
     return Decoder
 
@@ -1053,6 +1096,10 @@ def cmd_check(args):
         cfg = model_config_from_deck(deck, vocab)
         if cfg.scaling == "yarn" and cfg.original_max_position <= 0:
             cfg.original_max_position = deck.int("data.seq_len")
+        # DeepSeek-V3's multi-token prediction modules (docs/math.md §11; dense models here).
+        cfg.mtp_depth, cfg.mtp_weight = deck.int("model.mtp_depth"), deck.float("train.mtp_weight")
+        if cfg.mtp_depth and deck.int("moe.experts"):
+            sys.exit("check: model.mtp_depth with moe.experts is not implemented here")
 
         bf16 = kv.get("train.precision", "fp32") == "bf16"
         Decoder = build_model_class(bf16=bf16, exact_sums=args.exact_sums)
@@ -1150,6 +1197,7 @@ def cmd_check(args):
         denom = gb * T
         loss_sum = 0.0
         aux_sum = 0.0
+        mtp_sum = 0.0
         loads = [torch.zeros(cfg.moe_experts, dtype=torch.int64) for _ in model.moe_blocks]
         dropped = [0] * cfg.n_layers  # capacity-dropped choices per layer (dense layers: 0)
         # Gradient accumulation over chunks of micro_batch_size samples; the loss is the mean
@@ -1161,10 +1209,14 @@ def cmd_check(args):
             offs = ((s * gb + j) * T) % n_train
             idx = (offs[:, None] + span[None, :]) % n_train
             sample = train[idx]
-            logits = model(sample[:, :-1])
+            logits = model(sample[:, :-1], sample[:, 1:])
             ce = F.cross_entropy(logits.reshape(-1, vocab).to(dtype),
                                  sample[:, 1:].reshape(-1), reduction="sum")
-            if use_aux:
+            if model.mtp_ce:  # loss = main + mtp_weight / D x the modules' (docs/math.md §11)
+                mtp = sum(model.mtp_ce) * (cfg.mtp_weight / len(model.mtp_ce))
+                ((ce + mtp) / denom).backward()
+                mtp_sum += mtp.item()
+            elif use_aux:
                 aux = model.moe_aux()
                 (ce / denom + cfg.moe_aux_coef * aux / n_mb).backward()
                 aux_sum += aux.item()
@@ -1174,7 +1226,7 @@ def cmd_check(args):
                 ld += m.load
                 dropped[i] += m.dropped
             loss_sum += ce.item()
-        loss = loss_sum / denom
+        loss = (loss_sum + mtp_sum) / denom
         aux_mean = aux_sum / n_mb
         if use_aux:
             loss = loss + cfg.moe_aux_coef * aux_mean

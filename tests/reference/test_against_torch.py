@@ -107,6 +107,9 @@ variants = {
     # moe.capacity_factor: each expert takes at most ceil(1.0 * 2 * 96 / 4) = 48 of the 192
     # choices of a rank's microbatch; the lowest-weight choices beyond are dropped (counted in
     # /moe/dropped_tokens, which must match the reference's count exactly and be > 0).
+    # DeepSeek-V3's multi-token prediction (docs/math.md §11): two modules, MHA and MLA.
+    "mtp": (["--model.mtp_depth=2", "--train.mtp_weight=0.5"], 1e-5),
+    "mtp_mla": (MLA + ["--model.q_lora_rank=24", "--model.mtp_depth=1"], 1e-5),
     # DeepSeek's routers (docs/math.md §9): V3's sigmoid scores, top-2-sum groups, aux-free bias,
     # renormalised and scaled; V2's softmax with groups ranked by their best score, scaled.
     "moe_v3": (MOE + ["--moe.scoring=sigmoid", "--moe.topk_method=noaux_tc", "--moe.groups=2",

@@ -174,6 +174,9 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("model.qk_nope_dim", &m.qk_nope_dim, 0, big, "MLA: per-head q/k dims without RoPE (> 0 with mla)"),
         opt_int("model.qk_rope_dim", &m.qk_rope_dim, 0, big, "MLA: per-head q/k dims with RoPE, one k_rope shared by the heads (even, > 0 with mla)"),
         opt_int("model.v_head_dim", &m.v_head_dim, 0, big, "MLA: per-head value dims (> 0 with mla)"),
+        opt_int("model.mtp_depth", &m.mtp_depth, 0, 64,
+                "multi-token prediction modules after the last decoder layer (DeepSeek-V3's MTP, HF "
+                "num_nextn_predict_layers): module k predicts the token k+1 ahead; 0 = none"),
         opt_double("rope.theta", &r.theta, 1, 1e12, "RoPE base", true),
         opt_enum("rope.scaling", &r.scaling, {"none", "yarn"}, "RoPE frequency scaling"),
         opt_double("rope.factor", &r.factor, 1, 1e6, "YaRN context extension factor s"),
@@ -182,6 +185,12 @@ std::vector<DeckOption> deck_options(Deck& d) {
                 "checkpoint the weights come from (init_from, resume), or data.seq_len from scratch"),
         opt_double("rope.beta_fast", &r.beta_fast, 0, 1e6, "YaRN: rotations above which a dim is left alone", true),
         opt_double("rope.beta_slow", &r.beta_slow, 0, 1e6, "YaRN: rotations below which a dim is fully interpolated", true),
+        opt_double("rope.mscale", &r.mscale, 0, 1e3,
+                   "YaRN attention temperature as DeepSeek defines it, with m(c) = 0.1 c ln(factor) + 1: cos and sin "
+                   "times m(rope.mscale) / m(rope.mscale_all_dim) (HF rope_scaling.mscale)"),
+        opt_double("rope.mscale_all_dim", &r.mscale_all_dim, 0, 1e3,
+                   "YaRN: the attention softmax scale times m(rope.mscale_all_dim)^2 (HF rope_scaling.mscale_all_dim; "
+                   "with model.attention = mha it cancels: the logits are times m(rope.mscale)^2)"),
         opt_bool("rope.document_positions", &r.document_positions,
                  "RoPE positions restart at each document of a packed sample (documents end at data.eos_id)"),
         opt_int("moe.experts", &e.experts, 0, 1 << 20, "routed experts E; 0 = dense FFN"),
@@ -189,7 +198,19 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("moe.shared_experts", &e.shared_experts, 0, 1 << 20, "always-on shared experts"),
         opt_int("moe.ffn_dim", &e.ffn_dim, 0, big, "hidden width of each expert; 0 = model.ffn_dim"),
         opt_layers("moe.layers", &e.layers, "layers with MoE"),
-        opt_bool("moe.norm_topk", &e.norm_topk, "renormalise the chosen weights to sum 1"),
+        opt_bool("moe.norm_topk", &e.norm_topk, "renormalise the chosen weights to sum 1 (HF norm_topk_prob)"),
+        opt_enum("moe.scoring", &e.scoring, {"softmax", "sigmoid"},
+                 "router scores: softmax over the experts (DeepSeek-V2) or a sigmoid per expert (DeepSeek-V3) "
+                 "(HF scoring_func)"),
+        opt_enum("moe.topk_method", &e.topk_method, {"greedy", "group_limited_greedy", "noaux_tc"},
+                 "top-k: greedy over all experts; or first the moe.group_top_k of moe.groups expert groups, ranked "
+                 "by their best score (group_limited_greedy, DeepSeek-V2) or by the sum of their two best biased "
+                 "scores (noaux_tc, DeepSeek-V3) (HF topk_method)"),
+        opt_int("moe.groups", &e.groups, 1, 64, "expert groups of the group-limited top-k; divides moe.experts (HF n_group)"),
+        opt_int("moe.group_top_k", &e.group_top_k, 1, 64,
+                "groups a token's experts may come from (HF topk_group)"),
+        opt_double("moe.routed_scaling", &e.routed_scaling, 0, 1e6,
+                   "the routed experts' weights are multiplied by this (HF routed_scaling_factor)", true),
         opt_enum("moe.balance", &e.balance, {"aux_loss", "aux_free", "none"}, "load balancing"),
         opt_double("moe.aux_coef", &e.aux_coef, 0, 1e3, "weight of the load-balancing loss"),
         opt_double("moe.bias_rate", &e.bias_rate, 0, 1e3, "aux-free bias update rate"),
@@ -284,6 +305,9 @@ std::vector<DeckOption> deck_options(Deck& d) {
                  "record the root mean square of each kind of layer output (embedding, attention scores, "
                  "attention and feed-forward outputs, the last residual stream, the logits) over every step's tokens "
                  "in /probe/<kind>: the coordinate check of quintet mup-check (costs host copies: a diagnostic)"),
+        opt_double("train.mtp_weight", &t.mtp_weight, 0, 1e3,
+                   "multi-token prediction: the loss is the main cross-entropy plus mtp_weight / model.mtp_depth "
+                   "times the sum of the MTP modules' cross-entropies (DeepSeek-V3's lambda)"),
         opt_int("train.exit_after", &t.exit_after, 0, big,
                 "stop after this many steps of this run, with a checkpoint (time-limited jobs); 0 = never"),
         opt_int("train.threads", &t.threads, 0, 4096, "threads per rank; 0 = OMP_NUM_THREADS or cores/local ranks"),
@@ -605,10 +629,38 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
                 config_fail("moe.layers", e.layers.text(),
                             "expected all, or layer indices in [0, " + S(m.n_layers) + ") (model.n_layers = " +
                                 S(m.n_layers) + ")");
+        if (e.topk_method == "greedy" && (e.groups != 1 || e.group_top_k != 1))
+            config_fail(e.groups != 1 ? "moe.groups" : "moe.group_top_k",
+                        S(e.groups != 1 ? e.groups : e.group_top_k),
+                        "groups limit moe.topk_method = group_limited_greedy or noaux_tc; with greedy: 1");
+        if (e.experts % e.groups != 0)
+            config_fail("moe.groups", S(e.groups), "must divide moe.experts = " + S(e.experts));
+        if (e.group_top_k > e.groups)
+            config_fail("moe.group_top_k", S(e.group_top_k), "must be at most moe.groups = " + S(e.groups));
+        if (e.top_k > e.group_top_k * (e.experts / e.groups))
+            config_fail("moe.top_k", S(e.top_k),
+                        "must be at most the experts of moe.group_top_k groups, " +
+                            S(e.group_top_k * (e.experts / e.groups)));
+        if (e.topk_method == "noaux_tc" && e.experts / e.groups < 2)
+            config_fail("moe.groups", S(e.groups),
+                        "noaux_tc ranks a group by the sum of its two best scores: each group needs at least 2 "
+                        "experts (moe.experts / moe.groups >= 2)");
         if (p.tp > 1 && !p.sequence_parallel)
             config_fail("parallel.sequence_parallel", "false",
                         "MoE layers with parallel.tp > 1 need sequence parallelism (each tp rank routes its "
                         "own rows, as in Megatron-Core): set parallel.sequence_parallel = true");
+    }
+    if (m.mtp_depth > 0) {  // docs/math.md §11
+        if (p.zero >= 2)
+            config_fail("parallel.zero", S(p.zero),
+                        "model.mtp_depth > 0 runs with parallel.zero = 0 or 1 (the MTP modules are not ZeRO units)");
+        if (p.schedule == "zb_h1" || p.schedule == "zbv")
+            config_fail("parallel.schedule", p.schedule,
+                        "model.mtp_depth > 0 needs a schedule that runs each backward whole: 1f1b, interleaved or gpipe");
+        if (d.data.seq_len <= m.mtp_depth)
+            config_fail("model.mtp_depth", S(m.mtp_depth),
+                        "module k predicts the token k+1 ahead: data.seq_len = " + S(d.data.seq_len) +
+                            " leaves the last module nothing to predict (model.mtp_depth < data.seq_len)");
     }
     if (d.train.device == "cuda") {
 #ifndef QUINTET_WITH_CUDA

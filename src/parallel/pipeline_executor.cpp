@@ -120,6 +120,7 @@ PipelineExecutor::Result PipelineExecutor::run(const float* params, float* grads
             if (chunk.needs_tokens()) data(a.microbatch, ids_.data(), tgt_.data());
             res.ce_sum += chunk.forward(slot, params, ids_.data(), tgt_.data(), grad_scale, true);
             res.aux_sum += chunk.aux_loss(slot);
+            res.mtp_sum += chunk.mtp_loss(slot);
             break;
         }
         case Op::send_fwd:

@@ -169,7 +169,9 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
     const ModelCounts& counts = cache.model(m);
     const ModelInventory& inv = cache.inventory(m, p.tp, p.ep, sp);
     const double head_params = double(m.vocab_size) * m.d_model;
-    const double layer_params = (counts.active - head_params) / m.n_layers;
+    // The MTP modules (last stage): their layers, projections and passes through the head.
+    const double mtp_params = m.mtp_depth * (inv.mtp().active + head_params);
+    const double layer_params = (counts.active - head_params - mtp_params) / m.n_layers;
     const ModelDims d1 = model_dims(m, 1, 0);
     const double attn_flops_tok = 6.0 * T * d1.NH * double(d1.Dqk + d1.Dv);  // per layer
 
@@ -275,6 +277,7 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
         // over the tp x cp ranks sharing each token's work; recompute adds forwards.
         const double tok_mb = B * T;
         double fl = stage_layers * (6 * layer_params + attn_flops_tok) + (last ? 6 * head_params : 0);
+        if (last) fl += 6 * mtp_params + m.mtp_depth * attn_flops_tok;
         if (rec == Recompute::full) fl += stage_layers * (2 * layer_params + attn_flops_tok / 3);
         if (rec == Recompute::selective) fl += stage_layers * attn_flops_tok / 3;
         fl *= tok_mb / (p.tp * p.cp);
@@ -486,7 +489,7 @@ PlanRow plan_one(const Deck& deck_in, int world, const PlanTarget& target, PlanC
     // FLOPs: the 6·N·P convention of the whole model (docs/math.md §1), attention included.
     const ModelDims d1 = model_dims(m, 1, 0);
     const double T = deck.data.seq_len;
-    const double per_token = 6.0 * counts.active + 6.0 * m.n_layers * T * d1.NH * double(d1.Dqk + d1.Dv);
+    const double per_token = 6.0 * counts.active + 6.0 * (m.n_layers + m.mtp_depth) * T * d1.NH * double(d1.Dqk + d1.Dv);
     const double tokens_step = double(row.global_batch) * T;
     row.flops_per_step = per_token * tokens_step;
     if (target.hardware.host) plan_host(row, deck, world, target.machine, cache);

@@ -271,10 +271,13 @@ void Telemetry::record_step(int64_t s, const StepStats& st, bool skipped, const 
             for (size_t r = 0; r < col.size(); ++r) col[r] = memory_all_[r * kMemoryColumns + size_t(c)];
             metrics_->append_vector(ms::memory_path(ms::kMemoryCategories[size_t(c)]), col);
         }
-        metrics_->append(ms::kTrain, {{ms::kStep, double(s)}, {ms::kLoss, st.loss}, {ms::kCeLoss, st.ce_loss},
-                                      {ms::kAuxLoss, st.aux_loss}, {ms::kLr, st.lr}, {ms::kGradNorm, st.grad_norm},
-                                      {ms::kTokensPerS, tps}, {ms::kMfu, mfu}, {ms::kMfuMatmul, mfu_matmul},
-                                      {ms::kStepTime, st.step_time}, {ms::kSkipped, skipped ? 1.0 : 0.0}});
+        auto train_row = std::vector<std::pair<std::string, double>>{
+            {ms::kStep, double(s)}, {ms::kLoss, st.loss}, {ms::kCeLoss, st.ce_loss},
+            {ms::kAuxLoss, st.aux_loss}, {ms::kLr, st.lr}, {ms::kGradNorm, st.grad_norm},
+            {ms::kTokensPerS, tps}, {ms::kMfu, mfu}, {ms::kMfuMatmul, mfu_matmul},
+            {ms::kStepTime, st.step_time}, {ms::kSkipped, skipped ? 1.0 : 0.0}};
+        if (deck_.model.mtp_depth > 0) train_row.push_back({ms::kMtpLoss, st.mtp_loss});
+        metrics_->append(ms::kTrain, train_row);
         metrics_->append(ms::kTiming, {{ms::kTimePipeline, st.t_pipeline}, {ms::kTimePipelineWait, st.t_wait},
                                        {ms::kTimeReplicaSync, st.t_sync}, {ms::kTimeDpReduce, st.t_dp},
                                        {ms::kTimeOptimizer, st.t_optim}, {ms::kTpComm, st.tp.seconds},

@@ -49,7 +49,8 @@ Trainer::Trainer(RankModel& model, const std::string& deck_text, const DataSet& 
                                                : double(model.table().total) * 4 + double(opt_->shard_floats()) * 4,
                                   opt_->bytes());
     telemetry_.log(opt_->describe());
-    if (model.moe()) moe_ = MoeCounts(deck_.model.n_layers, deck_.model.moe.experts, grid_.ep().size());
+    if (model.moe())  // the MTP modules' MoE layers count as layers n_layers + k
+        moe_ = MoeCounts(deck_.model.n_layers + deck_.model.mtp_depth, deck_.model.moe.experts, grid_.ep().size());
 }
 
 Trainer::~Trainer() {
@@ -118,15 +119,15 @@ StepStats Trainer::step(int64_t s, bool locate) {
     if (locate && zero) st.origin = locate_nonfinite(zero_nonfinite(r.ce_sum + r.aux_sum), grid_.world());
     // 3. The step's loss: cross-entropy summed over every target token of the global batch
     //    (only the last stage has it), aux averaged over the microbatches.
-    double sums[2] = {r.ce_sum, r.aux_sum};
-    grid_.pp().all_reduce_sum(sums, 2);
-    grid_.dp_cp().all_reduce_sum(sums, 2);
+    double sums[3] = {r.ce_sum, r.aux_sum, r.mtp_sum};
+    grid_.pp().all_reduce_sum(sums, 3);
+    grid_.dp_cp().all_reduce_sum(sums, 3);
     const double t3 = now_s();
     // 4. Global-norm clipping and the optimizer (AdamW, or Muon and AdamW) -- unless the loss or the norm is not finite (the same
     //    decision on every rank: both are all-reduced), which leaves the state as it was.
     profile::Scope optimizer_scope("optimizer");
     const double norm = opt_->grad_norm(grads_, grid_.world());
-    if (!std::isfinite(sums[0]) || !std::isfinite(sums[1]) || !std::isfinite(norm)) {
+    if (!std::isfinite(sums[0]) || !std::isfinite(sums[1]) || !std::isfinite(sums[2]) || !std::isfinite(norm)) {
         st.nonfinite = true;
         st.what = !std::isfinite(sums[0]) ? "the loss" : !std::isfinite(sums[1]) ? "the MoE aux loss" : "the gradient norm";
         st.loss = sums[0] / (double(gb) * T) + sums[1];
@@ -150,7 +151,9 @@ StepStats Trainer::step(int64_t s, bool locate) {
     const double t4 = now_s();
     st.ce_loss = sums[0] / (double(gb) * T);
     st.aux_loss = sums[1] / double(grid_.dp().size() * p.microbatches);
-    st.loss = st.ce_loss + st.aux_loss;
+    // MTP (docs/math.md §11): each module's cross-entropy normalised like the main one, their mean.
+    if (deck_.model.mtp_depth > 0) st.mtp_loss = sums[2] / (double(gb) * T) / deck_.model.mtp_depth;
+    st.loss = st.ce_loss + st.aux_loss + deck_.train.mtp_weight * st.mtp_loss;
     st.lr = lr;
     st.grad_norm = norm;
     st.t_wait = r.t_wait;

@@ -47,6 +47,7 @@ struct TrainConfig {
     bool profile = false;               // per-operation times: /timing/op/<name> and a table at the end
     int max_skips = 5;                  // skip: consecutive skipped steps before stopping (exit 3)
     bool probe_rms = false;             // /probe/<kind>: the RMS of each kind of layer output per step
+    double mtp_weight = 0.3;            // lambda: loss = main + lambda/D * sum of the MTP modules' losses
 };
 
 struct EvalConfig {

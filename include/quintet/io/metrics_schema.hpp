@@ -37,6 +37,8 @@ inline constexpr const char* kStep = "step";
 inline constexpr const char* kLoss = "loss";
 inline constexpr const char* kCeLoss = "ce_loss";
 inline constexpr const char* kAuxLoss = "aux_loss";
+// model.mtp_depth > 0: the MTP modules' cross-entropy, the mean over modules (docs/math.md §11).
+inline constexpr const char* kMtpLoss = "mtp_loss";
 inline constexpr const char* kLr = "lr";
 inline constexpr const char* kGradNorm = "grad_norm";
 inline constexpr const char* kTokensPerS = "tokens_per_s";

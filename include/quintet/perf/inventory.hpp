@@ -74,6 +74,9 @@ public:
     const LayerKind& dense() const { return dense_; }
     const LayerKind& moe() const { return moe_; }
     const LayerKind& kind(int layer) const { return moe_layer(m_, layer) ? moe_ : dense_; }
+    // One multi-token prediction module (model.mtp_depth; its pass through the shared head is
+    // not in it): the last chunk holds mtp_depth of them.
+    const LayerKind& mtp() const { return mtp_; }
     // This rank's floats when it holds `chunks` (a pipeline stage; pp stages in all).
     RegionFloats stage_params(const std::vector<ChunkPlan>& chunks, int pp) const;
     // The same by ZeRO-2/3 unit, in the arena's unit order (model/params.cpp: the embedding,
@@ -100,7 +103,7 @@ public:
 private:
     ModelConfig m_;
     int tp_;
-    LayerKind dense_, moe_;
+    LayerKind dense_, moe_, mtp_;
     RegionFloats embed_, final_norm_, head_params_;
     double head_active_ = 0;
     Gemm head_;

@@ -11,7 +11,7 @@
 namespace quintet {
 
 struct StepStats {
-    double loss = 0, ce_loss = 0, aux_loss = 0, lr = 0, grad_norm = 0, step_time = 0;
+    double loss = 0, ce_loss = 0, aux_loss = 0, mtp_loss = 0, lr = 0, grad_norm = 0, step_time = 0;
     // Seconds: the pipeline schedule (forward and backward of this replica's microbatches), of
     // which blocked in pipeline receives; the replica-group sums after it (tp/kv/tied partials,
     // then the data-parallel reduction); the optimizer.

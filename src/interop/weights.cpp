@@ -64,41 +64,36 @@ ExportModel export_model_read(const std::string& path, const Tokenizer& tok) {
         t.data.assign(arena.begin() + long(s->offset), arena.begin() + long(s->offset + lt.numel()));
         m.tensors.push_back(std::move(t));
     }
+    fold_forward_multipliers(m);
     return m;
 }
 
-// GPT-2's byte-to-unicode alphabet: byte b as the UTF-8 of the code point that stands for it.
-namespace {
-
-const std::array<std::string, 256>& byte_symbols() {
-    static const std::array<std::string, 256> table = [] {
-        std::array<std::string, 256> t;
-        auto utf8 = [](uint32_t cp) {
-            std::string s;
-            if (cp < 0x80) {
-                s += char(cp);
-            } else {
-                s += char(0xc0 | (cp >> 6));
-                s += char(0x80 | (cp & 0x3f));
-            }
-            return s;
-        };
-        uint32_t next = 256;
-        for (int b = 0; b < 256; ++b) {
-            const bool printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-            t[b] = utf8(printable ? uint32_t(b) : next++);
+void fold_forward_multipliers(ExportModel& m) {
+    ModelConfig& c = m.deck.model;
+    auto scale = [](NamedTensor& t, double f) {
+        for (float& x : t.data) x = float(double(x) * f);
+    };
+    if (c.attn_mult != 1.0)  // q . k x scale x mult = (mult q) . k x scale: into every query projection
+        for (NamedTensor& t : m.tensors)
+            if (t.name.find(".self_attn.q_proj.weight") != std::string::npos ||
+                t.name.find(".self_attn.q_b_proj.weight") != std::string::npos)
+                scale(t, c.attn_mult);
+    if (c.logit_mult != 1.0) {
+        if (c.tie_embeddings) {  // the head as a tensor of its own (the embedding keeps its rows)
+            NamedTensor head = m.at("model.embed_tokens.weight");
+            head.name = "lm_head.weight";
+            m.tensors.push_back(std::move(head));
+            c.tie_embeddings = false;
         }
-        return t;
-    }();
-    return table;
-}
-
-}  // namespace
-
-std::string byte_level_text(const std::string& bytes) {
-    std::string s;
-    for (unsigned char c : bytes) s += byte_symbols()[c];
-    return s;
+        for (NamedTensor& t : m.tensors)
+            if (t.name == "lm_head.weight") scale(t, c.logit_mult);
+    }
+    // What is written is now a plain model: the standard scheme's forward.
+    if (m.deck.init.scheme == "mup") {
+        m.deck.init.scheme = "scaled";
+        m.deck.init.base_width = m.deck.init.base_head_dim = 0;
+    }
+    c.logit_mult = c.attn_mult = 1.0;
 }
 
 void rope_rows_interleave(NamedTensor& t, int row0, int d, bool inverse) {

@@ -151,7 +151,7 @@ void write_group(hid_t file, const std::string& group, const ParamTable& table, 
         h5::Handle fs = h5::space(
             h5::check(H5Screate_simple(int(shape.size()), shape.data(), nullptr), "dataspace of " + path));
         h5::Handle ds = h5::dataset(h5::check(
-            H5Dcreate2(file, path.c_str(), H5T_IEEE_F32LE, fs, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+            H5Dcreate2(file, path.c_str(), H5T_IEEE_F32LE, fs, H5P_DEFAULT, h5::dataset_create_plist(), H5P_DEFAULT),
             "create dataset " + path));
         uint64_t sum = *checksum++;
         int64_t as_i64;
@@ -322,7 +322,7 @@ std::string save(const MpiCommunicator& comm, const std::string& run_dir, const 
     // Metadata (thousands of dataset headers for MoE models) written collectively, in few calls.
     h5::check(H5Pset_coll_metadata_write(fapl, true), "H5Pset_coll_metadata_write");
     h5::Handle file = h5::file(h5::check(
-        H5Fcreate(tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), "create " + tmp_path.string()));
+        H5Fcreate(tmp_path.c_str(), H5F_ACC_TRUNC, h5::file_create_plist(), fapl), "create " + tmp_path.string()));
     h5::Handle coll = h5::plist(h5::check(H5Pcreate(H5P_DATASET_XFER), "transfer property list"));
     h5::check(H5Pset_dxpl_mpio(coll, H5FD_MPIO_COLLECTIVE), "H5Pset_dxpl_mpio");
     h5::Handle indep = h5::plist(h5::check(H5Pcreate(H5P_DATASET_XFER), "transfer property list"));
@@ -333,10 +333,12 @@ std::string save(const MpiCommunicator& comm, const std::string& run_dir, const 
     h5::write_attr_i64(file, "format_version", kCheckpointFormatVersion);
     h5::write_attr_string(file, "layout", meta.layout);
     h5::write_attr_i64(file, "trained_context", meta.trained_context);
+    if (!meta.param_groups.empty()) h5::write_attr_string(file, "param_groups", meta.param_groups);
+    if (!meta.blend.empty()) h5::write_attr_string(file, "data_blend", meta.blend);
     // Every rank creates the group (collective metadata); rank 0 writes its bytes.
     if (!meta.tokenizer.empty()) tokenizer_store_write(file, "tokenizer", meta.tokenizer, rank == 0);
     for (const char* g : {"/params", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq"})
-        h5::group(h5::check(H5Gcreate2(file, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), g));
+        h5::group(h5::check(H5Gcreate2(file, g, H5P_DEFAULT, h5::group_create_plist(), H5P_DEFAULT), g));
     // Every tensor's checksum, completed over the ranks before the datasets (and their
     // "checksum" attributes, collective metadata) are created.
     std::vector<uint64_t> sums;
@@ -453,6 +455,8 @@ CheckpointMeta read_meta(hid_t file, const std::string& path) {
     meta.deck = h5::read_attr_string(file, "deck");
     meta.layout = h5::read_attr_string(file, "layout");
     if (h5::has_attr(file, "trained_context")) meta.trained_context = h5::read_attr_i64(file, "trained_context");
+    if (h5::has_attr(file, "param_groups")) meta.param_groups = h5::read_attr_string(file, "param_groups");
+    if (h5::has_attr(file, "data_blend")) meta.blend = h5::read_attr_string(file, "data_blend");
     meta.tokenizer = tokenizer_store_read(file, "tokenizer", "checkpoint '" + path + "'");
     return meta;
 }

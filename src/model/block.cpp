@@ -40,4 +40,31 @@ BlockContext::RopeTable BlockContext::rope_table(int dim, double amplitude) {
     return {cs, sn};
 }
 
+void probe_scores(Backend& be, const AttentionArgs& a, const float* q, const float* k, const int32_t* pos,
+                  RmsProbe& out) {
+    const size_t rows = size_t(a.B) * a.Tq;
+    std::vector<float> hq(rows * size_t(a.q_stride)), hk(rows * size_t(a.k_stride));
+    std::vector<int32_t> hp(rows);
+    be.to_host(hq.data(), q, hq.size());
+    be.to_host(hk.data(), k, hk.size());
+    be.to_host_i32(hp.data(), pos, rows);
+    const int group = a.NH / a.NKV;
+    double ss = 0, n = 0;
+    for (int b = 0; b < a.B; ++b)
+        for (int h = 0; h < a.NH; ++h)
+            for (int i = 0; i < a.Tq; ++i)
+                for (int j = 0; j < a.Tq; ++j) {
+                    const size_t qi = size_t(b) * a.Tq + size_t(i), kj = size_t(b) * a.Tq + size_t(j);
+                    if (hp[kj] > hp[qi]) continue;  // causal: keys at or before the query
+                    double dot = 0;
+                    const float* qr = hq.data() + qi * size_t(a.q_stride) + size_t(h) * a.Dqk;
+                    const float* kr = hk.data() + kj * size_t(a.k_stride) + size_t(h / group) * a.Dqk;
+                    for (int d = 0; d < a.Dqk; ++d) dot += double(qr[d]) * kr[d];
+                    dot *= a.scale;
+                    ss += dot * dot;
+                    n += 1;
+                }
+    out.add(ProbeKind::attn_logits, ss, n);
+}
+
 }  // namespace quintet

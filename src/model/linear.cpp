@@ -52,12 +52,12 @@ void LinearContext::set_bf16_weights(const float* master, const bf16_bits* shado
 }
 
 void LinearContext::mm(const char* role, bool ta, bool tb, int M, int Nn, int K, Mat A, int lda, Mat Bm, int ldb,
-                       float beta, float* Cm, int ldc) {
+                       float beta, float* Cm, int ldc, float alpha) {
     static constexpr const char *kDw = ".dw", *kFwd = ".fwd", *kDx = ".dx";
     profile::Scope scope(profile::enabled() || trace::recording() ? profile::joined_name(role, ta ? kDw : tb ? kFwd : kDx)
                                                                   : "");
-    if (bf16_) be.gemm_bf16(ta, tb, M, Nn, K, 1.0f, A.b, lda, Bm.b, ldb, beta, Cm, ldc);
-    else be.gemm(ta, tb, M, Nn, K, 1.0f, A.f, lda, Bm.f, ldb, beta, Cm, ldc);
+    if (bf16_) be.gemm_bf16(ta, tb, M, Nn, K, alpha, A.b, lda, Bm.b, ldb, beta, Cm, ldc);
+    else be.gemm(ta, tb, M, Nn, K, alpha, A.f, lda, Bm.f, ldb, beta, Cm, ldc);
 }
 
 Mat LinearContext::gathered(const Act& a, size_t rows, size_t width) {
@@ -284,13 +284,16 @@ void GroupedLinear::backward_weight(int slot, int wslot, const Groups& g, float*
 }
 
 // ---- VocabHead ----
+// logits = mult * (x W^T): dX = mult * dlogits W and dW += mult * dlogits^T x, the multiplier as
+// the GEMMs' alpha (1: the plain products, bit for bit).
 
-VocabHead::VocabHead(LinearContext& c, size_t weight_offset, int Vl) : c_(c), w_(weight_offset), Vl_(Vl) {}
+VocabHead::VocabHead(LinearContext& c, size_t weight_offset, int Vl, double logit_mult)
+    : c_(c), w_(weight_offset), Vl_(Vl), mult_(float(logit_mult)) {}
 
 void VocabHead::forward(const Act& x, float* logits, const float* params) {
     const int N = c_.N, C = c_.C;
     c_.mm("gemm.lm_head", false, true, N, Vl_, C, c_.gathered(x, size_t(N), size_t(C)), C, c_.weight(params + w_), C,
-          0.0f, logits, Vl_);
+          0.0f, logits, Vl_, mult_);
 }
 
 void VocabHead::loss(float* logits, float* losses, const int32_t* targets, float grad_scale, bool need_grad,
@@ -310,8 +313,8 @@ const float* VocabHead::backward(const float* dlogits, const Act& x, const float
     const Mat D = c_.lowp(dlogits, size_t(N) * Vl_);
     if (grads)
         c_.mm("gemm.lm_head", true, false, Vl_, C, N, D, Vl_, c_.gathered(x, size_t(N), size_t(C)), C, 1.0f, grads + w_,
-              C);
-    c_.mm("gemm.lm_head", false, false, N, C, Vl_, D, Vl_, c_.weight(params + w_), C, 0.0f, c_.full_b, C);
+              C, mult_);
+    c_.mm("gemm.lm_head", false, false, N, C, Vl_, D, Vl_, c_.weight(params + w_), C, 0.0f, c_.full_b, C, mult_);
     return c_.tp.reduce(c_.full_b, c_.dshard, size_t(N), size_t(C));
 }
 
@@ -322,7 +325,7 @@ const float* VocabHead::backward_input(const float* dlogits, const float* params
 void VocabHead::backward_weight(const float* dlogits, const Act& x, float* grads) {
     const int N = c_.N, C = c_.C;
     c_.mm("gemm.lm_head", true, false, Vl_, C, N, c_.lowp(dlogits, size_t(N) * Vl_), Vl_,
-          c_.gathered(x, size_t(N), size_t(C)), C, 1.0f, grads + w_, C);
+          c_.gathered(x, size_t(N), size_t(C)), C, 1.0f, grads + w_, C, mult_);
 }
 
 }  // namespace quintet

@@ -37,7 +37,7 @@ public:
           qkv_(ctx.lin, t, qkv_decl(ctx.d, size_t(ctx.N)), fused_weight(t, prefix(layer), {"q_proj", "k_proj", "v_proj"}),
                "gemm.attn_qkv"),
           o_(ctx.lin, t, o_decl(ctx.d, size_t(ctx.N), ctx.recompute), prefix(layer) + "o_proj.weight", "gemm.attn_out"),
-          scale_(float(1.0 / std::sqrt(double(HD_)))),
+          scale_(float(ctx.attn_mult * (1.0 / std::sqrt(double(HD_))))),
           // MHA/GQA rotate every q/k dim, so YaRN's mscale^2 on the logits = mscale on cos and sin.
           rope_(c_.rope_table(HD_, rope_mscale(c_.rope))), datt_(c_.shared()[kDatt]), lse_scratch_(c_.shared()[kLse]) {
         if (c_.recompute == Recompute::selective) lse_ws_ = c_.shared()[kRecomputedLse];
@@ -98,6 +98,11 @@ public:
     std::unique_ptr<KvCache> make_cache(int max_len, bool /*full_kv: MHA caches K|V anyway*/) const override {
         QUINTET_CHECK(c_.d.tp == 1, "generation runs on one rank (tp = 1)");
         return std::make_unique<KvRowsCache>(c_.be, max_len, NKV_ * HD_, NKV_ * HD_);
+    }
+
+    void probe_logits(int slot, const TokenInfo& tok, RmsProbe& out) const override {
+        const float* q = slots_[size_t(slot)].qkv;
+        probe_scores(c_.be, args(tok), q, q + A_, tok.pos, out);
     }
 
 private:

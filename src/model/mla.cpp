@@ -72,7 +72,7 @@ MlaAttention::MlaAttention(BlockContext& ctx, const ModelConfig& m, const ParamT
     // RoPE on the rope dims only; YaRN's mscale² multiplies the softmax scale (cos/sin plain).
     rope_ = c_.rope_table(s_.dr, 1.0);
     const double ms = rope_mscale(c_.rope);
-    scale_ = float(ms * ms / std::sqrt(double(s_.Dqk())));
+    scale_ = float(c_.attn_mult * (ms * ms / std::sqrt(double(s_.Dqk()))));
     const BufferViews& sh = c_.shared();
     kr_ = sh[kKr], kvb_ = sh[kKvb], stage_ = sh[kStage], datt_ = sh[kDatt];
     dq_ = sh[kDq], dk_ = sh[kDk], dv_ = sh[kDv], dkr_ = sh[kDkr], dc_ = sh[kDc], dcn_ = sh[kDcn];
@@ -220,6 +220,13 @@ void MlaAttention::backward_weight(int slot, int wslot, const TokenInfo& tok, fl
     } else {
         q_.backward_weight(wslot, X, N, grads);
     }
+}
+
+void MlaAttention::probe_logits(int slot, const TokenInfo& tok, RmsProbe& out) const {
+    const Saved& s = slots_[size_t(slot)];
+    // Latent mode expands every cp rank's keys (rank-major): this rank's are its block.
+    const float* k = latent_ ? s.k + size_t(c_.cp->rank()) * c_.N * s_.Qw() : s.k;
+    probe_scores(c_.be, args(tok), s.q, k, tok.pos, out);
 }
 
 AttentionArgs MlaAttention::args(const TokenInfo& tok) const {

@@ -50,6 +50,7 @@ public:
                                 const float* dh) override;
     void backward_weight(int slot, int wslot, const TokenInfo& tok, float* grads, const Act& xn, bool later) override;
     std::unique_ptr<KvCache> make_cache(int max_len, bool full_kv) const override;  // mla_generate.cpp
+    void probe_logits(int slot, const TokenInfo& tok, RmsProbe& out) const override;
 
 private:
     struct Saved {

@@ -40,6 +40,7 @@ ModelChunk::ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope
              TokenLayout{B, T, ctx_.T, opt.cp, opt.document_mask, opt.document_positions, opt.eos_id}, plan),
       documents_(opt.document_mask), units_(opt.units) {
     ctx_.ep = opt.ep;
+    ctx_.attn_mult = m.attn_mult;
     lin_.bind(store_.shared(), store_.buffers().operand);
     const ChunkBuffers& cb = store_.buffers();
     if (opt.cp) opt.cp->reserve(cb.ring_kv, cb.ring_out, cb.ring_lse);
@@ -62,7 +63,7 @@ ModelChunk::ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope
     if (plan_.last) {
         final_norm_.emplace(lin_, table, "model.norm.weight", d.C, eps, "final");
         const char* head = table.find("lm_head.weight") ? "lm_head.weight" : "model.embed_tokens.weight";
-        head_.emplace(lin_, table.offset_of(head), d.Vl());
+        head_.emplace(lin_, table.offset_of(head), d.Vl(), m.logit_mult);
         // Tied to an embedding this rank holds (one stage, or zbv's stage 0) rather than to
         // another stage's copy (GradSync::tied, completed after the schedule).
         const ParamSpec* e = table.find("model.embed_tokens.weight");
@@ -112,6 +113,23 @@ void ModelChunk::forward_layer(size_t i, int si, const float* params, const floa
     layer.attn->forward(bs, tok, params, l.xn1, x, l.h, cache);
     layer.norm2.forward(l.xn2, lin_.full_a, l.rstd2, l.h, params, Nr);
     layer.ffn->forward(bs, params, l.xn2, l.h, y);
+    if (probe_ && !ctx_.recomputing && !cache) {
+        layer.attn->probe_logits(bs, tok, *probe_);
+        probe(ProbeKind::attn_out, l.h, x, size_t(Nr) * ctx_.d.C);
+        probe(ProbeKind::ffn_out, y, l.h, size_t(Nr) * ctx_.d.C);
+    }
+}
+
+void ModelChunk::probe(ProbeKind k, const float* x, const float* minus, size_t n) {
+    std::vector<float> a(n), b(minus ? n : 0);
+    be_.to_host(a.data(), x, n);
+    if (minus) be_.to_host(b.data(), minus, n);
+    double ss = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const double v = minus ? double(a[i]) - b[i] : double(a[i]);
+        ss += v * v;
+    }
+    probe_->add(k, ss, double(n));
 }
 
 void ModelChunk::run_layers(int si, const float* params, std::vector<std::unique_ptr<KvCache>>* caches) {
@@ -127,6 +145,7 @@ void ModelChunk::run_layers(int si, const float* params, std::vector<std::unique
             be_.embedding_forward(lin_.full_b, s.ids, u.params + wte_, N, C);
             be_.copy(s.res[0], tp_.reduce(lin_.full_b, lin_.dshard, N, C), size_t(Nr) * C);
         }
+        if (probe_ && !caches) probe(ProbeKind::embedding, s.res[0], nullptr, size_t(Nr) * C);
     }
     for (size_t i = 0; i < layers_.size(); ++i) {
         UnitScope u(units_, lin_, layers_[i].unit, params, nullptr, true);
@@ -141,6 +160,10 @@ double ModelChunk::loss(Slot& s, const float* params, float grad_scale, bool nee
         final_norm_->forward(s.xf, lin_.full_a, s.rstd_f, s.res.back(), n.params, ctx_.Nr);
         UnitScope h(units_, lin_, head_unit_, params, nullptr, true);
         head_->forward(s.xf, s.logits, h.params);
+    }
+    if (probe_) {
+        probe(ProbeKind::residual, s.res.back(), nullptr, size_t(ctx_.Nr) * ctx_.d.C);
+        probe(ProbeKind::output_logits, s.logits, nullptr, size_t(ctx_.N) * ctx_.d.Vl());
     }
     head_->loss(s.logits, losses_.data(), store_.targets(), grad_scale, need_grad, xent_);
     double sum = 0.0;

@@ -39,7 +39,7 @@ Collected collect(const Study& st, const std::vector<Case>& cases, bool parity) 
     const std::string commit = source_commit();
     const std::string tmp = st.dir + "/study.h5.tmp", out = st.dir + "/study.h5";
     h5::silence_errors();
-    h5::Handle f = h5::file(h5::check(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), "create " + tmp));
+    h5::Handle f = h5::file(h5::check(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, h5::file_create_plist(), H5P_DEFAULT), "create " + tmp));
     h5::write_attr_string(f, "scaling", st.scaling);
     h5::write_attr_string(f, "study", st.text);
     h5::write_attr_string(f, "base_deck", st.base);

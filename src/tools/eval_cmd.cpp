@@ -74,7 +74,7 @@ void write_vector_h5(const std::string& path, const std::vector<std::pair<std::s
     h5::silence_errors();
     const std::string tmp = path + ".tmp";
     {
-        h5::Handle f = h5::file(h5::check(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
+        h5::Handle f = h5::file(h5::check(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, h5::file_create_plist(), H5P_DEFAULT),
                                           "create " + tmp));
         for (const auto& [name, v] : cols) {
             const std::string parent = name.substr(0, name.rfind('/'));
@@ -82,7 +82,7 @@ void write_vector_h5(const std::string& path, const std::vector<std::pair<std::s
             hsize_t n = v.size();
             h5::Handle sp = h5::space(h5::check(H5Screate_simple(1, &n, nullptr), "dataspace"));
             h5::Handle ds = h5::dataset(h5::check(
-                H5Dcreate2(f, name.c_str(), H5T_IEEE_F64LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                H5Dcreate2(f, name.c_str(), H5T_IEEE_F64LE, sp, H5P_DEFAULT, h5::dataset_create_plist(), H5P_DEFAULT),
                 "create " + name));
             if (n) h5::check(H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), "write " + name);
         }

@@ -96,6 +96,19 @@ void Telemetry::begin(int64_t start_step, const std::string& resumed_from) {
             line += buf;
         }
         log(line);
+        // The parameter groups: what init.scheme (and [groups]) make of each tensor's learning rate,
+        // decay and init.
+        const MupShape mup = mup_shape(deck_.model, deck_.init);
+        std::snprintf(buf, sizeof buf, "parameter groups (init.scheme = %s", deck_.init.scheme.c_str());
+        std::string groups = buf;
+        if (deck_.init.scheme == "mup") {
+            std::snprintf(buf, sizeof buf, ", width x%.4g, ffn x%.4g, logits x%.4g, attention scale x%.4g", mup.width,
+                          mup.ffn, deck_.model.logit_mult, deck_.model.attn_mult);
+            groups += buf;
+        }
+        std::string table_text = groups_text(summarise_groups(deck_.model, deck_.init, deck_.groups));
+        if (!table_text.empty() && table_text.back() == '\n') table_text.pop_back();
+        log(groups + "):\n" + table_text);
         metrics_ = std::make_unique<MetricsFile>(deck_.output.run_dir, deck_text_, start_step,
                                                  resumed_from.empty() ? "" : checkpoint_metrics_path(resumed_from));
         for (const auto& w : metrics_->warnings) log("warning: " + w);
@@ -296,6 +309,11 @@ void Telemetry::record_step(int64_t s, const StepStats& st, bool skipped, const 
                                        {ms::kEpCombine, st.ep_combine.seconds},
                                        {ms::kEpBytes, st.ep_dispatch.bytes + st.ep_combine.bytes},
                                        {ms::kEpBytesAll, st.ep_bytes_all}, {ms::kEpBytesTheory, st.ep_bytes_theory}});
+        if (deck_.train.probe_rms) {
+            std::vector<std::pair<std::string, double>> probe;
+            for (int k = 0; k < kNumProbeKinds; ++k) probe.emplace_back(kProbeNames[size_t(k)], st.probe_rms[size_t(k)]);
+            metrics_->append(ms::kProbe, probe);
+        }
         std::vector<std::pair<std::string, double>> row;
         for (int i = 0; i < pp; ++i) {
             row.emplace_back("stage" + std::to_string(i) + "_idle_fraction", idle_[size_t(i)]);

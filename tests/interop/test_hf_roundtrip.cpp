@@ -170,6 +170,21 @@ TEST_F(HfRoundTrip, MlaMoeShardedIsBitIdentical) {
     EXPECT_TRUE(fs::exists(dir / "hf/model.safetensors.index.json"));
 }
 
+// µP's forward multipliers (logits x 1/m, attention scale x sqrt(base/head dim)) are folded into
+// the exported weights (the tied head untied): PyTorch's plain Llama computes the same model.
+TEST_F(HfRoundTrip, MupExportComputesTheSameModel) {
+    const std::string mup = "--init.scheme=mup --init.base_width=16 --init.base_head_dim=4 ";
+    for (const std::string& tied : {std::string("--model.tie_embeddings=true"), std::string(kMla)}) {
+        const std::string ckpt = train(tied == kMla ? "mla" : "tied", mup + tied);
+        const fs::path hf = dir / (tied == kMla ? "hf_mla" : "hf_tied");
+        const auto r = run_quintet(0, "export --checkpoint " + ckpt + " --format hf --output " + hf.string());
+        ASSERT_EQ(r.status, 0) << r.output;
+        const std::string config = read_file(hf / "config.json");
+        EXPECT_NE(config.find("\"tie_word_embeddings\": false"), std::string::npos) << config;
+        torch_reads(ckpt, hf, 32, tied == kMla ? "muP MLA + MoE" : "muP tied GQA");
+    }
+}
+
 // Tied embeddings and YaRN (config.json's rope_scaling), evaluated past the original context.
 TEST_F(HfRoundTrip, TiedYarnIsReadByPyTorch) {
     const std::string ckpt =

@@ -172,8 +172,12 @@ TEST(HfJson, MergesListRuleAndEveryUnreadPartRefused) {
         return error_of([&] { quintet::tokenizer_hf_json(json, "t.json"); });
     };
     const std::string base = small_tokenizer_json();
-    EXPECT_NE(refused(base, "\"normalizer\":null", "\"normalizer\":{\"type\":\"NFKC\"}").find("/normalizer"),
+    EXPECT_NE(refused(base, "\"normalizer\":null", "\"normalizer\":{\"type\":\"Lowercase\"}").find("/normalizer/type"),
               std::string::npos);
+    // An empty normalizer Sequence is no normalizer (DeepSeek-V3's file).
+    std::string empty_seq = base;
+    empty_seq.replace(empty_seq.find("\"normalizer\":null"), 17, "\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[]}");
+    EXPECT_EQ(quintet::tokenizer_hf_json(empty_seq, "seq.json").encode(english(3000, 4)), hf.encode(english(3000, 4)));
     // NFC composes before the merges: "e" + U+0301 is "\u00e9".
     std::string nfc = base;
     nfc.replace(nfc.find("\"normalizer\":null"), 17, "\"normalizer\":{\"type\":\"NFC\"}");
@@ -181,10 +185,10 @@ TEST(HfJson, MergesListRuleAndEveryUnreadPartRefused) {
     EXPECT_EQ(with_nfc.encode("e\u0301"), hf.encode("\u00e9"));
     EXPECT_FALSE(with_nfc.cuts_at_line_starts());
     EXPECT_NE(refused(base, "\"type\":\"BPE\"", "\"type\":\"WordPiece\"").find("/model/type"), std::string::npos);
-    EXPECT_NE(refused(base, "\"type\":\"ByteLevel\",\"add_prefix_space\"", "\"type\":\"Metaspace\",\"add_prefix_space\"")
+    EXPECT_NE(refused(base, "\"type\":\"ByteLevel\",\"add_prefix_space\"", "\"type\":\"Whitespace\",\"add_prefix_space\"")
                   .find("/pre_tokenizer/type"),
               std::string::npos);
-    const std::string split = R"("pre_tokenizer":{"type":"Split","pattern":{"Regex":"\\s+"},"behavior":"Removed"},)";
+    const std::string split = R"("pre_tokenizer":{"type":"Split","pattern":{"Regex":"\\s+"},"behavior":"Sideways"},)";
     EXPECT_NE(refused(base, R"("pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true},)",
                       split)
                   .find("/pre_tokenizer/behavior"),

@@ -7,6 +7,7 @@
 
 #include "quintet/data/data_config.hpp"
 #include "quintet/model/config.hpp"
+#include "quintet/model/param_groups.hpp"
 
 namespace quintet {
 
@@ -45,6 +46,7 @@ struct TrainConfig {
     // (run_dir/trace/rank<r>.json); 0-0 = none
     int trace_from = 0, trace_to = 0;
     double straggler_ratio = 1.2;  // a rank computing this many times its peers' median is named
+    bool probe_rms = false;             // /probe/<kind>: the RMS of each kind of layer output per step
 };
 
 struct EvalConfig {
@@ -76,6 +78,7 @@ struct Deck {
     DataConfig data;
     TrainConfig train;
     InitConfig init;
+    GroupOverrides groups;  // [groups]: the parameter groups' multipliers (negative = the scheme's)
     EvalConfig eval;
     CheckpointConfig checkpoint;
     OutputConfig output;

@@ -32,6 +32,12 @@ struct CheckpointMeta {
     // The tokenizer of the data the weights were trained on (group /tokenizer, the same as in the
     // token file, io/tokenizer_store.hpp); empty in checkpoints from before it travelled with them.
     TokenizerState tokenizer;
+    // The parameter groups' multipliers the run trained with (model/param_groups.hpp groups_text);
+    // empty in checkpoints older than the attribute.
+    std::string param_groups;
+    // The data blend's segments (data/sampler.hpp, blend_segments_text): "" in checkpoints older
+    // than the attribute (the deck's weights from sample 0).
+    std::string blend;
 };
 
 // "" when a run on data tokenized by `data_tok` may take its weights from a checkpoint with

@@ -59,6 +59,12 @@ inline Handle type(hid_t id) { return Handle(id, H5Tclose); }
 // Throws RankError("<what>: <context>") when id < 0.
 hid_t check(hid_t id, const std::string& what);
 
+// Creation property lists with HDF5's object time tracking off, for every file, group and dataset
+// quintet creates: the same data written twice gives the same bytes (checksums of outputs hold).
+Handle file_create_plist();
+Handle group_create_plist();
+Handle dataset_create_plist();
+
 void write_attr_string(hid_t obj, const std::string& name, const std::string& value);
 void write_attr_i64(hid_t obj, const std::string& name, int64_t value);
 void write_attr_f64(hid_t obj, const std::string& name, double value);

@@ -25,6 +25,7 @@
 #include "quintet/model/buffers.hpp"
 #include "quintet/model/kv_cache.hpp"
 #include "quintet/model/linear.hpp"
+#include "quintet/model/probe.hpp"
 #include "quintet/model/moe_counts.hpp"
 #include "quintet/model/params.hpp"
 #include "quintet/parallel/context_parallel.hpp"
@@ -65,6 +66,7 @@ public:
     const int rope_seq_len, max_positions;
     ContextParallel* const cp;  // null without context parallelism
     ExpertParallel* ep = nullptr;  // MoE's token exchange; null without expert parallelism
+    double attn_mult = 1.0;        // the attention score scale's multiplier (µP; ModelConfig::attn_mult)
     const Recompute recompute;
     bool bf16() const { return lin.bf16(); }
     const BufferViews& shared() const { return lin.shared(); }  // every block's named scratch
@@ -88,6 +90,12 @@ public:
 private:
     std::vector<std::pair<int, double>> rope_filled_;  // tables filled so far: width, amplitude
 };
+
+// The squares of q.k x scale over the causal pairs of each sample and head (rows of q and k in
+// backend memory at the strides given; kv head of query head h: h / (NH / NKV)): the attention
+// blocks' probe_logits.
+void probe_scores(Backend& be, const AttentionArgs& a, const float* q, const float* k, const int32_t* pos,
+                  RmsProbe& out);
 
 // h[Nr, C] = x[Nr, C] + Attention(xn) for layer `layer`.
 class AttentionBlock {
@@ -118,6 +126,9 @@ public:
     // full_kv: cache what training attends to (per-head K and V) even where the kind has a
     // compressed form (MLA's latent); for measuring what the compression saves.
     virtual std::unique_ptr<KvCache> make_cache(int max_len, bool full_kv = false) const = 0;
+    // train.probe_rms: the squares of the scores q.k x scale of slot's last forward, over this
+    // rank's causal (query, key) pairs of each sample and head (host work: a diagnostic).
+    virtual void probe_logits(int slot, const TokenInfo& tok, RmsProbe& out) const = 0;
 };
 
 // y[Nr, C] = h[Nr, C] + FeedForward(hn) for layer `layer`.

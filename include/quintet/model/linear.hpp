@@ -80,7 +80,7 @@ public:
     // ---- what the linear layers (and the loss head) build on ----
     // C[M,N] = op(A) op(B) + beta * C in the chunk's precision, profiled as gemm.<role>.fwd|dx|dw.
     void mm(const char* role, bool ta, bool tb, int M, int N, int K, Mat A, int lda, Mat B, int ldb, float beta,
-            float* C, int ldc);
+            float* C, int ldc, float alpha = 1.0f);
     Mat weight(const float* w) const { return {w, bf16_ ? shadow_ + (w - master_) : nullptr}; }
     Mat local(const Act& a) const { return {a.f, a.b}; }
     Mat gathered(const Act& a, size_t rows, size_t C);  // tp.gather in the stored precision
@@ -271,7 +271,8 @@ private:
 // Its output gradient is grad_scale * dloss/dlogits, which the loss leaves in the logits buffer.
 class VocabHead {
 public:
-    VocabHead(LinearContext& c, size_t weight_offset, int Vl);
+    // logit_mult multiplies the logits (µP's readout multiplier, ModelConfig::logit_mult).
+    VocabHead(LinearContext& c, size_t weight_offset, int Vl, double logit_mult = 1.0);
     // logits[N, Vl] = gather(x) W^T.
     void forward(const Act& x, float* logits, const float* params);
     // The per-row cross-entropies into losses[N] from logits (with need_grad, logits become
@@ -291,6 +292,7 @@ private:
     LinearContext& c_;
     size_t w_;
     int Vl_;
+    float mult_;
 };
 
 }  // namespace quintet

@@ -78,6 +78,8 @@ public:
     void take_moe_counts(MoeCounts& counts);
     void update_balance_bias(float* params, const MoeCounts& step);
     void set_aux_scale(double s) { ctx_.aux_scale = s; }
+    // train.probe_rms: while set, every training forward adds its layer outputs' squares (null: off).
+    void set_probe(RmsProbe* p) { probe_ = p; }
     // Backward of the microbatch in `slot`: the last chunk starts from its saved dlogits, the
     // others from grad_output(slot). Parameter gradients accumulate into `grads`; the first chunk
     // ends in the embedding, the others leave grad_input(slot) for the previous stage.
@@ -160,6 +162,8 @@ private:
     int embed_unit_ = -1, norm_unit_ = -1, head_unit_ = -1;  // ZeRO >= 2: ParamTable::units indices
     VocabParallelScratch xent_;
     std::vector<float> losses_;  // [N] host
+    RmsProbe* probe_ = nullptr;
+    void probe(ProbeKind k, const float* x, const float* minus, size_t n);  // squares of x (- minus)
 };
 
 }  // namespace quintet

@@ -30,6 +30,7 @@ struct WeightsSource {
     bool resume = false;          // continue that run (else weights only)
     int64_t trained_context = 0;  // of the source checkpoint (0: none)
     std::string deck;             // the source checkpoint's resolved deck
+    std::string blend;            // its data blend's segments ("" = its deck's weights from sample 0)
     std::vector<std::string> warnings;
     std::vector<std::string> changes;  // the deck keys that differ from the checkpoint's (report_changes)
 };
@@ -62,6 +63,7 @@ public:
     void save(int64_t step, int64_t tokens_seen, MetricsFile* metrics);
     const std::string& last() const { return last_; }  // the newest complete checkpoint, or ""
     const WeightsSource& source() const { return source_; }
+    void set_blend(std::string text) { blend_ = std::move(text); }  // stored in every checkpoint
 
 private:
     // The arena ranges this rank writes (its dp-owned slice of each trainable region, and the
@@ -72,7 +74,7 @@ private:
     RankModel& model_;
     const GradientSync& sync_;
     AdamW& opt_;
-    std::string deck_text_;
+    std::string deck_text_, blend_;
     TokenizerState tokenizer_;
     WeightsSource source_;
     const FaultInjection& faults_;

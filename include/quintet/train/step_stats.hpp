@@ -1,6 +1,9 @@
 // What one optimizer step reports: the numbers Trainer::step produces and the telemetry, the
 // non-finite policy and the tests read.
 #pragma once
+#include <array>
+
+#include "quintet/model/probe.hpp"
 #include <string>
 
 #include "quintet/comm/comm_counters.hpp"
@@ -23,6 +26,7 @@ struct StepStats {
     double ep_bytes_all = 0, ep_bytes_theory = 0;
     // A non-finite loss or gradient norm: the update was not applied. `what` names it; with
     // step(s, true) `origin` names the first rank and tensor where it appeared.
+    std::array<double, kNumProbeKinds> probe_rms{};  // train.probe_rms: each kind's RMS over the step (all ranks)
     bool nonfinite = false;
     std::string what, origin;
 };

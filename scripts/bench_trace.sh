@@ -6,7 +6,7 @@
 # gives the medians of each run's steady tokens/s (the steps after the first 2) and the
 # straggler lines each quiet run of this build printed.
 #
-#   BASELINE=path/to/old/quintet [REPEATS=3] [BENCH_CONFIGS="..."] scripts/bench_trace.sh
+#   BASELINE=path/to/old/quintet [QUINTET=build/quintet] [REPEATS=3] [BENCH_CONFIGS="..."] scripts/bench_trace.sh
 #
 # BENCH_CONFIGS: "deck:ranks:extra-args" items (default: small and medium on 1 rank x 2 threads,
 # small on dp=2 and tp=2, medium on pp=2 with 4 microbatches; 2-rank runs use 1 thread each).
@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-QUINTET=build/quintet
+QUINTET=${QUINTET:-build/quintet}  # the build measured (a copy keeps a rebuild out of the rounds)
 BASE=${BASELINE:?set BASELINE to the quintet binary to compare with}
 REPEATS=${REPEATS:-3}
 CONFIGS=${BENCH_CONFIGS:-"small:1: small:2:--parallel.tp=2 small:2:--parallel.dp=2 medium:1: medium:2:--parallel.pp=2,--parallel.microbatches=4"}

@@ -3,6 +3,7 @@
 #include <boost/program_options.hpp>
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -119,6 +120,31 @@ DeckOption opt_counts(const std::string& key, std::vector<int>* field, std::stri
                 std::string s;
                 for (int c : *field) s += (s.empty() ? "" : ",") + std::to_string(c);
                 return s;
+            }};
+}
+
+// A range of steps "A-B" (or one step "A"), 1 <= A <= B; empty = none (0-0). The run's end is
+// checked in deck_validate.
+DeckOption opt_steps(const std::string& key, int* from, int* to, std::string help) {
+    return {key, help + " (A-B with 1 <= A <= B, one step A, or empty for none)",
+            [=](const std::string& v) {
+                if (v.empty()) {
+                    *from = *to = 0;
+                    return;
+                }
+                long a = 0, b = 0;
+                char dash = 0, extra = 0;
+                const int n = std::sscanf(v.c_str(), "%ld%c%ld%c", &a, &dash, &b, &extra);
+                if (n == 1) b = a;
+                if (!(n == 1 || (n == 3 && dash == '-')) || a < 1 || b < a || b > (1L << 30) ||
+                    v.find_first_not_of("0123456789-") != std::string::npos)
+                    config_fail(key, v, "expected a range of steps A-B with 1 <= A <= B (e.g. 10-12), one step, or "
+                                        "empty for none");
+                *from = int(a), *to = int(b);
+            },
+            [=] {
+                return *from == 0 ? std::string() : *from == *to ? std::to_string(*from)
+                                                                 : std::to_string(*from) + "-" + std::to_string(*to);
             }};
 }
 
@@ -301,6 +327,15 @@ std::vector<DeckOption> deck_options(Deck& d) {
                  "time every operation (GEMMs by role, attention, norms, RoPE, SwiGLU, loss, optimizer, "
                  "each axis's communication): /timing/op/<name> in metrics.h5 for every step, and a table at "
                  "the end over the steady state (the steps past the first two, as the tokens/s median)"),
+        opt_steps("train.trace_steps", &t.trace_from, &t.trace_to,
+                  "steps (as the progress line counts them) whose timeline every rank writes to "
+                  "run_dir/trace/rank<r>.json in the Trace Event format; `quintet trace RUN_DIR` merges them "
+                  "(docs/observability.md)"),
+        opt_double("train.straggler_ratio", &t.straggler_ratio, 1, 1e6,
+                   "a rank whose compute time of a step exceeds the median of its peers (the ranks of its "
+                   "pipeline stage) by this factor for several steps in a row is named in the log "
+                   "(docs/observability.md)",
+                   true),
         opt_bool("train.probe_rms", &t.probe_rms,
                  "record the root mean square of each kind of layer output (embedding, attention scores, "
                  "attention and feed-forward outputs, the last residual stream, the logits) over every step's tokens "
@@ -796,6 +831,10 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
         config_fail("train.lr_min", deck_value(d, "train.lr_min"), "must not exceed train.lr = " + deck_value(d, "train.lr"));
     // A warm-up longer than the run never reaches train.lr. The default (10) is let through
     // with a warning by the trainer; a value the user gave is an error.
+    if (d.train.trace_from > 0 && d.train.trace_to > d.train.steps)
+        config_fail("train.trace_steps", deck_value(d, "train.trace_steps"),
+                    "lies outside the run's steps 1-" + S(d.train.steps) + " (train.steps = " + S(d.train.steps) +
+                        "); valid: A-B with 1 <= A <= B <= " + S(d.train.steps) + ", or empty for none");
     if (d.given.count("train.warmup") && d.train.steps > 0 && d.train.warmup > d.train.steps)
         config_fail("train.warmup", deck_value(d, "train.warmup"),
                     "must not exceed train.steps = " + S(d.train.steps) + " (valid: 0 to " + S(d.train.steps) +

@@ -268,6 +268,7 @@ void ModelChunk::backward_pass(int si, const float* params, float* grads, Pass p
         // W the values B used are gone again, so once more (under ZeRO-3 with its parameters
         // gathered again), and W needs the parameters no further.
         if (full_recompute) {
+            trace::Span recompute(trace::Track::compute, "recompute");
             ctx_.recomputing = true;
             forward_layer(size_t(i), si, u.params, s.res[size_t(i)], store_.recompute_out(), nullptr);
             ctx_.recomputing = false;

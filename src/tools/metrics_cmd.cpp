@@ -31,7 +31,8 @@ const char* kUsage =
     "norm, tokens/s, MFU, ...), eval (one row per evaluation; <source>/loss per validation source),\n"
     "timing (seconds and bytes per step), pipeline (idle fraction and activations per stage), moe\n"
     "(expert load, imbalance, ... per layer), memory (bytes by category per rank), data (samples\n"
-    "drawn per training source). Matrix datasets become one column per element: moe's\n"
+    "drawn per training source), ranks (step time, compute and communication wait per rank).\n"
+    "Matrix datasets become one column per element: moe's\n"
     "expert_load.<layer>.<expert>, memory's params_bytes.<rank>, data's source_samples.<name>\n"
     "(each training source by the name the file stores; by its index in files without names).\n";
 
@@ -133,9 +134,10 @@ int metrics_main(int argc, char** argv) {
         else throw ConfigError("metrics: one RUN_DIR only ('" + where + "', then '" + a + "')");
     }
     if (where.empty()) throw ConfigError(std::string("metrics: no RUN_DIR given\n") + kUsage);
-    const std::vector<std::string> groups = {"train", "eval", "timing", "pipeline", "moe", "memory", "data"};
+    const std::vector<std::string> groups = {"train", "eval", "timing", "pipeline", "moe", "memory", "data", "ranks"};
     if (std::find(groups.begin(), groups.end(), group) == groups.end())
-        throw ConfigError("metrics: --group '" + group + "': valid are train, eval, timing, pipeline, moe, memory, data");
+        throw ConfigError("metrics: --group '" + group +
+                          "': valid are train, eval, timing, pipeline, moe, memory, data, ranks");
     const fs::path file = fs::is_directory(where) ? fs::path(where) / "metrics.h5" : fs::path(where);
     if (!fs::exists(file)) throw ConfigError("metrics: '" + file.string() + "' does not exist (a run's output.run_dir holds metrics.h5)");
     h5::silence_errors();

@@ -130,7 +130,8 @@ std::vector<std::string> report_changes(const WeightsSource& source, const Deck&
             continue;
         }
         if (c.key.rfind("checkpoint.", 0) == 0 || c.key.rfind("output.", 0) == 0 || c.key == "train.threads" ||
-            c.key == "train.profile" || c.key == "train.collective_timeout_s")
+            c.key == "train.profile" || c.key == "train.collective_timeout_s" || c.key == "train.trace_steps" ||
+            c.key == "train.straggler_ratio")
             continue;  // how this run is kept and watched, not what it computes
         const std::string why = verdict(c, source.resume);
         const std::string line = c.key + ": " + (c.before.empty() ? "(empty)" : c.before) + " -> " +

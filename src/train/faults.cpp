@@ -7,11 +7,13 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include "quintet/core/error.hpp"
+#include "quintet/core/trace.hpp"
 
 namespace quintet {
 
@@ -130,6 +132,13 @@ FaultInjection::FaultInjection(int rank) : rank_(rank) {
     if (!spec || std::sscanf(spec, "rank=%d,step=%lld,mode=%23[a-z_],until=%lld", &r, &step, mode, &until) < 2)
         return;
     target_ = r, step_ = step, until_ = until, mode_ = mode;
+    if (mode_ == "slow") {  // rank=R,step=S,mode=slow,factor=F[,until=E]: until the end without until
+        const char* f = std::strstr(spec, ",factor=");
+        factor_ = f ? std::atof(f + 8) : 0.0;
+        const char* u = std::strstr(spec, ",until=");
+        until_ = u ? std::atoll(u + 7) : INT64_MAX;
+        if (factor_ <= 1.0) target_ = -1;  // malformed: nothing
+    }
 }
 
 bool FaultInjection::hits(int64_t s) const {
@@ -137,6 +146,10 @@ bool FaultInjection::hits(int64_t s) const {
 }
 
 bool FaultInjection::at_step_start(int64_t s) {
+    if (mode_ == "slow") {  // this rank's compute spans spin (core/trace.hpp) for the steps it hits
+        if (target_ >= 0 && rank_ == target_) trace::set_stretch(hits(s) ? factor_ : 1.0);
+        return false;
+    }
     if (!hits(s)) return false;
     if (mode_ == "nan") return true;
     if (mode_ == "nan_once") {

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "quintet/core/clock.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/core/profile.hpp"
+#include "quintet/core/trace.hpp"
 #include "quintet/data/dataset.hpp"
 #include "quintet/deck/deck.hpp"
 #include "quintet/io/metrics.hpp"
@@ -31,6 +33,7 @@ Trainer::Trainer(RankModel& model, const std::string& deck_text, const DataSet& 
       checkpoints_(model, *sync_, *opt_, deck_text, data.tokenizer.state(), std::move(source), faults_,
                    [this](const std::string& l) { telemetry_.log(l); }),
       nonfinite_(deck_.train, deck_.output.run_dir, grid_.rank(), [this](const std::string& l) { telemetry_.log(l); }),
+      timeline_(grid_, deck_, [this](const std::string& l) { telemetry_.log(l); }),
       lock_(lock) {
     if (deck_.eval.every > 0) {
         eval_.emplace(model, sampler_);
@@ -70,7 +73,15 @@ StepStats Trainer::step(int64_t s, bool locate) {
     const int mbs = deck_.data.micro_batch_size, T = deck_.data.seq_len;
     const int64_t gb = global_batch();
     float* params = model_.params();
+    trace::set_step(int32_t(s + 1));
+    trace::Span step_span(trace::Track::step, "step");
     const double t0 = now_s();
+    // The step's waits (communication, data): the rest of it is this rank's compute.
+    const int64_t waited0 = trace::waited_ns(), data0 = trace::waited_ns(trace::Track::data);
+    auto close_times = [&](StepStats& out) {
+        out.data_wait = double(trace::waited_ns(trace::Track::data) - data0) * 1e-9;
+        out.comm_wait = double(trace::waited_ns() - waited0) * 1e-9 - out.data_wait;
+    };
     TensorParallel& tp = model_.tp();
     ContextParallel* cp = model_.cp();
     ExpertParallel* ep = model_.ep();
@@ -97,6 +108,7 @@ StepStats Trainer::step(int64_t s, bool locate) {
             sampler_.train_sample(s, (g0 + mb) * mbs + j, gb, ids + size_t(j) * T, tgt + size_t(j) * T);
     };
     const float grad_scale = float(1.0 / (double(gb) * T));
+    std::optional<trace::Span> phase(std::in_place, trace::Track::step, "pipeline");
     // train.probe_rms: the layer outputs' squares over the step's forwards, summed over every rank.
     RmsProbe probe;
     if (deck_.train.probe_rms)
@@ -109,9 +121,11 @@ StepStats Trainer::step(int64_t s, bool locate) {
         for (int k = 0; k < kNumProbeKinds; ++k) st.probe_rms[size_t(k)] = probe.rms(ProbeKind(k));
     }
     const double t1 = now_s();
+    phase.reset();
     if (locate && !zero) st.origin = locate_nonfinite(model_.table(), be_, grads_, r.ce_sum + r.aux_sum, grid_.world());
     // 2. Gradients summed over their replica groups (tp/kv/tied partials, then dp x cp / edp).
     st.dp_early = sync_->buckets_overlapped();
+    phase.emplace(trace::Track::step, "gradient sync");
     auto [t_sync, t_dp] = [&] {
         QUINTET_PROFILE("comm.dp");
         return sync_->finish_step(grads_, opt_->shards());
@@ -119,13 +133,16 @@ StepStats Trainer::step(int64_t s, bool locate) {
     if (locate && zero) st.origin = locate_nonfinite(zero_nonfinite(r.ce_sum + r.aux_sum), grid_.world());
     // 3. The step's loss: cross-entropy summed over every target token of the global batch
     //    (only the last stage has it), aux averaged over the microbatches.
+    phase.emplace(trace::Track::step, "loss");
     double sums[3] = {r.ce_sum, r.aux_sum, r.mtp_sum};
     grid_.pp().all_reduce_sum(sums, 3);
     grid_.dp_cp().all_reduce_sum(sums, 3);
     const double t3 = now_s();
     // 4. Global-norm clipping and the optimizer (AdamW, or Muon and AdamW) -- unless the loss or the norm is not finite (the same
     //    decision on every rank: both are all-reduced), which leaves the state as it was.
-    profile::Scope optimizer_scope("optimizer");
+    phase.emplace(trace::Track::step, "optimizer");
+    std::optional<trace::Span> optimizer_span(std::in_place, trace::Track::compute, "optimizer");
+    profile::Scope optimizer_scope("optimizer", /*traced=*/false);
     const double norm = opt_->grad_norm(grads_, grid_.world());
     if (!std::isfinite(sums[0]) || !std::isfinite(sums[1]) || !std::isfinite(sums[2]) || !std::isfinite(norm)) {
         st.nonfinite = true;
@@ -133,6 +150,7 @@ StepStats Trainer::step(int64_t s, bool locate) {
         st.loss = sums[0] / (double(gb) * T) + sums[1];
         st.grad_norm = norm;
         st.step_time = now_s() - t0;
+        close_times(st);
         moe_.clear();  // a skipped step routes nothing
         return st;
     }
@@ -148,6 +166,8 @@ StepStats Trainer::step(int64_t s, bool locate) {
         model_.update_balance_bias(moe_);
     }
     model_.refresh_bf16_weights();
+    optimizer_span.reset();  // (a stretched compute span spins here, inside the step)
+    phase.reset();
     const double t4 = now_s();
     st.ce_loss = sums[0] / (double(gb) * T);
     st.aux_loss = sums[1] / double(grid_.dp().size() * p.microbatches);
@@ -162,6 +182,7 @@ StepStats Trainer::step(int64_t s, bool locate) {
     st.t_dp = t_dp;
     st.t_optim = t4 - t3;
     st.step_time = t4 - t0;
+    close_times(st);
     st.tp = tp.counters;
     if (cp) st.cp = cp->counters;
     if (ep) {
@@ -205,9 +226,15 @@ int Trainer::run() {
     // waits that poll their deadline themselves.
     arm_watchdog(grid_, deck_.output.run_dir, &steps_done_);
     try {
-        return run_steps();
+        const int status = run_steps();
+        timeline_.finish();
+        return status;
     } catch (const DeadlineError& e) {
         write_fault_file(deck_.output.run_dir, "transient", steps_done_.load() + 1, grid_.rank(), e.what());
+        timeline_.finish();  // what this rank did up to the fault: often the question
+        throw;
+    } catch (...) {
+        timeline_.finish();
         throw;
     }
 }
@@ -308,6 +335,7 @@ int Trainer::run_steps() {
     }
     telemetry_.begin(start_step_, checkpoints_.source().resume ? checkpoints_.source().path : "");
     set_up_blend();
+    timeline_.begin(start_step_);
     if (t.steps == 0 || start_step_ >= t.steps) {
         if (start_step_ == 0) checkpoints_.save(0, tokens_seen_, telemetry_.metrics());
         return 0;
@@ -315,6 +343,7 @@ int Trainer::run_steps() {
     int64_t s = start_step_;
     steps_done_.store(s);
     while (s < t.steps) {
+        timeline_.before_step(s);
         StepStats st = step(s);
         bool skipped = false;
         if (st.nonfinite)
@@ -328,6 +357,7 @@ int Trainer::run_steps() {
         telemetry_.record_data(s, sampler_.source_samples(s * global_batch()), sampler_.train_sources(),
                                sampler_.take_wait_seconds());
         if (eval_ && (s % deck_.eval.every == 0 || s == t.steps)) {
+            trace::Span eval_span(trace::Track::step, "evaluation");
             std::vector<double> per_source;
             const double loss = eval_->evaluate(nullptr, &per_source);
             telemetry_.record_eval(s, loss, per_source, sampler_.val_sources());
@@ -338,10 +368,14 @@ int Trainer::run_steps() {
         const bool exit_now = t.exit_after > 0 && s - start_step_ >= t.exit_after;
         const bool periodic = deck_.checkpoint.every > 0 && s % deck_.checkpoint.every == 0;
         if (periodic || s == t.steps || stop || exit_now) {
-            checkpoints_.save(s, tokens_seen_, telemetry_.metrics());
+            {
+                trace::Span write(trace::Track::checkpoint, "checkpoint");
+                checkpoints_.save(s, tokens_seen_, telemetry_.metrics());
+            }
             // A signal that arrived during the write stops at the checkpoint just written.
             if (!stop) stop = stop_agreed(grid_.world());
         }
+        timeline_.after_step(s);
         if ((stop || exit_now) && s < t.steps) {
             if (stop && grid_.rank() == 0) write_stop_file(deck_.output.run_dir, s, checkpoints_.last());
             telemetry_.log(std::string(stop ? "stop signal received" : "train.exit_after reached") +

@@ -3,7 +3,7 @@
 
 Builds, in a temporary directory, synthetic files of the layouts the C++ writes:
   * two run dirs with metrics.h5 (/train/*, /eval/*, /train/mfu_matmul, /moe/expert_load
-    [step, layer, expert]) sharing a basename, so the labels must be disambiguated;
+    [step, layer, expert], /ranks/compute_s [step, rank]) sharing a basename, so the labels must be disambiguated;
   * a study dir with study.h5: three runs (two of equal world size, different layouts), one
     failed run, and /parity groups (one with an exact 0 and a NaN);
   * a study of a single run with scaling "none" (no efficiency.png, no parity.png).
@@ -75,6 +75,9 @@ def write_metrics(run_dir, steps=40, layers=3, experts=4, seed=0):
         load[3] = np.nan  # a row of a run resumed on another layout
         load[:, 1, :] = 0.0  # layer 1 is dense (moe.layers leaves it out)
         f["/moe/expert_load"] = load
+        compute = 0.1 + 0.01 * rng.random((steps, 4))  # /ranks/compute_s [step, rank]: rank 2 slow
+        compute[:, 2] *= 1.5
+        f["/ranks/compute_s"] = compute
         # Started at step 0 on dp=1, resumed at step 20 on dp=2 and at step 30 on the same layout.
         f["/runs/start_step"] = np.array([0.0, 20.0, 30.0])
         for axis, v in dict(tp=[1, 1, 1], cp=[1, 1, 1], dp=[1, 2, 2], pp=[1, 1, 1], ep=[1, 1, 1]).items():
@@ -150,6 +153,12 @@ def test_plot_metrics(tmp):
     plot_metrics.moe_heatmap_panel(fig, ax, "a", run_data)
     labels = [t.get_text() for t in ax.get_yticklabels()]
     check(labels == ["0", "1 (dense)", "2"], f"the heatmap labels the dense layer ({labels})")
+    plt.close(fig)
+    fig, ax = plt.subplots()
+    plot_metrics.rank_compute_panel(ax, "a", run_data)
+    legend = ax.get_legend().get_title().get_text()
+    check(len(ax.get_lines()) == 4 and legend == "slowest: rank 2",
+          f"the per-rank compute panel draws 4 ranks and names rank 2 the slowest ({legend})")
     plt.close(fig)
     two = os.path.join(tmp, "two.png")
     rc, out, err = run(PLOT_METRICS, a, b, "-o", two)

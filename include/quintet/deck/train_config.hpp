@@ -46,6 +46,10 @@ struct TrainConfig {
     std::string on_nonfinite = "stop";  // stop | skip: a step whose loss or gradient norm is not finite
     bool profile = false;               // per-operation times: /timing/op/<name> and a table at the end
     int max_skips = 5;                  // skip: consecutive skipped steps before stopping (exit 3)
+    // train.trace_steps = A-B: steps A..B (1-based, as logged) on every rank's timeline
+    // (run_dir/trace/rank<r>.json); 0-0 = none
+    int trace_from = 0, trace_to = 0;
+    double straggler_ratio = 1.2;  // a rank computing this many times its peers' median is named
     bool probe_rms = false;             // /probe/<kind>: the RMS of each kind of layer output per step
     double mtp_weight = 0.3;            // lambda: loss = main + lambda/D * sum of the MTP modules' losses
 };

@@ -69,7 +69,10 @@ private:
 // step S..E), throw (fail), stop responding (hang: its main thread sleeps), stop with SIGSTOP
 // (stop), die with SIGKILL (kill), SIGSTOP inside that step's checkpoint write
 // (stop_checkpoint), or poison one element of its gradient with NaN each time the step runs
-// (nan) or only the first time (nan_once: the rerun is finite). Unset or malformed: nothing.
+// (nan) or only the first time (nan_once: the rerun is finite). "...,mode=slow,factor=F[,until=E]"
+// makes rank R compute F times as long from step S (to E, else to the end) by spinning at the end
+// of each compute span (core/trace.hpp's stretch), not by sleeping in a collective: a straggler
+// to rehearse the straggler report on. Unset or malformed: nothing.
 class FaultInjection {
 public:
     explicit FaultInjection(int rank);
@@ -82,6 +85,7 @@ private:
     int rank_, target_ = -1;
     long long step_ = -1, until_ = -1;
     std::string mode_ = "fail";
+    double factor_ = 1.0;  // slow
     bool fired_once_ = false;
     bool hits(int64_t s) const;
 };

@@ -17,6 +17,9 @@ struct StepStats {
     // then the data-parallel reduction); the optimizer.
     double t_pipeline = 0, t_wait = 0, t_sync = 0, t_dp = 0, t_optim = 0;
     double dp_early = 0;  // DP buckets whose reduction started during the backward
+    // Seconds of the step this rank was blocked: in communication (every communicator's waits),
+    // on its data. The rest of step_time is its compute (/ranks/*, the straggler report).
+    double comm_wait = 0, data_wait = 0;
     // This rank's communication per axis (expert parallelism: the dispatch and the combine).
     CommCounters tp, cp, ep_dispatch, ep_combine;
     // The expert exchange of every rank: bytes measured, and from the routed counts (docs/math.md §9).

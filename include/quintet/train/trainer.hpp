@@ -2,7 +2,7 @@
 // what acts on it -- the gradient arena and its synchronisation over the replica groups
 // (train/grad_sync), the optimizer (train/optimizer: AdamW, Muon), the sampler -- and to the run's policies:
 // checkpoints (train/checkpointing), faults (train/faults), evaluation (train/evaluator) and
-// telemetry (train/telemetry). step() reads as the list of what a step does; run() is the
+// telemetry (train/telemetry) and the timeline (train/timeline). step() reads as the list of what a step does; run() is the
 // whole job (collective over the grid).
 #pragma once
 #include <atomic>
@@ -23,6 +23,7 @@
 #include "quintet/train/rank_model.hpp"
 #include "quintet/train/step_stats.hpp"
 #include "quintet/train/telemetry.hpp"
+#include "quintet/train/timeline.hpp"
 
 namespace quintet {
 
@@ -61,6 +62,7 @@ private:
     Telemetry telemetry_;
     Checkpointing checkpoints_;
     NonFinitePolicy nonfinite_;
+    Timeline timeline_;  // train.trace_steps
     MoeCounts moe_;  // the step's counts of every MoE layer, summed over all ranks
     const RunLock* lock_;
     int64_t start_step_ = 0, tokens_seen_ = 0;

@@ -86,6 +86,10 @@ HfTarget hf_target(const ModelConfig& c, const RopeConfig& r) {
                         "ranks groups by the sum of their two best scores (noaux_tc), DeepseekV2ForCausalLM's scores "
                         "are a softmax; no Transformers class computes this router (use noaux_tc, or export to gguf "
                         "only if llama.cpp computes it)";
+        else if (e.norm_topk && e.top_k == 1)
+            t.why_not = "moe.top_k = 1 with moe.norm_topk = true: quintet's chosen weight is then 1, while "
+                        "DeepseekV3ForCausalLM renormalises only when top_k > 1 (its weight is the score); no "
+                        "Transformers class computes this router (train with moe.norm_topk = false)";
         t.v3 = true;
         return t;
     }
@@ -581,6 +585,9 @@ void hf_import(const std::string& dir, const std::string& output) {
             c.moe.shared_experts = cfg.integer("n_shared_experts", 0, kMaxInt, 0);
             c.moe.ffn_dim = cfg.integer("moe_intermediate_size", 1, kMaxInt);
             c.moe.norm_topk = cfg.boolean("norm_topk_prob", false);
+            // DeepSeek's released code renormalises only when top_k > 1 and norm_topk_prob: with one
+            // expert per token the weight stays the score (quintet's rule would make it 1).
+            if (c.moe.top_k == 1) c.moe.norm_topk = false;
             const int k = cfg.integer("first_k_dense_replace", 0, kMaxInt, 0);
             if (cfg.integer("moe_layer_freq", 1, kMaxInt, 1) != 1) cfg.refuse("moe_layer_freq", cfg.at("moe_layer_freq").dump(), "1");
             // The router (docs/math.md §9) as DeepSeek's released code computes it for each model

@@ -2,6 +2,8 @@
 
 #include "quintet/core/error.hpp"
 
+#include <algorithm>
+
 namespace quintet {
 
 PositionedCache::PositionedCache(Backend& b, int max_len_) : be(b), max_len(max_len_) {
@@ -43,26 +45,44 @@ ChunkOptions decode_options(int train_seq_len, int max_len) {
     o.rope_seq_len = train_seq_len;
     return o;
 }
+// Generation drops no token: a one-token step can never exceed an expert's capacity (its k
+// choices are k experts), so without the training-time cap a forward of many rows (the prompt,
+// a speculative verification) computes what that many steps would.
+ModelConfig generation_model(ModelConfig m) {
+    m.moe.capacity_factor = 0;
+    return m;
+}
+PositionedCache& positioned(KvCache& c) { return dynamic_cast<PositionedCache&>(c); }
 }  // namespace
 
 Decoder::Decoder(Backend& be, const ModelConfig& model, const RopeConfig& rope, int train_seq_len,
                  const ParamTable& table, const std::vector<float>& params, int max_len, bool full_kv)
     : tp_(self_, false),
       be_(be),
-      model_(model),
+      model_(generation_model(model)),
       rope_(rope),
       table_(table),
       train_seq_len_(train_seq_len),
       max_len_(max_len),
-      chunk_(be, model, rope, table, stage_chunks(model.n_layers, 1, 1, 0, {})[0], tp_, 1, 1,
+      chunk_(be, model_, rope, table, stage_chunks(model.n_layers, 1, 1, 0, {})[0], tp_, 1, 1,
              decode_options(train_seq_len, max_len)),
       params_(params.data()) {
     for (const auto& l : chunk_.layers_) caches_.push_back(l.attn->make_cache(max_len, full_kv));
+    for (const auto& md : chunk_.mtp_) mtp_caches_.push_back(md.block.attn->make_cache(max_len, full_kv));
+}
+
+ModelChunk& Decoder::rows(int n) {
+    if (n == 1) return chunk_;
+    auto& c = chunks_[n];
+    if (!c)
+        c = std::make_unique<ModelChunk>(be_, model_, rope_, table_, stage_chunks(model_.n_layers, 1, 1, 0, {})[0], tp_,
+                                         1, n, decode_options(train_seq_len_, max_len_));
+    return *c;
 }
 
 // The chunk's rows (ids, host) at positions pos0, pos0 + 1, ... through the layers with the
 // caches, then the final norm and the head on every row; the logits of the last row into `out`.
-void Decoder::run(ModelChunk& c, const int32_t* ids, int pos0, std::vector<float>& out) {
+void Decoder::run(ModelChunk& c, const int32_t* ids, int pos0, std::vector<float>& out, bool all_rows) {
     QUINTET_CHECK(c.plan_.first && c.plan_.last && c.tp_.size() == 1 && c.ctx_.B == 1 && !c.ctx_.cp && !c.documents_,
                   "generation needs the whole model on one rank, one sequence");
     QUINTET_CHECK(pos0 + c.ctx_.T <= c.ctx_.max_positions, "generation past the RoPE tables");
@@ -75,8 +95,13 @@ void Decoder::run(ModelChunk& c, const int32_t* ids, int pos0, std::vector<float
     c.run_layers(0, params_, &caches_);
     c.final_norm_->forward(s.xf, c.lin_.full_a, s.rstd_f, s.res.back(), params_, N);
     c.head_->forward(s.xf, s.logits, params_);
-    out.resize(size_t(V));
-    be_.to_host(out.data(), s.logits + size_t(N - 1) * V, size_t(V));
+    if (keep_hidden_) {
+        hidden_.resize(size_t(N) * c.ctx_.d.C);
+        be_.to_host(hidden_.data(), s.xf.f, hidden_.size());
+    }
+    const int from = all_rows ? 0 : N - 1;
+    out.resize(size_t(N - from) * V);
+    be_.to_host(out.data(), s.logits + size_t(from) * V, out.size());
 }
 
 const std::vector<float>& Decoder::step(int id, int pos) {
@@ -89,6 +114,50 @@ const std::vector<float>& Decoder::prefill(const int32_t* ids, int n) {
     ModelChunk batch(be_, model_, rope_, table_, stage_chunks(model_.n_layers, 1, 1, 0, {})[0], tp_, 1, n,
                      decode_options(train_seq_len_, max_len_));
     run(batch, ids, 0, logits_);
+    return logits_;
+}
+
+const std::vector<float>& Decoder::forward(const int32_t* ids, int n, int pos0) {
+    QUINTET_CHECK(n >= 1 && pos0 == cached(), "Decoder::forward: rows after the cached ones");
+    run(rows(n), ids, pos0, logits_, true);
+    return logits_;
+}
+
+int Decoder::cached() const { return caches_.empty() ? 0 : positioned(*caches_[0]).len; }
+
+void Decoder::truncate(int len) {
+    for (auto& c : caches_) {
+        PositionedCache& p = positioned(*c);
+        QUINTET_CHECK(len >= 0 && len <= p.len, "Decoder::truncate: within the cached tokens");
+        p.len = len;
+    }
+}
+
+int Decoder::mtp_cached(int k) const { return positioned(*mtp_caches_[size_t(k)]).len; }
+
+void Decoder::mtp_truncate(int k, int len) {
+    PositionedCache& p = positioned(*mtp_caches_[size_t(k)]);
+    QUINTET_CHECK(len >= 0 && len <= p.len, "Decoder::mtp_truncate: within the cached rows");
+    p.len = len;
+}
+
+// In pieces of at most mtp_depth + 1 rows: the chunk sizes verification builds anyway.
+const std::vector<float>& Decoder::mtp(int k, const float* h_prev, const int32_t* ids, int n, int pos0,
+                                      float* h_out) {
+    QUINTET_CHECK(k >= 0 && k < mtp_depth() && n >= 1 && pos0 == mtp_cached(k), "Decoder::mtp: module and rows");
+    const int C = chunk_.ctx_.d.C, piece = mtp_depth() + 1;
+    logits_.resize(size_t(chunk_.ctx_.d.V));
+    for (int r0 = 0; r0 < n; r0 += piece) {
+        const int m = std::min(piece, n - r0);
+        ModelChunk& c = rows(m);
+        QUINTET_CHECK(pos0 + r0 + m <= c.ctx_.max_positions, "generation past the RoPE tables");
+        if (c.store_.slots() == 0) c.add_slot();
+        Slot& s = c.store_.slot(0);
+        c.store_.set_positions_from(s, pos0 + r0);
+        c.store_.set_tokens(s, ids + r0, nullptr, 0, c.ctx_.d.V);
+        be_.from_host(s.mtp_h0, h_prev + size_t(r0) * C, size_t(m) * C);
+        c.mtp_generate(k, params_, mtp_caches_[size_t(k)].get(), h_out + size_t(r0) * C, logits_.data());
+    }
     return logits_;
 }
 

@@ -230,4 +230,39 @@ float* ModelChunk::mtp_backward(int si, const float* params, float* grads) {
     return dh0;
 }
 
+// One module as generation drafts with it: the training forward's rows (the embedding of the ids
+// the caller set, the two norms, eh_proj, the decoder layer, the shared head), the layer's
+// attention over `cache` (its earlier rows), no loss.
+void ModelChunk::mtp_generate(int k, const float* params, KvCache* cache, float* h_host, float* last_logits_host) {
+    QUINTET_PROFILE("mtp");
+    QUINTET_CHECK(tp_.size() == 1 && !lin_.bf16(), "MTP drafting: one rank, fp32");
+    Slot& s = store_.slot(0);
+    const ModelDims& d = ctx_.d;
+    const int N = ctx_.N, C = d.C;
+    MtpModule& md = mtp_[size_t(k)];
+    const BufferViews& v = s.mtp[size_t(k)];
+    float* e = v[kMtpE];
+    be_.embedding_forward(e, s.ids, params + mtp_wte_, N, C);
+    float* in = md.eh->input(0, nullptr);
+    md.enorm.forward(lin_.full_a, v[kMtpRstdE], e, params, N);
+    be_.copy_2d(in, size_t(2) * C, lin_.full_a, size_t(C), size_t(N), size_t(C), false);
+    md.hnorm.forward(lin_.full_a, v[kMtpRstdH], s.mtp_h0, params, N);
+    be_.copy_2d(in + C, size_t(2) * C, lin_.full_a, size_t(C), size_t(N), size_t(C), false);
+    md.eh->input_written(0, in, size_t(N));
+    float* x = v[kMtpX];
+    md.eh->forward_kept(0, N, x, params);
+    LayerSaved l = layer_saved(v);
+    float* out = v[kMtpOut];
+    md.block.norm1.forward(l.xn1, lin_.full_a, l.rstd1, x, params, N);
+    md.block.attn->forward(0, s.tok, params, l.xn1, x, l.h, cache);
+    md.block.norm2.forward(l.xn2, lin_.full_a, l.rstd2, l.h, params, N);
+    md.block.ffn->forward(0, params, l.xn2, l.h, out);
+    const Act xf = v[kMtpXf];
+    float* logits = v[kMtpLogits];
+    md.head_norm.forward(xf, lin_.full_a, v[kMtpRstdF], out, params, N);
+    head_->forward(xf, logits, params);
+    be_.to_host(h_host, out, size_t(N) * C);
+    be_.to_host(last_logits_host, logits + size_t(N - 1) * d.V, size_t(d.V));
+}
+
 }  // namespace quintet

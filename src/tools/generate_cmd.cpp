@@ -25,6 +25,7 @@
 #include "quintet/model/decoder.hpp"
 #include "quintet/model/params.hpp"
 #include "quintet/model/rope.hpp"
+#include "quintet/model/speculative.hpp"
 #include "quintet/tools/commands.hpp"
 #include "quintet/deck/deck.hpp"
 
@@ -42,7 +43,7 @@ int generate_main(int argc, char** argv) {
     double temperature = 0.8;
     int64_t seed = 1;
     std::string kv_cache = "compact";
-    std::string prompt_ids, probs_out;
+    std::string prompt_ids, probs_out, speculative = "none";
     po::options_description desc(
         "usage: quintet generate --checkpoint CKPT.h5 --prompt TEXT [options]\n\n"
         "Samples text from a checkpoint with a KV cache, with the tokenizer stored in the checkpoint\n"
@@ -65,7 +66,11 @@ int generate_main(int argc, char** argv) {
         "the decoder one token at a time (else the prompt is one forward)")(
         "kv-cache", po::value(&kv_cache)->default_value("compact"),
         "compact: what each attention kind needs (MLA: the latent [c_kv | k_rope], kv_b absorbed); "
-        "full: per-head K and V as training computes them (for comparison)");
+        "full: per-head K and V as training computes them (for comparison)")(
+        "speculative", po::value(&speculative)->default_value("none"),
+        "none, or mtp: the checkpoint's multi-token prediction modules (model.mtp_depth) draft the next "
+        "tokens and the model verifies them in one forward; the output is plain greedy decoding's, "
+        "token for token (--temperature 0 only); the acceptance rate on stderr");
     po::variables_map vm;
     try {
         po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -79,6 +84,17 @@ int generate_main(int argc, char** argv) {
     if (temperature < 0) throw ConfigError("generate: --temperature must be >= 0");
     if (kv_cache != "compact" && kv_cache != "full")
         throw ConfigError("generate: --kv-cache = '" + kv_cache + "': valid: compact | full");
+    if (speculative != "none" && speculative != "mtp")
+        throw ConfigError("generate: --speculative = '" + speculative + "': valid: none | mtp");
+    const bool spec = speculative == "mtp";
+    // Verification keeps the drafts the greedy choice agrees with; sampled tokens would need
+    // another acceptance rule (and RNG use) than plain sampling's.
+    if (spec && temperature != 0)
+        throw ConfigError("generate: --speculative mtp decodes greedily only: give --temperature 0 (not " +
+                          std::to_string(temperature) + ")");
+    if (spec && !probs_out.empty())
+        throw ConfigError("generate: --speculative mtp with --probs: the probabilities are written by plain "
+                          "decoding (leave out --speculative)");
     if (!probs_out.empty())  // checked before any work; an existing file is overwritten
         output_check(probs_out, OutputKind::file, true, "generate: --probs", "a file such as probs.f32",
                      [](const std::filesystem::path&) { return std::string(); });
@@ -90,6 +106,9 @@ int generate_main(int argc, char** argv) {
         if (!note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
     }
     const CheckpointMeta meta = checkpoint_read_meta(ckpt);
+    if (spec && deck_parse_text(meta.deck).model.mtp_depth == 0)
+        throw ConfigError("generate: --speculative mtp: checkpoint '" + ckpt + "' has no MTP modules "
+                          "(model.mtp_depth = 0): train with model.mtp_depth >= 1, or leave out --speculative");
     if (const std::string why = checkpoint_verify(ckpt, MpiCommunicator(MPI_COMM_SELF, "self")); !why.empty())
         throw ConfigError("generate: --checkpoint '" + ckpt + "' is unusable: " + why);
     const std::string& deck_text = meta.deck;
@@ -174,6 +193,7 @@ int generate_main(int argc, char** argv) {
     };
     // The prompt in one forward (its matmuls have a row per token) where nothing needs the
     // probabilities after each prompt token.
+    if (spec) dec.keep_hidden(true);
     if (!probs && ids.size() > 1) {
         const std::vector<int32_t> prompt_ids(ids.begin(), ids.end());
         logits = &dec.prefill(prompt_ids.data(), int(prompt_ids.size()));
@@ -184,7 +204,33 @@ int generate_main(int argc, char** argv) {
     std::vector<int> order(deck.model.vocab_size);
     const size_t prompt_len = ids.size();
     size_t shown = 0;
-    for (int n = 0; n < tokens; ++n) {
+    auto show = [&](int next) {
+        // What the new token adds to the decoded text (SentencePiece decodes a sequence, not
+        // token by token: a piece's leading space depends on its place).
+        ids.push_back(uint32_t(next));
+        const std::string text = tok.decode(ids.data() + prompt_len, ids.size() - prompt_len);
+        std::cout << text.substr(std::min(shown, text.size())) << std::flush;
+        shown = text.size();
+    };
+    if (spec && tokens > 0) {
+        // The first token from the prompt's logits, then rounds of drafts and one verification.
+        MtpSpeculator sp(dec, std::vector<int32_t>(ids.begin(), ids.end()));
+        int next = int(std::max_element(logits->begin(), logits->end()) - logits->begin());
+        show(next);
+        for (int made = 1; made < tokens;) {
+            const std::vector<int32_t> got = sp.advance(next, tokens - made);
+            for (int32_t t : got) show(t);
+            made += int(got.size());
+            next = got.back();
+        }
+        const SpeculativeStats& st = sp.stats();
+        std::fprintf(stderr,
+                     "generate: speculative mtp (depth %d): %lld verification forwards for %d new tokens; drafted "
+                     "%lld, accepted %lld, acceptance rate %.3f\n",
+                     dec.mtp_depth(), (long long)st.rounds, tokens, (long long)st.drafted, (long long)st.accepted,
+                     st.rate());
+    }
+    for (int n = 0; n < (spec ? 0 : tokens); ++n) {
         const auto& z = *logits;
         int next;
         if (temperature == 0) {
@@ -199,12 +245,7 @@ int generate_main(int argc, char** argv) {
             std::discrete_distribution<int> pick(w.begin(), w.end());
             next = order[pick(rng)];
         }
-        // What the new token adds to the decoded text (SentencePiece decodes a sequence, not
-        // token by token: a piece's leading space depends on its place).
-        ids.push_back(uint32_t(next));
-        const std::string text = tok.decode(ids.data() + prompt_len, ids.size() - prompt_len);
-        std::cout << text.substr(std::min(shown, text.size())) << std::flush;
-        shown = text.size();
+        show(next);
         step(next, int(ids.size()) - 1);
     }
     std::cout << std::endl;  // the sample's last line ends before the statistics (stderr) begin

@@ -488,6 +488,29 @@ TEST_F(HfRoundTrip, ReleasedDeepSeekConfigsImport) {
     }
 }
 
+// One expert per token: DeepSeek's code renormalises the chosen weights only when top_k > 1, so
+// norm_topk_prob = true with num_experts_per_tok = 1 imports as moe.norm_topk = false (the weight
+// stays the router's score) and evaluates to the loss of the model that was exported.
+TEST_F(HfRoundTrip, TopOneImportKeepsTheScoreAsTheWeight) {
+    const std::string ckpt = train("top1", std::string(kMla) + " --moe.top_k=1 --moe.groups=1 --moe.group_top_k=1 --moe.norm_topk=false");
+    const fs::path hf = dir / "hf_top1", out = dir / "top1.h5";
+    auto r = run_quintet(0, "export --checkpoint " + ckpt + " --format hf --output " + hf.string());
+    ASSERT_EQ(r.status, 0) << r.output;
+    const auto exported = nlohmann::ordered_json::parse(read_file(hf / "config.json"));
+    ASSERT_EQ(exported["num_experts_per_tok"], 1);
+    r = run_quintet(0, "import --format hf --input " + with_config(dir, hf, "top1_norm", "norm_topk_prob", "true").string() +
+                           " --output " + out.string());
+    ASSERT_EQ(r.status, 0) << r.output;
+    const std::string want = eval(ckpt);
+    ASSERT_FALSE(want.empty());
+    EXPECT_EQ(eval(out.string()), want);
+    // The imported deck says what it computes.
+    const fs::path back = dir / "top1_back";
+    r = run_quintet(0, "export --checkpoint " + out.string() + " --format hf --output " + back.string());
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_EQ(nlohmann::ordered_json::parse(read_file(back / "config.json"))["norm_topk_prob"], false);
+}
+
 // The deck's checks across keys run at import too: top-k 9 of 4 experts.
 TEST_F(HfRoundTrip, ImportRunsTheDecksOwnChecks) {
     const std::string ckpt = train("run", kMla);

@@ -9,6 +9,7 @@
 
 #include "quintet/comm/mpi_communicator.hpp"
 #include "quintet/model/decoder.hpp"
+#include "quintet/model/speculative.hpp"
 #include "quintet/model/transformer.hpp"
 
 using namespace quintet;
@@ -126,6 +127,106 @@ void check_prefill(const std::string& attention, bool full_kv) {
         za = a.step(ids[size_t(t)], t);
         zb = b.step(ids[size_t(t)], t);
     }
+}
+
+// Speculative decoding's two parts: truncating the caches forgets tokens as if they had never
+// been fed (a rejected draft), and MTP drafting + verification gives plain greedy decoding's tokens.
+ModelConfig mtp_model(const std::string& attention, int depth) {
+    ModelConfig m;
+    m.vocab_size = 23;
+    m.d_model = 24;
+    m.n_layers = 2;
+    m.n_heads = 4;
+    m.n_kv_heads = 2;
+    m.ffn_dim = 40;
+    m.mtp_depth = depth;
+    if (attention == "mla") {
+        m.attention = "mla";
+        m.n_kv_heads = 0;
+        m.kv_lora_rank = 6;
+        m.qk_nope_dim = 4;
+        m.qk_rope_dim = 4;
+        m.v_head_dim = 8;
+    }
+    return m;
+}
+
+void check_truncate(const std::string& attention, bool full_kv) {
+    const ModelConfig m = mtp_model(attention, 1);
+    RopeConfig rope;
+    const int T = 16;
+    auto be = make_cpu_backend(1);
+    InitConfig init;
+    init.std = 0.2;
+    ParamTable table = make_param_table(m);
+    std::vector<float> params(table.total);
+    init_params(params.data(), table, m, init, 5, 0, table.total);
+    const std::vector<int32_t> kept{3, 9, 1, 4}, wrong{7, 7, 2}, right{5, 11};
+    Decoder a(*be, m, rope, T, table, params, T, full_kv), b(*be, m, rope, T, table, params, T, full_kv);
+    a.forward(kept.data(), 4, 0);
+    a.forward(wrong.data(), 3, 4);
+    EXPECT_EQ(a.cached(), 7);
+    a.truncate(4);
+    const std::vector<float> za = a.forward(right.data(), 2, 4);
+    b.forward(kept.data(), 4, 0);
+    const std::vector<float> zb = b.forward(right.data(), 2, 4);
+    ASSERT_EQ(za.size(), zb.size());
+    for (size_t v = 0; v < za.size(); ++v) EXPECT_NEAR(za[v], zb[v], 1e-5) << attention << " " << v;
+}
+
+TEST(Decoder, TruncateForgetsRejectedTokens) { check_truncate("mha", false); }
+TEST(Decoder, TruncateForgetsRejectedTokensMlaLatent) { check_truncate("mla", false); }
+TEST(Decoder, TruncateForgetsRejectedTokensMlaFull) { check_truncate("mla", true); }
+
+// An untrained model's drafts are mostly rejected: this exercises the rejections and trimming
+// (the trained model's acceptances: tests/train/test_mtp.cpp). A prompt of one token and of
+// several, every depth.
+void check_speculative(const std::string& attention, int depth, int prompt_len) {
+    const ModelConfig m = mtp_model(attention, depth);
+    RopeConfig rope;
+    const int new_tokens = 25, T = prompt_len + new_tokens;
+    auto be = make_cpu_backend(1);
+    InitConfig init;
+    init.std = 0.3;
+    ParamTable table = make_param_table(m);
+    std::vector<float> params(table.total);
+    init_params(params.data(), table, m, init, 9, 0, table.total);
+    std::vector<int32_t> prompt(static_cast<size_t>(prompt_len));
+    for (int t = 0; t < prompt_len; ++t) prompt[size_t(t)] = int32_t((t * 5 + 2) % m.vocab_size);
+    auto argmax = [](const std::vector<float>& z) { return int32_t(std::max_element(z.begin(), z.end()) - z.begin()); };
+    // Plain greedy: one step per token.
+    Decoder plain(*be, m, rope, T, table, params, T);
+    std::vector<int32_t> want;
+    const std::vector<float>* z = &plain.prefill(prompt.data(), prompt_len);
+    for (int n = 0; n < new_tokens; ++n) {
+        want.push_back(argmax(*z));
+        z = &plain.step(want.back(), prompt_len + n);
+    }
+    Decoder dec(*be, m, rope, T, table, params, T);
+    dec.keep_hidden(true);
+    std::vector<int32_t> got{argmax(dec.prefill(prompt.data(), prompt_len))};
+    MtpSpeculator sp(dec, prompt);
+    while (int(got.size()) < new_tokens) {
+        const auto more = sp.advance(got.back(), new_tokens - int(got.size()));
+        ASSERT_FALSE(more.empty());
+        got.insert(got.end(), more.begin(), more.end());
+    }
+    EXPECT_EQ(got, want) << attention << " depth " << depth;
+    const SpeculativeStats& st = sp.stats();
+    // Every round gives its accepted drafts and the model's own next token (the last may drop it).
+    EXPECT_GE(st.rounds + st.accepted, int64_t(new_tokens) - 1);
+    EXPECT_LE(st.rounds + st.accepted, int64_t(new_tokens));
+    EXPECT_LE(st.accepted, st.drafted);
+    EXPECT_GT(st.drafted, 0);
+}
+
+TEST(Decoder, SpeculativeMtpIsPlainGreedy) {
+    for (int depth : {1, 2, 3})
+        for (int p : {1, 6}) check_speculative("mha", depth, p);
+}
+TEST(Decoder, SpeculativeMtpIsPlainGreedyMla) {
+    for (int depth : {1, 2})
+        for (int p : {1, 6}) check_speculative("mla", depth, p);
 }
 
 TEST(Decoder, PrefillEqualsSteps) { check_prefill("mha", false); }

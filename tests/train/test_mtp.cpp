@@ -3,7 +3,8 @@
 // single-rank run of the same deck -- the loss (main + mtp_weight/D x the modules'), the modules'
 // own /train/mtp_loss and the eval curve to fp32 reduction order; the modules' tensors in the
 // checkpoint under DeepSeek-V3's names (the layers after the last decoder layer); generation
-// ignores them; the layouts MTP does not run on are refused naming the key.
+// ignores them unless --speculative mtp drafts with them (plain greedy's tokens, exactly); the
+// layouts MTP does not run on are refused naming the key.
 // ctest: labels=mpi timeout=1200 launches_mpirun
 #include <gtest/gtest.h>
 
@@ -89,6 +90,57 @@ TEST_F(Mtp, MlaMoeWithExpertParallelismMatchesOneRank) {
             "--moe.group_top_k=1 --moe.balance=aux_free --moe.bias_rate=0.01",
             {{2, "--parallel.ep=2 --parallel.microbatches=4"},
              {2, "--parallel.pp=2 --parallel.microbatches=8"}});
+}
+
+// quintet generate --speculative mtp on models trained 30 steps on the synthetic data's chain
+// x -> 7x + 3 (the modules draft well but not always: both acceptances and rejections happen): the
+// printed ids are plain greedy decoding's, token for token, with depth 1 and 2, dense and MLA; a
+// model without modules, sampling and an unknown mode are refused with exit 2 before any work.
+TEST_F(Mtp, SpeculativeGenerationIsPlainGreedy) {
+    const std::string mla = "--model.attention=mla --model.n_kv_heads=0 --model.kv_lora_rank=16 --model.q_lora_rank=24 "
+                            "--model.qk_nope_dim=8 --model.qk_rope_dim=4 --model.v_head_dim=8";
+    struct Case {
+        std::string name, args;
+    } cases[] = {{"d1", "--model.mtp_depth=1"}, {"d2", "--model.mtp_depth=2"}, {"mla2", "--model.mtp_depth=2 " + mla}};
+    const std::string common = "--train.steps=30 --eval.every=0 --output.log_every=50 --checkpoint.every=0 ";
+    for (const Case& c : cases) {
+        const auto r = train(1, c.name, common + c.args);
+        ASSERT_EQ(r.status, 0) << r.output;
+        const std::string ckpt = (dir / c.name / "checkpoints/step_00000030.h5").string();
+        const std::string gen = "generate --checkpoint " + ckpt + " --prompt-ids '5 38 10 73' --tokens 60 --temperature 0 --print-ids";
+        const auto plain = run_quintet(0, gen);
+        const auto spec = run_quintet(0, gen + " --speculative mtp");
+        ASSERT_EQ(plain.status, 0) << plain.output;
+        ASSERT_EQ(spec.status, 0) << spec.output;
+        auto ids_line = [](const std::string& out) {  // the --print-ids line: the prompt's ids first
+            const size_t at = out.find("\n5 38 10 73 ");
+            return at == std::string::npos ? std::string() : out.substr(at + 1, out.find('\n', at + 1) - at - 1);
+        };
+        ASSERT_FALSE(ids_line(plain.output).empty()) << plain.output;
+        EXPECT_EQ(ids_line(spec.output), ids_line(plain.output)) << c.name;
+        const size_t at = spec.output.find("acceptance rate ");
+        ASSERT_NE(at, std::string::npos) << spec.output;
+        const double rate = std::stod(spec.output.substr(at + 16));
+        const size_t line = spec.output.rfind("generate: speculative", at);
+        std::printf("[ mtp ] %s: %s\n", c.name.c_str(), spec.output.substr(line, at + 21 - line).c_str());
+        const long drafted = std::stol(spec.output.substr(spec.output.find("drafted ", line) + 8));
+        const long accepted = std::stol(spec.output.substr(spec.output.find("accepted ", line) + 9));
+        EXPECT_GT(rate, 0.15) << c.name << ": the modules' drafts are rarely accepted\n" << spec.output;
+        EXPECT_LT(accepted, drafted) << c.name << ": no draft rejected: the trimming is not exercised";
+    }
+    // Refused before any work, exit 2, naming what to change.
+    const std::string d1 = (dir / "d1/checkpoints/step_00000030.h5").string();
+    auto r = run_quintet(0, "generate --checkpoint " + d1 + " --tokens 5 --temperature 0.8 --speculative mtp");
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("--temperature 0"), std::string::npos) << r.output;
+    r = run_quintet(0, "generate --checkpoint " + d1 + " --tokens 5 --temperature 0 --speculative draft");
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("--speculative = 'draft'"), std::string::npos) << r.output;
+    ASSERT_EQ(train(1, "plain", common + "--model.mtp_depth=0").status, 0);
+    r = run_quintet(0, "generate --checkpoint " + (dir / "plain/checkpoints/step_00000030.h5").string() +
+                           " --tokens 5 --temperature 0 --speculative mtp");
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("has no MTP modules (model.mtp_depth = 0)"), std::string::npos) << r.output;
 }
 
 TEST_F(Mtp, UnsupportedLayoutsNameTheKey) {

@@ -4,6 +4,7 @@
 // Single process, the whole model (tp = pp = 1, host memory); a test checks it against the
 // training forward on the same tokens.
 #pragma once
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -31,6 +32,25 @@ public:
     const std::vector<float>& prefill(const int32_t* ids, int n);
     size_t cache_bytes_per_token() const;  // over all layers
 
+    // Speculative decoding (model/speculative.hpp). forward: the n tokens `ids` at positions
+    // pos0 .. pos0 + n - 1 (pos0 = cached()) in one forward through the caches; the logits of
+    // every row [n, V]. truncate: forget the cached tokens from position len on (rejected drafts).
+    const std::vector<float>& forward(const int32_t* ids, int n, int pos0);
+    int cached() const;
+    void truncate(int len);
+    // keep_hidden: every call from now on also keeps the final norm's output of its rows
+    // (hidden(), [n, C]): h^0, what the first MTP module reads.
+    void keep_hidden(bool on) { keep_hidden_ = on; }
+    const std::vector<float>& hidden() const { return hidden_; }
+    // The checkpoint's MTP modules (model.mtp_depth), each with its own cache. mtp(k, ...): module
+    // k (0-based) on the n rows at positions pos0 .. (pos0 = mtp_cached(k)), h_prev [n, C] the
+    // previous depth's hidden state (h^0 for module 0), ids [n] the tokens each row embeds; h_out
+    // [n, C] gets h^{k+1}; returns the last row's logits [V].
+    int mtp_depth() const { return model_.mtp_depth; }
+    const std::vector<float>& mtp(int k, const float* h_prev, const int32_t* ids, int n, int pos0, float* h_out);
+    int mtp_cached(int k) const;
+    void mtp_truncate(int k, int len);
+
 private:
     SelfCommunicator self_;
     TensorParallel tp_;
@@ -43,7 +63,13 @@ private:
     const float* params_;
     std::vector<float> logits_;  // [V] the last call's
     std::vector<std::unique_ptr<KvCache>> caches_;
-    void run(ModelChunk& c, const int32_t* ids, int pos0, std::vector<float>& out);
+    std::vector<std::unique_ptr<KvCache>> mtp_caches_;  // one per MTP module
+    std::map<int, std::unique_ptr<ModelChunk>> chunks_;  // by rows (> 1), built on first use
+    bool keep_hidden_ = false;
+    std::vector<float> hidden_;  // [n, C] of the last call (keep_hidden)
+    ModelChunk& rows(int n);     // a chunk of n rows (chunk_ for one)
+    // all_rows: the logits of every row into out [N, V], else the last row's [V].
+    void run(ModelChunk& c, const int32_t* ids, int pos0, std::vector<float>& out, bool all_rows = false);
 };
 
 }  // namespace quintet

@@ -152,6 +152,10 @@ private:
     void mtp_add_slot(Slot& s);
     void mtp_forward(int si, const float* params, const int32_t* targets, float grad_scale);
     float* mtp_backward(int si, const float* params, float* grads);  // returns dL/dh^0 (scratch)
+    // Generation (model/decoder.cpp, speculative drafting): module k on slot 0's rows, whose ids
+    // (the embedded tokens) and positions the caller set and whose h^{k-1} is in the slot's
+    // mtp_h0, its attention through `cache`; h^k [N, C] and the last row's logits [V] to the host.
+    void mtp_generate(int k, const float* params, KvCache* cache, float* h_host, float* last_logits_host);
     void run_layers(int si, const float* params, std::vector<std::unique_ptr<KvCache>>* caches);
     // Layer i of slot si on input x into y (the workspace's values under full recompute).
     void forward_layer(size_t i, int si, const float* params, const float* x, float* y, KvCache* cache);

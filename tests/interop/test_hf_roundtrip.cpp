@@ -255,6 +255,7 @@ TEST_F(HfRoundTrip, RoutersNoTransformersClassComputesAreRefused) {
         {"--moe.norm_topk=false --moe.balance=aux_free", "moe.scoring = softmax with moe.balance = aux_free"},
         {"--moe.scoring=sigmoid --moe.topk_method=group_limited_greedy --moe.groups=2 --moe.group_top_k=1",
          "moe.scoring = sigmoid with moe.topk_method = group_limited_greedy"},
+        {"--moe.scoring=sigmoid --moe.top_k=1", "moe.top_k = 1 with moe.norm_topk = true"},
     };
     int k = 0;
     for (const Case& c : cases) {

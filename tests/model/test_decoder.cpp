@@ -131,7 +131,7 @@ void check_prefill(const std::string& attention, bool full_kv) {
 
 // Speculative decoding's two parts: truncating the caches forgets tokens as if they had never
 // been fed (a rejected draft), and MTP drafting + verification gives plain greedy decoding's tokens.
-ModelConfig mtp_model(const std::string& attention, int depth) {
+ModelConfig mtp_model(const std::string& attention, int depth, bool moe = false) {
     ModelConfig m;
     m.vocab_size = 23;
     m.d_model = 24;
@@ -147,6 +147,13 @@ ModelConfig mtp_model(const std::string& attention, int depth) {
         m.qk_nope_dim = 4;
         m.qk_rope_dim = 4;
         m.v_head_dim = 8;
+    }
+    if (moe) {  // every layer, the MTP modules' too; a capacity that a many-row forward could exceed
+        m.moe.experts = 4;
+        m.moe.top_k = 2;
+        m.moe.ffn_dim = 16;
+        m.moe.capacity_factor = 1.0;
+        EXPECT_TRUE(m.moe.layers.parse("all"));
     }
     return m;
 }
@@ -181,8 +188,8 @@ TEST(Decoder, TruncateForgetsRejectedTokensMlaFull) { check_truncate("mla", true
 // An untrained model's drafts are mostly rejected: this exercises the rejections and trimming
 // (the trained model's acceptances: tests/train/test_mtp.cpp). A prompt of one token and of
 // several, every depth.
-void check_speculative(const std::string& attention, int depth, int prompt_len) {
-    const ModelConfig m = mtp_model(attention, depth);
+void check_speculative(const std::string& attention, int depth, int prompt_len, bool full_kv = false, bool moe = false) {
+    const ModelConfig m = mtp_model(attention, depth, moe);
     RopeConfig rope;
     const int new_tokens = 25, T = prompt_len + new_tokens;
     auto be = make_cpu_backend(1);
@@ -195,14 +202,14 @@ void check_speculative(const std::string& attention, int depth, int prompt_len) 
     for (int t = 0; t < prompt_len; ++t) prompt[size_t(t)] = int32_t((t * 5 + 2) % m.vocab_size);
     auto argmax = [](const std::vector<float>& z) { return int32_t(std::max_element(z.begin(), z.end()) - z.begin()); };
     // Plain greedy: one step per token.
-    Decoder plain(*be, m, rope, T, table, params, T);
+    Decoder plain(*be, m, rope, T, table, params, T, full_kv);
     std::vector<int32_t> want;
     const std::vector<float>* z = &plain.prefill(prompt.data(), prompt_len);
     for (int n = 0; n < new_tokens; ++n) {
         want.push_back(argmax(*z));
         z = &plain.step(want.back(), prompt_len + n);
     }
-    Decoder dec(*be, m, rope, T, table, params, T);
+    Decoder dec(*be, m, rope, T, table, params, T, full_kv);
     dec.keep_hidden(true);
     std::vector<int32_t> got{argmax(dec.prefill(prompt.data(), prompt_len))};
     MtpSpeculator sp(dec, prompt);
@@ -226,7 +233,18 @@ TEST(Decoder, SpeculativeMtpIsPlainGreedy) {
 }
 TEST(Decoder, SpeculativeMtpIsPlainGreedyMla) {
     for (int depth : {1, 2})
-        for (int p : {1, 6}) check_speculative("mla", depth, p);
+        for (int p : {1, 6}) {
+            check_speculative("mla", depth, p);
+            check_speculative("mla", depth, p, true);  // the per-head K|V caches
+        }
+}
+// MoE layers with a capacity factor: generation drops no token, so verifying several rows at
+// once routes each as a one-token step would.
+TEST(Decoder, SpeculativeMtpIsPlainGreedyMoe) {
+    for (int depth : {1, 2}) {
+        check_speculative("mha", depth, 6, false, true);
+        check_speculative("mla", depth, 6, false, true);
+    }
 }
 
 TEST(Decoder, PrefillEqualsSteps) { check_prefill("mha", false); }

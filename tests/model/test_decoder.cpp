@@ -247,6 +247,55 @@ TEST(Decoder, SpeculativeMtpIsPlainGreedyMoe) {
     }
 }
 
+// Drafting runs each module as training does: module k's rows through the generation caches,
+// one row at a time, give the cross-entropies of the training forward's MTP loss.
+void check_mtp_rows(const std::string& attention, int depth) {
+    const ModelConfig m = mtp_model(attention, depth);
+    RopeConfig rope;
+    const int T = 12, C = m.d_model;
+    auto be = make_cpu_backend(1);
+    InitConfig init;
+    init.std = 0.3;
+    ParamTable table = make_param_table(m);
+    std::vector<float> params(table.total);
+    init_params(params.data(), table, m, init, 3, 0, table.total);
+    std::vector<int32_t> seq(T + 1);  // the sample and the target after its last token
+    for (int t = 0; t <= T; ++t) seq[size_t(t)] = int32_t((t * 11 + 5) % m.vocab_size);
+    const std::vector<int32_t> tgt(seq.begin() + 1, seq.end());
+    MpiCommunicator self(MPI_COMM_SELF);
+    TensorParallel tp(self, false);
+    ModelChunk full(*be, m, rope, table, stage_chunks(m.n_layers, 1, 1, 0, {})[0], tp, 1, T);
+    full.add_slot();
+    full.forward(0, params.data(), seq.data(), tgt.data(), 1.0f, true);
+    const double want = full.mtp_loss(0);
+    Decoder dec(*be, m, rope, T, table, params, T + 1);
+    dec.keep_hidden(true);
+    dec.prefill(seq.data(), T);
+    std::vector<float> h = dec.hidden(), next(size_t(T) * C);
+    double got = 0;
+    for (int k = 0; k < depth; ++k) {
+        // Row p embeds seq[p + k + 1] and predicts seq[p + k + 2].
+        for (int p = 0; p + k + 1 <= T; ++p) {
+            const std::vector<float>& z = dec.mtp(k, h.data() + size_t(p) * C, &seq[size_t(p + k + 1)], 1, p,
+                                                  next.data() + size_t(p) * C);
+            if (p + k + 2 > T) continue;
+            const double mx = *std::max_element(z.begin(), z.end());
+            double sum = 0;
+            for (float x : z) sum += std::exp(double(x) - mx);
+            got += std::log(sum) + mx - z[size_t(seq[size_t(p + k + 2)])];
+        }
+        h = next;
+    }
+    EXPECT_NEAR(got, want, 1e-4 * std::abs(want)) << attention << " depth " << depth;
+}
+
+TEST(Decoder, MtpDraftingRowsAreTheTrainingRows) {
+    for (int depth : {1, 2, 3}) {
+        check_mtp_rows("mha", depth);
+        check_mtp_rows("mla", depth);
+    }
+}
+
 TEST(Decoder, PrefillEqualsSteps) { check_prefill("mha", false); }
 TEST(Decoder, PrefillEqualsStepsMlaLatent) { check_prefill("mla", false); }
 TEST(Decoder, PrefillEqualsStepsMlaFull) { check_prefill("mla", true); }

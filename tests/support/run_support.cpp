@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -74,6 +75,8 @@ std::vector<double> metrics_column(const fs::path& run_dir, const std::string& p
 namespace {
 herr_t collect(hid_t loc, const char* name, const H5O_info_t* info, void* op) {
     if (info->type != H5O_TYPE_DATASET) return 0;
+    // The tensors (not /tokenizer's bytes, nor the run state of /train_state).
+    if (std::strncmp(name, "params/", 7) != 0 && std::strncmp(name, "optim/", 6) != 0) return 0;
     auto* out = static_cast<std::vector<std::pair<std::string, std::vector<float>>>*>(op);
     h5::Handle ds = h5::dataset(H5Dopen2(loc, name, H5P_DEFAULT));
     h5::Handle sp = h5::space(H5Dget_space(ds));

@@ -262,6 +262,11 @@ std::vector<DeckOption> deck_options(Deck& d) {
                    "start from the weights of this checkpoint (any layout; seq_len and [rope] may "
                    "differ) at step 0 with a fresh optimizer; a checkpoint in run_dir (resume) wins"),
         opt_int("checkpoint.keep", &c.keep, 0, big, "complete checkpoints kept; 0 = all"),
+        opt_bool("checkpoint.async", &c.async,
+                 "copy each rank's checkpoint values into a staging buffer (its share of the weights and "
+                 "moments, allocated at the start and counted as buffers memory) and write them on a thread "
+                 "of their own while training goes on; the next checkpoint, a stop and the end of the run wait "
+                 "for it. false: every rank waits for each write"),
         opt_bool("checkpoint.allow_tokenizer_change", &c.allow_tokenizer_change,
                  "resume or init_from on a token file whose tokenizer is not the checkpoint's; init_from may "
                  "extend the vocabulary (new embedding and output rows start as the mean of the trained ones). "

@@ -140,6 +140,7 @@ CheckpointWriter::CheckpointWriter(const MpiCommunicator& comm, const std::strin
                           "checkpoints are intact (latest: %s)",
                           (long long)meta.step, need / 1048576.0, dir.c_str(), double(sp.available) / 1048576.0,
                           checkpoint_latest(run_dir).c_str());
+            discard();  // the metrics snapshot made for it
         } else {
             errno = 0;
             try {
@@ -243,6 +244,10 @@ std::string CheckpointWriter::write(const std::atomic<bool>* cancel) noexcept {
             const size_t lc = size_t(s.lcols), cols = size_t(s.cols);
             uint64_t sum = 0;
             for (size_t j = p.a; j < p.b && why.empty();) {
+                if (cancelled()) {
+                    why = "cancelled";
+                    break;
+                }
                 const size_t row = j / lc, col = j % lc;
                 const size_t n = lc == cols ? p.b - j : std::min(p.b, (row + 1) * lc) - j;
                 const uint64_t first = (uint64_t(s.row0) + row) * cols + uint64_t(s.col0) + col;

@@ -131,6 +131,12 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
         }
         mem.grads = total * 4 + shards * 4;
         mem.optimizer = 2 * std::max(state, 1.0) * 4;
+        // checkpoint.async: the staging copy of what the rank writes (train/checkpointing): its
+        // dp-owned slice of each trainable region with both moments, and (the first rank of its
+        // dp x cp group, the largest) the buffers.
+        double staging = 0;
+        for (int r = 0; r < kNumRegions; ++r)
+            staging += Replicas(r) == Replicas::none ? used.r[size_t(r)] : 3 * std::ceil(used.r[size_t(r)] / pad[r]);
         // ZeRO-2/3: this rank's slices of every unit and the windows (train/zero_state), from the
         // trainer's own byte functions (model/params.hpp).
         std::vector<ModelInventory::Unit> units;
@@ -141,6 +147,7 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
             mem.params = zero_param_bytes(arena, z, p.zero, bf16);
             mem.grads = zero_grad_bytes(z);
             mem.optimizer = 2 * double(std::max<size_t>(z.trainable, 1)) * 4;
+            staging = 3 * double(z.trainable) + double(z.buffers);
         }
         // Each chunk keeps as many slots as it had microbatches in flight at once (the executor
         // allocates them on demand); activations are what its blocks declare (the trainer's own
@@ -171,6 +178,7 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
         mem.buffers = double(1 + locals) * double(bs.Nr) * C * sizeof(float);
         if (p.cp > 1) mem.buffers += double(ContextParallel::buffer_bytes(ring_kv, ring_out, ring_lse));
         if (p.ep > 1 && exchange > 0) mem.buffers += double(ExpertParallel::buffer_bytes(exchange));
+        if (deck.checkpoint.async) mem.buffers += std::max(staging, 1.0) * sizeof(float);
         mem.runtime = mm.runtime_base_bytes + mm.data_bytes;
         mem.total = mem.params + mem.grads + mem.optimizer + mem.activations + mem.buffers + mem.runtime;
         // Compute of this stage, per microbatch: its layers' share and (last stage) the head,

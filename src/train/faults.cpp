@@ -82,9 +82,9 @@ std::string locate_nonfinite(const std::string& name, const MpiCommunicator& wor
     return "rank " + std::to_string(r) + ", " + buf;
 }
 
-NonFinitePolicy::NonFinitePolicy(const TrainConfig& train, std::string run_dir, int rank,
+NonFinitePolicy::NonFinitePolicy(const TrainConfig& train, std::string run_dir, int rank, SkipBudget& skips,
                                  std::function<void(const std::string&)> log)
-    : t_(train), run_dir_(std::move(run_dir)), rank_(rank), log_(std::move(log)) {}
+    : t_(train), run_dir_(std::move(run_dir)), rank_(rank), skips_(skips), log_(std::move(log)) {}
 
 StepStats NonFinitePolicy::handle(int64_t s, const StepStats& first,
                                   const std::function<StepStats(bool locate)>& rerun,
@@ -107,7 +107,7 @@ StepStats NonFinitePolicy::handle(int64_t s, const StepStats& first,
                             "it first appears on " + (again.origin.empty() ? "no rank's local values (in a reduction)" : again.origin);
     int origin_rank = -1;
     std::sscanf(again.origin.c_str(), "rank %d", &origin_rank);
-    if (t_.on_nonfinite == "stop" || skips_in_row_ + 1 >= t_.max_skips) {
+    if (t_.on_nonfinite == "stop" || skips_.exhausted()) {
         if (rank_ == 0) write_fault_file(run_dir_, "diverged", s + 1, origin_rank, msg);
         throw DivergedError(msg + (t_.on_nonfinite == "skip" ? "; " + std::to_string(t_.max_skips) +
                                        " steps in a row skipped (train.max_skips)" : "") +
@@ -115,9 +115,9 @@ StepStats NonFinitePolicy::handle(int64_t s, const StepStats& first,
                             (last_checkpoint.empty() ? "none" : last_checkpoint) +
                             " (train.on_nonfinite = " + t_.on_nonfinite + ")");
     }
-    ++skips_in_row_;
+    skips_.skipped();
     log_("warning: " + msg + "; the update is skipped (train.on_nonfinite = skip, " +
-         std::to_string(skips_in_row_) + " in a row of at most " + std::to_string(t_.max_skips) + ")");
+         std::to_string(skips_.in_row()) + " in a row of at most " + std::to_string(t_.max_skips) + ")");
     *skipped = true;
     return again;
 }
@@ -148,13 +148,17 @@ bool FaultInjection::at_step_start(int64_t s) {
         for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     if (mode_ == "stop") std::raise(SIGSTOP);  // the whole process, watchdog thread included
     if (mode_ == "kill") std::raise(SIGKILL);  // a dying rank
-    if (mode_ == "stop_checkpoint") return false;  // at the checkpoint of that step (in_checkpoint)
+    if (mode_ == "stop_checkpoint" || mode_ == "hang_checkpoint") return false;  // at that step's checkpoint (in_checkpoint)
     rank_fail("injected fault (QUINTET_INJECT_FAULT) at step " + std::to_string(s));
 }
 
 void FaultInjection::in_checkpoint(int64_t step) const {
-    // The others wait for this rank in the write's barrier.
-    if (mode_ == "stop_checkpoint" && hits(step - 1)) std::raise(SIGSTOP);
+    if (!hits(step - 1)) return;
+    // The others wait for this rank in the write's barrier (or the process is held there).
+    if (mode_ == "stop_checkpoint") std::raise(SIGSTOP);
+    // A write that never returns (a hung file system): the thread that writes sleeps.
+    if (mode_ == "hang_checkpoint")
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
 }  // namespace quintet

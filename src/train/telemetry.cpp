@@ -122,7 +122,7 @@ MemoryBytes Telemetry::memory_account() const {
     m.grads = grads_bytes_;
     m.optimizer = optimizer_bytes_;
     m.activations = model_.activation_bytes();
-    m.buffers = model_.buffer_bytes();
+    m.buffers = model_.buffer_bytes() + checkpoint_bytes_;
     m.total = process_peak_rss_bytes();
     m.runtime = m.total - (m.params + m.grads + m.optimizer + m.activations + m.buffers);
     return m;

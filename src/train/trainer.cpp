@@ -24,7 +24,9 @@ Trainer::Trainer(RankModel& model, const std::string& deck_text, const DataSet& 
       telemetry_(model, deck_text),
       checkpoints_(model, *sync_, *opt_, deck_text, data.tokenizer.state(), std::move(source), faults_,
                    [this](const std::string& l) { telemetry_.log(l); }),
-      nonfinite_(deck_.train, deck_.output.run_dir, grid_.rank(), [this](const std::string& l) { telemetry_.log(l); }),
+      skips_(deck_.train.max_skips),
+      nonfinite_(deck_.train, deck_.output.run_dir, grid_.rank(), skips_,
+                 [this](const std::string& l) { telemetry_.log(l); }),
       lock_(lock) {
     if (deck_.eval.every > 0) eval_.emplace(model, sampler_);
     // This replica's samples of every step are read a step ahead (the samples [g0, g0 + m) of step()).
@@ -39,6 +41,7 @@ Trainer::Trainer(RankModel& model, const std::string& deck_text, const DataSet& 
     telemetry_.set_training_bytes(model.zero() ? model.zero()->grad_bytes()
                                                : double(model.table().total) * 4 + double(opt_->shard_floats()) * 4,
                                   2.0 * double(std::max<size_t>(opt_->state_floats(), 1)) * 4);
+    telemetry_.set_checkpoint_bytes(checkpoints_.staging_bytes());
     if (model.moe()) moe_ = MoeCounts(deck_.model.n_layers, deck_.model.moe.experts, grid_.ep().size());
 }
 
@@ -189,13 +192,21 @@ int Trainer::run() {
     }
 }
 
+RunState Trainer::run_state() const {
+    RunState r;
+    r.skips_in_row = skips_.in_row();
+    return r;
+}
+
 int Trainer::run_steps() {
     const auto& t = deck_.train;
     const int64_t tokens_per_step = global_batch() * deck_.data.seq_len;
     if (!deck_.given.count("train.warmup") && t.steps > 0 && t.warmup > t.steps)
         telemetry_.log("warning: train.warmup = " + std::to_string(t.warmup) + " (the default) exceeds train.steps = " +
                        std::to_string(t.steps) + ": the learning rate never reaches train.lr; set train.warmup");
-    start_step_ = checkpoints_.start(&tokens_seen_);
+    RunState resumed;
+    start_step_ = checkpoints_.start(&tokens_seen_, &resumed);
+    skips_.restore(resumed.skips_in_row);
     if (grid_.rank() == 0) remove_stop_file(deck_.output.run_dir);  // it speaks of an earlier start
     if (checkpoints_.source().resume && t.steps > 0 && start_step_ >= t.steps) {
         // A finished run: nothing to do, and nothing is written (its metrics stay as they are).
@@ -206,7 +217,7 @@ int Trainer::run_steps() {
     }
     telemetry_.begin(start_step_, checkpoints_.source().resume ? checkpoints_.source().path : "");
     if (t.steps == 0 || start_step_ >= t.steps) {
-        if (start_step_ == 0) checkpoints_.save(0, tokens_seen_, telemetry_.metrics());
+        if (start_step_ == 0) checkpoints_.save(0, tokens_seen_, run_state(), telemetry_.metrics(), true);
         return 0;
     }
     int64_t s = start_step_;
@@ -214,9 +225,12 @@ int Trainer::run_steps() {
     while (s < t.steps) {
         StepStats st = step(s);
         bool skipped = false;
-        if (st.nonfinite)
+        if (st.nonfinite) {
+            // The policy may end the run (naming the last good checkpoint): a save in flight first.
+            checkpoints_.complete(telemetry_.metrics(), "handling step " + std::to_string(s + 1));
             st = nonfinite_.handle(s, st, [&](bool locate) { return step(s, locate); }, checkpoints_.last(), &skipped);
-        if (!skipped) nonfinite_.finite_step();
+        }
+        if (!skipped) skips_.accepted();
         if (lock_) lock_->touch();
         ++s;
         steps_done_.store(s);
@@ -230,12 +244,14 @@ int Trainer::run_steps() {
             telemetry_.record_eval(s, loss, per_source, sampler_.val_sources());
         }
         telemetry_.end_step(s);
-        // Stop signals are agreed on by all ranks, so everyone checkpoints the same step.
-        bool stop = stop_agreed(grid_.world());
+        // Stop signals are agreed on by all ranks, so everyone checkpoints the same step; a
+        // background checkpoint written everywhere is completed here.
+        bool stop = checkpoints_.step_end(telemetry_.metrics());
         const bool exit_now = t.exit_after > 0 && s - start_step_ >= t.exit_after;
         const bool periodic = deck_.checkpoint.every > 0 && s % deck_.checkpoint.every == 0;
         if (periodic || s == t.steps || stop || exit_now) {
-            checkpoints_.save(s, tokens_seen_, telemetry_.metrics());
+            // The last checkpoint of this run is complete before it ends: no copy, no thread.
+            checkpoints_.save(s, tokens_seen_, run_state(), telemetry_.metrics(), s == t.steps || stop || exit_now);
             // A signal that arrived during the write stops at the checkpoint just written.
             if (!stop) stop = stop_agreed(grid_.world());
         }
@@ -247,6 +263,7 @@ int Trainer::run_steps() {
         }
         if (s == t.steps) telemetry_.report_finished();
     }
+    checkpoints_.complete(telemetry_.metrics(), "the end of the run");
     if (profile::enabled()) telemetry_.report_profile();
     return 0;
 }

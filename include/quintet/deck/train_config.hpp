@@ -54,6 +54,7 @@ struct CheckpointConfig {
     std::string init_from = "";    // weights only from this checkpoint, then a fresh run
     int keep = 3;                  // complete checkpoints kept; 0 = all
     bool allow_tokenizer_change = false;  // train on data whose tokenizer is not the checkpoint's
+    bool async = false;            // write checkpoints in the background from a staging copy
 };
 
 struct OutputConfig {

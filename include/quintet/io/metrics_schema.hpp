@@ -17,8 +17,9 @@ inline constexpr const char* kPipeline = "/pipeline";   // stage<s>_{idle_fracti
 inline constexpr const char* kMoe = "/moe";
 inline constexpr const char* kMemory = "/memory";       // <category>_bytes [step, rank]
 inline constexpr const char* kData = "/data";           // source_samples [step, source]
-inline constexpr std::array<const char*, 8> kStepGroups = {kTrain, kEval, kTiming, kTimingOp, kPipeline, kMoe, kMemory,
-                                                           kData};
+inline constexpr const char* kCheckpoint = "/checkpoint";  // one row per checkpoint written, its own step column
+inline constexpr std::array<const char*, 9> kStepGroups = {kTrain, kEval, kTiming, kTimingOp, kPipeline, kMoe, kMemory,
+                                                           kData, kCheckpoint};
 
 // /data/source_samples [step, source]: samples drawn so far from each training source; its
 // attribute `sources` names them, comma-separated. /eval/<source>/loss: each validation source's
@@ -43,6 +44,12 @@ inline constexpr const char* kMfu = "mfu";
 inline constexpr const char* kMfuMatmul = "mfu_matmul";  // the share of the measured sgemm rate
 inline constexpr const char* kStepTime = "step_time_s";
 inline constexpr const char* kSkipped = "skipped";       // 1: the update was skipped (non-finite)
+
+// /checkpoint columns, one row per checkpoint: its step, the seconds the training thread spent on
+// it (the step it was taken at was slower by about that much, counting the staging copy and, for a
+// background save, waiting for it and completing it), and the seconds its bytes took to write.
+inline constexpr const char* kBlocked = "blocked_s";
+inline constexpr const char* kWriteTime = "write_s";
 
 // /timing columns.
 inline constexpr const char* kTimePipeline = "pipeline", *kTimePipelineWait = "pipeline_wait",

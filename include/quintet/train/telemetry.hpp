@@ -29,6 +29,8 @@ public:
     // Bytes of the gradients (the arena and the reduced shards) and of the optimizer's moments on
     // this rank: the trainer's, constant over the run.
     void set_training_bytes(double grads, double optimizer) { grads_bytes_ = grads, optimizer_bytes_ = optimizer; }
+    // The staging copy of checkpoint.async (train/checkpointing), counted with the buffers.
+    void set_checkpoint_bytes(double staging) { checkpoint_bytes_ = staging; }
 
     // Before the first step: the model line, metrics.h5 opened (rank 0; a resumed run keeps its
     // history up to start_step, rebuilt from `resumed_from`'s copy when unreadable), the
@@ -77,7 +79,7 @@ private:
     // rate of all ranks (the progress line's "of sgemm"): the best seen on this host, and this
     // run's own measurement.
     double peak_flops_ = 0, matmul_flops_ = 0, sgemm_measured_ = 0;
-    double grads_bytes_ = 0, optimizer_bytes_ = 0;
+    double grads_bytes_ = 0, optimizer_bytes_ = 0, checkpoint_bytes_ = 0;
     bool raised_matmul_ = false, raised_peak_ = false;  // a denominator was below a step's rate (said once)
     std::string peak_what_;
     std::unique_ptr<MetricsFile> metrics_;  // rank 0

@@ -42,6 +42,7 @@ public:
 
 private:
     int run_steps();
+    RunState run_state() const;  // what a checkpoint keeps of the run besides the tensors
     int64_t global_batch() const;  // samples per step
     std::string zero_nonfinite(double local_loss) const;  // this rank's finding under ZeRO-2/3
 
@@ -57,6 +58,7 @@ private:
     FaultInjection faults_;
     Telemetry telemetry_;
     Checkpointing checkpoints_;
+    SkipBudget skips_;  // rejected steps in a row (non-finite), against train.max_skips
     NonFinitePolicy nonfinite_;
     MoeCounts moe_;  // the step's counts of every MoE layer, summed over all ranks
     const RunLock* lock_;

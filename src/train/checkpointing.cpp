@@ -7,6 +7,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -38,6 +39,30 @@ std::string secs(double s) {
 // The state of a background write, as every rank reports it in step_end's all-reduce (the
 // largest value wins): nothing to do, still writing, failed, past its deadline.
 enum WriteState : int { kIdleOrDone = 0, kWriting = 1, kFailed = 2, kOverdue = 3 };
+
+// Whether all n floats are finite (an exponent not all ones); one read pass.
+bool all_finite(const float* v, size_t n) {
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; ++i) {
+        uint32_t b;
+        std::memcpy(&b, v + i, 4);
+        bad |= uint32_t((~b & 0x7f800000u) == 0);
+    }
+    return bad == 0;
+}
+
+// dst = src (host memory), and whether all n floats are finite: the staging copy and the
+// finiteness check in one pass.
+bool copy_all_finite(float* dst, const float* src, size_t n) {
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; ++i) {
+        uint32_t b;
+        std::memcpy(&b, src + i, 4);
+        std::memcpy(dst + i, &b, 4);
+        bad |= uint32_t((~b & 0x7f800000u) == 0);
+    }
+    return bad == 0;
+}
 
 // One phase of a checkpoint on the training thread, timed by the watchdog as one operation.
 struct TimedPhase {
@@ -171,7 +196,7 @@ struct Checkpointing::InFlight {
     std::string error;
     double write_s = 0;
     std::atomic<bool> cancel{false};
-    double started = 0, blocked_s = 0;
+    double started = 0, blocked_s = 0, staging_s = 0;
     // This rank's WriteState (mu held).
     int state(double deadline) const {
         if (!finished) return deadline > 0 && now_s() - started > deadline ? kOverdue : kWriting;
@@ -249,20 +274,28 @@ size_t Checkpointing::staged_floats() const {
     return n;
 }
 
-std::vector<CheckpointSource> Checkpointing::stage(float* to) const {
+std::vector<CheckpointSource> Checkpointing::stage(float* to, bool* finite) const {
     Backend& be = model_.backend();
+    const bool host = model_.host_arena();
     std::vector<CheckpointSource> out;
     size_t at = 0;
-    auto copy = [&](const float* from, size_t n) {
-        be.to_host(to + at, from, n);
+    auto copy = [&](const float* from, size_t n, bool check) {
+        float* dst = to + at;
         at += n;
-        return to + at - n;
+        if (host && check) {
+            *finite = copy_all_finite(dst, from, n) && *finite;
+        } else {
+            be.to_host(dst, from, n);
+            if (check) *finite = all_finite(dst, n) && *finite;
+        }
+        return dst;
     };
+    *finite = true;
     for (const CheckpointSource& s : sources()) {
         const size_t n = s.arena.size();
         CheckpointSource h{s.arena};
-        h.params = copy(s.params, n);
-        if (s.exp_avg) h.exp_avg = copy(s.exp_avg, n), h.exp_avg_sq = copy(s.exp_avg_sq, n);
+        h.params = copy(s.params, n, true);
+        if (s.exp_avg) h.exp_avg = copy(s.exp_avg, n, false), h.exp_avg_sq = copy(s.exp_avg_sq, n, false);
         out.push_back(h);
     }
     return out;
@@ -306,15 +339,17 @@ void Checkpointing::check_staging_fits(double bytes) const {
 }
 
 void Checkpointing::record(MetricsFile* metrics, int64_t step, const std::string& path, double blocked,
-                           double write_s, bool background) {
+                           double staging, double write_s, bool background) {
     namespace ms = metrics_schema;
     // The slowest rank's figures: the step waits for it at its next collective.
-    double v[2] = {blocked, write_s};
-    model_.grid().world().all_reduce_max(v, 2);
+    double v[3] = {blocked, staging, write_s};
+    model_.grid().world().all_reduce_max(v, 3);
     if (metrics)
-        metrics->append(ms::kCheckpoint, {{ms::kStep, double(step)}, {ms::kBlocked, v[0]}, {ms::kWriteTime, v[1]}});
+        metrics->append(ms::kCheckpoint, {{ms::kStep, double(step)}, {ms::kBlocked, v[0]}, {ms::kStaging, v[1]},
+                                          {ms::kWriteTime, v[2]}});
     log_("checkpoint " + path +
-         (background ? " (the step blocked " + secs(v[0]) + ", written in " + secs(v[1]) + " in the background)"
+         (background ? " (the step blocked " + secs(v[0]) + ", of which the copy " + secs(v[1]) + "; written in " +
+                           secs(v[2]) + " in the background)"
                      : " (" + secs(v[0]) + ")"));
     last_ = path;
 }
@@ -325,15 +360,27 @@ void Checkpointing::save(int64_t step, int64_t tokens_seen, const RunState& stat
     const double t0 = now_s();
     const Deck& deck = model_.deck();
     const ProcessGrid& grid = model_.grid();
-    Backend& be = model_.backend();
     const ParamTable& table = model_.table();
-    // Never checkpoint non-finite weights over good ones (every rank checks its arena, or its
-    // ZeRO-3 slices).
-    const ZeroState* z = model_.zero();
-    const bool sharded_params = z && !model_.params();
-    const double ss = sharded_params ? be.sumsq(z->param_shard(), z->layout().trainable + z->layout().buffers)
-                                     : be.sumsq(model_.params(), table.total);
-    double bad = std::isfinite(ss) ? 0.0 : 1.0;
+    // The values: staged (a background write reads the copy while training changes the
+    // arenas), or through host memory on a device backend, or read in place -- checked finite on
+    // the way: never checkpoint non-finite weights over good ones (each rank checks the
+    // parameters it writes; together, every parameter of the checkpoint).
+    const bool background = !staging_.empty() && !complete_now;
+    std::vector<float> host;
+    std::vector<CheckpointSource> src;
+    bool finite = true;
+    const double t_copy = now_s();
+    if (background) {
+        src = stage(staging_.data(), &finite);
+    } else if (!model_.host_arena()) {
+        host.resize(staged_floats());
+        src = stage(host.data(), &finite);
+    } else {
+        src = sources();
+        for (const CheckpointSource& c : src) finite = all_finite(c.params, c.arena.size()) && finite;
+    }
+    const double staging = background || !model_.host_arena() ? now_s() - t_copy : 0.0;
+    double bad = finite ? 0.0 : 1.0;
     grid.world().all_reduce_max(&bad, 1);
     if (bad > 0) {
         const std::string msg = "the weights are not finite at step " + std::to_string(step) +
@@ -350,19 +397,6 @@ void Checkpointing::save(int64_t step, int64_t tokens_seen, const RunState& stat
     meta.tokenizer = tokenizer_;
     meta.spike_window = state.spike_window;
     meta.skips_in_row = state.skips_in_row;
-    const bool background = !staging_.empty() && !complete_now;
-    // The values: staged (a background write reads the copy while training changes the
-    // arenas), or through host memory on a device backend, or read in place.
-    std::vector<float> host;
-    std::vector<CheckpointSource> src;
-    if (background) {
-        src = stage(staging_.data());
-    } else if (!model_.host_arena()) {
-        host.resize(staged_floats());
-        src = stage(host.data());
-    } else {
-        src = sources();
-    }
     // The metrics history up to this step beside the checkpoint, complete before it is: a resume
     // rebuilds an unreadable metrics.h5 from it. Copied now; made durable by the writer.
     std::string metrics_tmp;
@@ -380,7 +414,7 @@ void Checkpointing::save(int64_t step, int64_t tokens_seen, const RunState& stat
             const double write_s = now_s() - t1;
             const std::string path = writer->commit(error);
             timed.end();
-            record(metrics, step, path, now_s() - t0, write_s, false);
+            record(metrics, step, path, now_s() - t0, staging, write_s, false);
             return;
         }
     }
@@ -400,6 +434,7 @@ void Checkpointing::save(int64_t step, int64_t tokens_seen, const RunState& stat
         f.cv.notify_all();
     });
     f.blocked_s = now_s() - t0;
+    f.staging_s = staging;
 }
 
 bool Checkpointing::step_end(MetricsFile* metrics) {
@@ -482,9 +517,9 @@ void Checkpointing::finish(MetricsFile* metrics, int agreed) {
         }
     }
     const int64_t step = f.step;
-    const double blocked = f.blocked_s + (now_s() - t0), write_s = f.write_s;
+    const double blocked = f.blocked_s + (now_s() - t0), staging = f.staging_s, write_s = f.write_s;
     flight_.reset();
-    record(metrics, step, path, blocked, write_s, true);
+    record(metrics, step, path, blocked, staging, write_s, true);
 }
 
 int64_t Checkpointing::start(int64_t* tokens_seen, RunState* state) {

@@ -49,6 +49,7 @@ inline constexpr const char* kSkipped = "skipped";       // 1: the update was sk
 // it (the step it was taken at was slower by about that much, counting the staging copy and, for a
 // background save, waiting for it and completing it), and the seconds its bytes took to write.
 inline constexpr const char* kBlocked = "blocked_s";
+inline constexpr const char* kStaging = "staging_s";  // of blocked_s, the copy into host memory
 inline constexpr const char* kWriteTime = "write_s";
 
 // /timing columns.

@@ -95,12 +95,13 @@ private:
     // first rank of its dp x cp group.
     std::vector<CheckpointSource> sources() const;
     size_t staged_floats() const;  // the staging copy of sources()
-    // sources() copied into `to` (host memory, staged_floats()), and the same ranges there.
-    std::vector<CheckpointSource> stage(float* to) const;
+    // sources() copied into `to` (host memory, staged_floats()), and the same ranges there;
+    // *finite: whether every parameter copied is finite (checked in the same pass).
+    std::vector<CheckpointSource> stage(float* to, bool* finite) const;
     void check_staging_fits(double bytes) const;
     void finish(MetricsFile* metrics, int agreed);  // commits (or fails) the save in flight
-    void record(MetricsFile* metrics, int64_t step, const std::string& path, double blocked, double write_s,
-                bool background);
+    void record(MetricsFile* metrics, int64_t step, const std::string& path, double blocked, double staging,
+                double write_s, bool background);
     RankModel& model_;
     const GradientSync& sync_;
     AdamW& opt_;

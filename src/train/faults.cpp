@@ -124,31 +124,53 @@ StepStats NonFinitePolicy::handle(int64_t s, const StepStats& first,
 
 FaultInjection::FaultInjection(int rank) : rank_(rank) {
     const char* spec = std::getenv("QUINTET_INJECT_FAULT");
-    char mode[24] = "fail";
+    if (!spec) return;
     int r = -1;
     long long step = -1, until = -1;
-    if (!spec || std::sscanf(spec, "rank=%d,step=%lld,mode=%23[a-z_],until=%lld", &r, &step, mode, &until) < 2)
-        return;
-    target_ = r, step_ = step, until_ = until, mode_ = mode;
+    std::string mode = "fail";
+    double factor = 1;
+    // key=value pairs separated by commas; rank and step required.
+    std::string text = spec;
+    size_t at = 0;
+    while (at <= text.size()) {
+        const size_t end = std::min(text.find(',', at), text.size());
+        const std::string kv = text.substr(at, end - at);
+        const size_t eq = kv.find('=');
+        if (eq == std::string::npos) return;
+        const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
+        char* stop = nullptr;
+        if (key == "rank") r = int(std::strtol(value.c_str(), &stop, 10));
+        else if (key == "step") step = std::strtoll(value.c_str(), &stop, 10);
+        else if (key == "until") until = std::strtoll(value.c_str(), &stop, 10);
+        else if (key == "factor") factor = std::strtod(value.c_str(), &stop);
+        else if (key == "mode") mode = value;
+        else return;
+        if (stop && *stop) return;
+        at = end + 1;
+    }
+    if (r < 0 || step < 0) return;
+    target_ = r, step_ = step, until_ = until, mode_ = mode, factor_ = factor;
 }
 
 bool FaultInjection::hits(int64_t s) const {
     return target_ >= 0 && rank_ == target_ && s >= step_ && s <= std::max(step_, until_);
 }
 
-bool FaultInjection::at_step_start(int64_t s) {
-    if (!hits(s)) return false;
-    if (mode_ == "nan") return true;
-    if (mode_ == "nan_once") {
-        if (fired_once_) return false;
+StepFault FaultInjection::at_step_start(int64_t s) {
+    StepFault f;
+    if (!hits(s)) return f;
+    if (mode_ == "nan" || mode_ == "spike" || ((mode_ == "nan_once" || mode_ == "spike_once") && !fired_once_)) {
         fired_once_ = true;
-        return true;
+        if (mode_.rfind("nan", 0) == 0) f.nan = true;
+        else f.grad_factor = float(factor_);
+        return f;
     }
+    if (mode_ == "nan_once" || mode_ == "spike_once") return f;
     if (mode_ == "hang")
         for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     if (mode_ == "stop") std::raise(SIGSTOP);  // the whole process, watchdog thread included
     if (mode_ == "kill") std::raise(SIGKILL);  // a dying rank
-    if (mode_ == "stop_checkpoint" || mode_ == "hang_checkpoint") return false;  // at that step's checkpoint (in_checkpoint)
+    if (mode_ == "stop_checkpoint" || mode_ == "hang_checkpoint") return f;  // at that step's checkpoint (in_checkpoint)
     rank_fail("injected fault (QUINTET_INJECT_FAULT) at step " + std::to_string(s));
 }
 

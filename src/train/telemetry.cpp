@@ -202,7 +202,7 @@ void Telemetry::take_profile(const StepStats& st, bool steady) {
     if (metrics_) metrics_->append(ms::kTimingOp, ops);
 }
 
-void Telemetry::record_step(int64_t s, const StepStats& st, bool skipped, const MoeCounts& moe) {
+void Telemetry::record_step(int64_t s, const StepStats& st, bool skipped, bool spike, const MoeCounts& moe) {
     const ProcessGrid& grid = model_.grid();
     const int pp = grid.pp().size(), stage = grid.coord(kPP), world = grid.world().size();
     const int64_t gb = int64_t(grid.dp().size()) * deck_.parallel.microbatches * deck_.data.micro_batch_size;
@@ -267,7 +267,9 @@ void Telemetry::record_step(int64_t s, const StepStats& st, bool skipped, const 
         metrics_->append(ms::kTrain, {{ms::kStep, double(s)}, {ms::kLoss, st.loss}, {ms::kCeLoss, st.ce_loss},
                                       {ms::kAuxLoss, st.aux_loss}, {ms::kLr, st.lr}, {ms::kGradNorm, st.grad_norm},
                                       {ms::kTokensPerS, tps}, {ms::kMfu, mfu}, {ms::kMfuMatmul, mfu_matmul},
-                                      {ms::kStepTime, st.step_time}, {ms::kSkipped, skipped ? 1.0 : 0.0}});
+                                      {ms::kStepTime, st.step_time}, {ms::kSkipped, skipped ? 1.0 : 0.0},
+                                      {ms::kSpike, spike ? 1.0 : 0.0}, {ms::kSpikeLossLimit, st.spike_loss_limit},
+                                      {ms::kSpikeGradNormLimit, st.spike_grad_norm_limit}});
         metrics_->append(ms::kTiming, {{ms::kTimePipeline, st.t_pipeline}, {ms::kTimePipelineWait, st.t_wait},
                                        {ms::kTimeReplicaSync, st.t_sync}, {ms::kTimeDpReduce, st.t_dp},
                                        {ms::kTimeOptimizer, st.t_optim}, {ms::kTpComm, st.tp.seconds},

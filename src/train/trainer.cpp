@@ -27,6 +27,7 @@ Trainer::Trainer(RankModel& model, const std::string& deck_text, const DataSet& 
       skips_(deck_.train.max_skips),
       nonfinite_(deck_.train, deck_.output.run_dir, grid_.rank(), skips_,
                  [this](const std::string& l) { telemetry_.log(l); }),
+      spikes_(deck_.train, deck_.output.run_dir, grid_.rank(), skips_, [this](const std::string& l) { telemetry_.log(l); }),
       lock_(lock) {
     if (deck_.eval.every > 0) eval_.emplace(model, sampler_);
     // This replica's samples of every step are read a step ahead (the samples [g0, g0 + m) of step()).
@@ -56,7 +57,11 @@ int64_t Trainer::global_batch() const {
 }
 
 StepStats Trainer::step(int64_t s, bool locate) {
-    const bool poison = faults_.at_step_start(s);
+    const StepFault fault = faults_.at_step_start(s);
+    const bool poison = fault.nan;
+    // An injected spike (tests): this rank's gradient scaled, so the step runs without the
+    // overlapped reduction (as `locate` does), the whole local gradient present after the backward.
+    const bool scaled = fault.grad_factor != 1.0f;
     StepStats st;
     const auto& p = deck_.parallel;
     const int mbs = deck_.data.micro_batch_size, T = deck_.data.seq_len;
@@ -89,7 +94,9 @@ StepStats Trainer::step(int64_t s, bool locate) {
             sampler_.train_sample(s, (g0 + mb) * mbs + j, gb, ids + size_t(j) * T, tgt + size_t(j) * T);
     };
     const float grad_scale = float(1.0 / (double(gb) * T));
-    PipelineExecutor::Result r = model_.executor().run(params, grads_, grad_scale, data, locate ? nullptr : sync_->hook());
+    PipelineExecutor::Result r =
+        model_.executor().run(params, grads_, grad_scale, data, locate || scaled ? nullptr : sync_->hook());
+    if (scaled && !zero) be_.scale(grads_, model_.table().total, fault.grad_factor);
     const double t1 = now_s();
     if (locate && !zero) st.origin = locate_nonfinite(model_.table(), be_, grads_, r.ce_sum + r.aux_sum, grid_.world());
     // 2. Gradients summed over their replica groups (tp/kv/tied partials, then dp x cp / edp).
@@ -98,6 +105,7 @@ StepStats Trainer::step(int64_t s, bool locate) {
         QUINTET_PROFILE("comm.dp");
         return sync_->finish_step(grads_, opt_->shards());
     }();
+    if (scaled && zero) be_.scale(zero->grad_shard(), zero->layout().trainable, fault.grad_factor);  // its reduced slices
     if (locate && zero) st.origin = locate_nonfinite(zero_nonfinite(r.ce_sum + r.aux_sum), grid_.world());
     // 3. The step's loss: cross-entropy summed over every target token of the global batch
     //    (only the last stage has it), aux averaged over the microbatches.
@@ -111,8 +119,25 @@ StepStats Trainer::step(int64_t s, bool locate) {
     const double norm = opt_->grad_norm(grads_, grid_.world());
     if (!std::isfinite(sums[0]) || !std::isfinite(sums[1]) || !std::isfinite(norm)) {
         st.nonfinite = true;
+        st.lr = lr_at(deck_.train, s);  // what the step would have used
         st.what = !std::isfinite(sums[0]) ? "the loss" : !std::isfinite(sums[1]) ? "the MoE aux loss" : "the gradient norm";
         st.loss = sums[0] / (double(gb) * T) + sums[1];
+        st.grad_norm = norm;
+        st.step_time = now_s() - t0;
+        moe_.clear();  // a skipped step routes nothing
+        return st;
+    }
+    //    Then the spike policy (train/spikes): the loss and the norm against the window of
+    //    accepted steps, world rank 0's values on every rank (an all-reduce may round
+    //    differently on different ranks), so every rank takes the same decision; a spike it acts
+    //    on leaves the state untouched, as a non-finite step does.
+    const double ce = sums[0] / (double(gb) * T), aux = sums[1] / double(grid_.dp().size() * p.microbatches);
+    double judged[2] = {ce + aux, norm};
+    if (spikes_.acts()) grid_.world().broadcast(judged, sizeof judged, 0);
+    spikes_.check(judged[0], judged[1], st);
+    if (st.spike) {
+        st.ce_loss = ce, st.aux_loss = aux, st.loss = ce + aux;
+        st.lr = lr_at(deck_.train, s);  // what the step would have used
         st.grad_norm = norm;
         st.step_time = now_s() - t0;
         moe_.clear();  // a skipped step routes nothing
@@ -131,8 +156,8 @@ StepStats Trainer::step(int64_t s, bool locate) {
     }
     model_.refresh_bf16_weights();
     const double t4 = now_s();
-    st.ce_loss = sums[0] / (double(gb) * T);
-    st.aux_loss = sums[1] / double(grid_.dp().size() * p.microbatches);
+    st.ce_loss = ce;
+    st.aux_loss = aux;
     st.loss = st.ce_loss + st.aux_loss;
     st.lr = lr;
     st.grad_norm = norm;
@@ -194,6 +219,7 @@ int Trainer::run() {
 
 RunState Trainer::run_state() const {
     RunState r;
+    r.spike_window = spikes_.window();
     r.skips_in_row = skips_.in_row();
     return r;
 }
@@ -207,6 +233,11 @@ int Trainer::run_steps() {
     RunState resumed;
     start_step_ = checkpoints_.start(&tokens_seen_, &resumed);
     skips_.restore(resumed.skips_in_row);
+    spikes_.restore(resumed.spike_window);
+    if (checkpoints_.source().resume && start_step_ > 0 && spikes_.acts() && resumed.spike_window.empty())
+        telemetry_.log("note: " + checkpoints_.source().path + " keeps no spike window (written before it was "
+                       "checkpointed): train.on_spike judges steps again after " + std::to_string(t.spike_window) +
+                       " accepted steps");
     if (grid_.rank() == 0) remove_stop_file(deck_.output.run_dir);  // it speaks of an earlier start
     if (checkpoints_.source().resume && t.steps > 0 && start_step_ >= t.steps) {
         // A finished run: nothing to do, and nothing is written (its metrics stay as they are).
@@ -224,18 +255,28 @@ int Trainer::run_steps() {
     steps_done_.store(s);
     while (s < t.steps) {
         StepStats st = step(s);
-        bool skipped = false;
-        if (st.nonfinite) {
+        bool skipped = false, spike = st.over_limit;
+        // A rejected step: re-run, skipped or the end of the run, by its policy; a rerun may be
+        // rejected for the other reason (a non-finite rerun of a spike), hence the loop.
+        for (int round = 0; !skipped && (st.nonfinite || st.spike); ++round) {
+            QUINTET_CHECK(round < 4, "step " + std::to_string(s + 1) + " rejected again and again");
             // The policy may end the run (naming the last good checkpoint): a save in flight first.
             checkpoints_.complete(telemetry_.metrics(), "handling step " + std::to_string(s + 1));
-            st = nonfinite_.handle(s, st, [&](bool locate) { return step(s, locate); }, checkpoints_.last(), &skipped);
+            if (st.nonfinite)
+                st = nonfinite_.handle(s, st, [&](bool locate) { return step(s, locate); }, checkpoints_.last(), &skipped);
+            else
+                st = spikes_.handle(s, st, [&] { return step(s); }, checkpoints_.last(), &skipped);
+            spike = spike || st.over_limit;
         }
-        if (!skipped) skips_.accepted();
+        if (!skipped) {
+            skips_.accepted();
+            spikes_.accept(st);
+        }
         if (lock_) lock_->touch();
         ++s;
         steps_done_.store(s);
         tokens_seen_ += tokens_per_step;
-        telemetry_.record_step(s, st, skipped, moe_);
+        telemetry_.record_step(s, st, skipped, spike, moe_);
         telemetry_.record_data(s, sampler_.source_samples(s * global_batch()), sampler_.train_sources(),
                                sampler_.take_wait_seconds());
         if (eval_ && (s % deck_.eval.every == 0 || s == t.steps)) {

@@ -41,6 +41,9 @@ struct TrainConfig {
     std::string on_nonfinite = "stop";  // stop | skip: a step whose loss or gradient norm is not finite
     bool profile = false;               // per-operation times: /timing/op/<name> and a table at the end
     int max_skips = 5;                  // skip: consecutive skipped steps before stopping (exit 3)
+    std::string on_spike = "none";      // none | skip | rerun: a loss or gradient norm far above its window
+    int spike_window = 128;             // accepted steps the spike statistics cover (and the warm-up)
+    double spike_sigma = 6;             // a spike is above mean + spike_sigma x std of the window
 };
 
 struct EvalConfig {

@@ -43,7 +43,12 @@ inline constexpr const char* kTokensPerS = "tokens_per_s";
 inline constexpr const char* kMfu = "mfu";
 inline constexpr const char* kMfuMatmul = "mfu_matmul";  // the share of the measured sgemm rate
 inline constexpr const char* kStepTime = "step_time_s";
-inline constexpr const char* kSkipped = "skipped";       // 1: the update was skipped (non-finite)
+inline constexpr const char* kSkipped = "skipped";       // 1: the update was skipped (non-finite, or a spike)
+// train.on_spike (train/spikes): 1 when the step's first run had a loss or gradient norm above its
+// limit; the limits in force (mean + spike_sigma x std of the window; NaN while it warms up).
+inline constexpr const char* kSpike = "spike";
+inline constexpr const char* kSpikeLossLimit = "spike_loss_limit";
+inline constexpr const char* kSpikeGradNormLimit = "spike_grad_norm_limit";
 
 // /checkpoint columns, one row per checkpoint: its step, the seconds the training thread spent on
 // it (the step it was taken at was slower by about that much, counting the staging copy and, for a

@@ -81,18 +81,24 @@ private:
     std::function<void(const std::string&)> log_;
 };
 
-// QUINTET_INJECT_FAULT = "rank=R,step=S[,mode=fail|hang|stop|kill|stop_checkpoint|hang_checkpoint|nan|nan_once[,until=E]]"
-// makes world rank R, at the start of step S (0-based: the step logged as S+1; with until, each
-// step S..E), throw (fail), stop responding (hang: its main thread sleeps), stop with SIGSTOP
-// (stop), die with SIGKILL (kill), SIGSTOP inside that step's checkpoint write
-// (stop_checkpoint), never return from that write (hang_checkpoint: the writing thread sleeps,
-// as in a hung file system), or poison one element of its gradient with NaN each time the step
-// runs (nan) or only the first time (nan_once: the rerun is finite). Unset or malformed: nothing.
+// QUINTET_INJECT_FAULT = "rank=R,step=S[,mode=M][,factor=F][,until=E]" (keys in any order after
+// rank and step) makes world rank R, at the start of step S (0-based: the step logged as S+1;
+// with until, each step S..E), do M: throw (fail, the default), stop responding (hang: its main
+// thread sleeps), stop with SIGSTOP (stop), die with SIGKILL (kill), SIGSTOP inside that step's
+// checkpoint write (stop_checkpoint), never return from that write (hang_checkpoint: the writing
+// thread sleeps, as in a hung file system), poison one element of its gradient with NaN each time
+// the step runs (nan) or only the first time (nan_once: the rerun is finite), or multiply its
+// gradient by F each time the step runs (spike) or only the first time (spike_once). Unset or
+// malformed: nothing.
+struct StepFault {
+    bool nan = false;         // poison one gradient element
+    float grad_factor = 1;    // multiply this rank's gradient
+};
 class FaultInjection {
 public:
     explicit FaultInjection(int rank);
-    // At the start of step s: acts, and returns true when the gradient is to be poisoned.
-    bool at_step_start(int64_t s);
+    // At the start of step s: acts, and returns what to do to the step's gradient.
+    StepFault at_step_start(int64_t s);
     // Inside the checkpoint write of step `step` (steps done).
     void in_checkpoint(int64_t step) const;
 
@@ -100,6 +106,7 @@ private:
     int rank_, target_ = -1;
     long long step_ = -1, until_ = -1;
     std::string mode_ = "fail";
+    double factor_ = 1;
     bool fired_once_ = false;
     bool hits(int64_t s) const;
 };

@@ -41,7 +41,8 @@ public:
     // After step s (s steps done): every rank's memory and pipeline figures gathered, the rows
     // of metrics.h5, the progress line every output.log_every steps. `moe`: the step's counts
     // summed over all ranks (empty for a dense model). collective over the world
-    void record_step(int64_t s, const StepStats& st, bool skipped, const MoeCounts& moe);
+    // `spike`: the step's first run was above a spike limit (train/spikes).
+    void record_step(int64_t s, const StepStats& st, bool skipped, bool spike, const MoeCounts& moe);
     // /eval and its line (NaN = interrupted); with per_source (one loss per validation source),
     // /eval/<source>/loss too.
     void record_eval(int64_t s, double loss, const std::vector<double>& per_source = {},

@@ -21,6 +21,7 @@
 #include "quintet/train/grad_sync.hpp"
 #include "quintet/train/optimizer.hpp"
 #include "quintet/train/rank_model.hpp"
+#include "quintet/train/spikes.hpp"
 #include "quintet/train/step_stats.hpp"
 #include "quintet/train/telemetry.hpp"
 
@@ -36,8 +37,9 @@ public:
     ~Trainer();
     int run();  // the whole job; returns the exit status. collective over the grid
     // One optimizer step (collective). A step whose loss or gradient norm is not finite (agreed
-    // on every rank) returns with `nonfinite` set and the state untouched, so that it can be run
-    // again; `locate` runs it without the overlapped reduction and finds where it began.
+    // on every rank), or a spike the spike policy acts on, returns with `nonfinite` (`spike`)
+    // set and the state untouched, so that it can be run again; `locate` runs it without the
+    // overlapped reduction and finds where it began.
     StepStats step(int64_t s, bool locate = false);
 
 private:
@@ -58,8 +60,9 @@ private:
     FaultInjection faults_;
     Telemetry telemetry_;
     Checkpointing checkpoints_;
-    SkipBudget skips_;  // rejected steps in a row (non-finite), against train.max_skips
+    SkipBudget skips_;  // rejected steps in a row (non-finite or spikes), against train.max_skips
     NonFinitePolicy nonfinite_;
+    SpikePolicy spikes_;
     MoeCounts moe_;  // the step's counts of every MoE layer, summed over all ranks
     const RunLock* lock_;
     int64_t start_step_ = 0, tokens_seen_ = 0;

@@ -238,8 +238,10 @@ Checkpointing::~Checkpointing() {
         f.thread.join();
         flight_.reset();  // the writer removes its partial file (rank 0)
     } else {
+        // Left with what it may still read: its writer and the staging copy.
         f.thread.detach();
         (void)flight_.release();
+        (void)new std::vector<float>(std::move(staging_));
     }
 }
 
@@ -304,14 +306,22 @@ std::vector<CheckpointSource> Checkpointing::stage(float* to, bool* finite) cons
 void Checkpointing::check_staging_fits(double bytes) const {
     const ProcessGrid& grid = model_.grid();
     const MpiCommunicator& world = grid.world();
-    // The activations still to be allocated (the executor allocates a step's slots on demand):
-    // the planner's figure for the largest rank, less what this rank holds already.
-    Deck d = model_.deck();
-    d.parallel.dp = grid.dp().size();
-    MachineModel mm;
-    mm.matmul_gflops_per_core = 1;
-    const PlanRow plan = plan_layout(d, world.size(), mm);
-    const double later = plan.valid ? std::max(0.0, plan.memory.activations - model_.activation_bytes()) : 0.0;
+    // The activations still to be allocated in host memory (the executor allocates a step's
+    // slots on demand): the planner's figure for the largest rank, less what this rank holds
+    // already. (On a device backend they are the device's.)
+    double later = 0;
+    if (model_.host_arena()) {
+        Deck d = model_.deck();
+        d.parallel.dp = grid.dp().size();
+        MachineModel mm;
+        mm.matmul_gflops_per_core = 1;
+        try {
+            const PlanRow plan = plan_layout(d, world.size(), mm);
+            if (plan.valid) later = std::max(0.0, plan.memory.activations - model_.activation_bytes());
+        } catch (const std::exception&) {
+            // no figure: the copy alone is checked
+        }
+    }
     double need[2] = {bytes, bytes + later};
     const std::unique_ptr<MpiCommunicator> node = world.split_node();
     node->all_reduce_sum(need, 2);

@@ -49,6 +49,8 @@ bundle_libraries_missing() {
     [[ -f /usr/include/pcre2.h ]] || missing+=("PCRE2")
     [[ -f /usr/include/sentencepiece_processor.h ]] || missing+=("SentencePiece")
     [[ -f /usr/include/nlohmann/json.hpp ]] || missing+=("nlohmann-json")
+    [[ -f /usr/include/zstd.h ]] || missing+=("libzstd")
+    [[ -f /usr/include/lzma.h ]] || missing+=("liblzma")
     ((${#missing[@]} == 0)) && return 0
     local IFS=,
     echo "${missing[*]}"

@@ -48,7 +48,8 @@ LIMIT_MIB=48
 # (libicu-dev and libicu72, about 20 MiB) would not fit the limit; it serves only tokenizer.json
 # files with an NFC normalizer, so gpu_check.sh builds with -DQUINTET_NFC=OFF where it is absent.
 TOP=(openmpi-bin libopenmpi-dev libhdf5-openmpi-dev libboost-program-options-dev
-     libblis-openmp-dev libgtest-dev libpcre2-dev libsentencepiece-dev nlohmann-json3-dev make)
+     libblis-openmp-dev libgtest-dev libpcre2-dev libsentencepiece-dev nlohmann-json3-dev liblbfgs-dev
+     zlib1g-dev libzstd-dev liblzma-dev make)
 # What the machine is assumed to have (the GPU image: a C++ compiler and Python 3).
 BASELINE=(g++ python3)
 # Packages apt would pull in that quintet does not use: "regex<TAB>reason" (whole package names).

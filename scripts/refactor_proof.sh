@@ -76,7 +76,23 @@ runs=(
   "moe_tp2_sp|2|--parallel.tp=2 --parallel.sequence_parallel=true --parallel.microbatches=8 $MOE"
   "moe_auxfree_ep2_pp2|4|--parallel.ep=2 --parallel.pp=2 --parallel.microbatches=4 --moe.balance=aux_free --moe.bias_rate=0.01 --moe.layers=1,2,3 $MOE"
   "mla_moe_bf16_sel|2|--parallel.ep=2 --parallel.microbatches=4 --train.precision=bf16 --train.recompute=selective $MLA $MOE"
+  "zero2|2|--parallel.microbatches=4 --parallel.zero=2"
+  "zero3|2|--parallel.microbatches=4 --parallel.zero=3"
+  "zero3_bf16_tied|2|--parallel.microbatches=4 --parallel.zero=3 --train.precision=bf16 --model.tie_embeddings=true"
+  "zero3_moe_ep2|2|--parallel.ep=2 --parallel.microbatches=4 --parallel.zero=3 $MOE"
+  "zero2_pp2_mla|4|--parallel.pp=2 --parallel.microbatches=4 --parallel.zero=2 $MLA"
+  "pp2_zbh1|2|--parallel.pp=2 --parallel.microbatches=8 --parallel.schedule=zb_h1"
+  "pp2_zbv|2|--parallel.pp=2 --parallel.microbatches=8 --parallel.schedule=zbv --parallel.virtual_stages=2"
+  "zbv_tied_bf16|2|--parallel.pp=2 --parallel.microbatches=8 --parallel.schedule=zbv --parallel.virtual_stages=2 --model.tie_embeddings=true --train.precision=bf16"
+  "zbh1_full|2|--parallel.pp=2 --parallel.microbatches=8 --parallel.schedule=zb_h1 --train.recompute=full"
+  "zbh1_sel_mla|2|--parallel.pp=2 --parallel.microbatches=8 --parallel.schedule=zb_h1 --train.recompute=selective $MLA"
+  "zbh1_mla_moe_bf16|2|--parallel.pp=2 --parallel.microbatches=8 --parallel.schedule=zb_h1 --train.precision=bf16 $MLA $MOE"
+  "zbv_zero3_moe|4|--parallel.pp=2 --parallel.microbatches=4 --parallel.schedule=zbv --parallel.virtual_stages=2 --parallel.zero=3 $MOE"
 )
+# PROOF_ONLY=regex runs the layouts whose names match it (then the checkpoint checks as always).
+if [ -n "${PROOF_ONLY:-}" ]; then
+  kept=(); for r in "${runs[@]}"; do [[ "${r%%|*}" =~ $PROOF_ONLY ]] && kept+=("$r"); done; runs=("${kept[@]}")
+fi
 for r in "${runs[@]}"; do
   IFS='|' read -r name ranks args <<< "$r"
   for which in old new; do

@@ -14,10 +14,13 @@ packages=(
   libblis-openmp-dev                    # sgemm (the default BLAS, CMake QUINTET_BLAS=blis)
   libopenblas-openmp-dev                # sgemm with -DQUINTET_BLAS=openblas; OpenMP builds share our thread pool
   libgtest-dev                          # GoogleTest
+  zlib1g-dev libzstd-dev liblzma-dev    # prepare: gzip, zstd and xz inputs
+  zstd xz-utils                         # the tests make compressed inputs with them
   libpcre2-dev                          # tokenizers: the pre-tokenizer patterns (PCRE2, JIT)
   libsentencepiece-dev                  # tokenizers: spm: models, through the SentencePiece library
   nlohmann-json3-dev                    # tokenizers: tokenizer.json
   libicu-dev                            # tokenizers: tokenizer.json's NFC normalizer (Qwen 2)
+  liblbfgs-dev                          # scaling laws: L-BFGS for `quintet laws`
   python3-sentencepiece                 # the SentencePiece reference test
   python3 python3-numpy python3-h5py python3-torch  # reference model, benchmarks, HDF5 tools
   python3-matplotlib                    # plots (docs, quintet plot)

@@ -1,5 +1,5 @@
 // quintet: one MPI program, subcommands train | eval | prepare | generate | export | import | deck | peak | schedule,
-// and plan | study | plot | tokenize, which run without MPI. kSubcommands below is the one list: the
+// and plan | study | laws | mup-check | plot | tokenize | data, which run without MPI. kSubcommands below is the one list: the
 // dispatch and the usage text are both made from it, so a new subcommand is one row.
 // Errors (exit statuses: docs/reliability.md): ConfigError (the same on every rank) ends the job
 // cleanly with status 2 after rank 0 prints it; any other failure prints "rank N: ..." and
@@ -46,6 +46,9 @@ constexpr Subcommand kSubcommands[] = {
     {"prepare", nullptr, "--input TXT --tokenizer SPEC --output DATA.h5",
      "make a token file", Runs::collective,
      [](int c, char** v, MPI_Comm w) { return quintet::prepare_main(c, v, w); }},
+    {"data", nullptr, "verify|inspect|stats ...",
+     "check a corpus, decode a training sample, a blend's sources", Runs::without_mpi,
+     [](int c, char** v, MPI_Comm) { return quintet::data_main(c, v); }},
     {"tokenize", nullptr, "--tokenizer SPEC [--whole] [--decode]",
      "text on stdin <-> token ids", Runs::without_mpi,
      [](int c, char** v, MPI_Comm) { return quintet::tokenize_main(c, v); }},
@@ -77,6 +80,12 @@ constexpr Subcommand kSubcommands[] = {
     {"study", nullptr, "STUDY.deck [--submit local|slurm]",
      "run a scaling study (no mpirun: it launches the runs)", Runs::without_mpi,
      [](int c, char** v, MPI_Comm) { return quintet::study_main(c, v); }},
+    {"laws", nullptr, "STUDY.h5|DATA.csv [--bootstrap N] [--json] [-o PLOT.png]",
+     "fit a scaling law to a study's runs (IsoFLOP profiles and L = E + A/N^alpha + B/D^beta)", Runs::without_mpi,
+     [](int c, char** v, MPI_Comm) { return quintet::laws_main(c, v); }},
+    {"mup-check", nullptr, "DECK --widths W1,W2,... [--steps S] [--scheme standard|mup] [--json] [-o PNG]",
+     "the coordinate check of µP: each kind of layer output's RMS against width over a few steps", Runs::without_mpi,
+     [](int c, char** v, MPI_Comm) { return quintet::mup_check_main(c, v); }},
     {"plot", nullptr, "RUN_DIR... [-o FILE.png]",
      "plot metrics.h5 of one or several runs", Runs::without_mpi,
      [](int c, char** v, MPI_Comm) { return quintet::plot_main(c, v); }},
@@ -160,6 +169,11 @@ int main(int argc, char** argv) {
         if (rank == 0) std::fprintf(stderr, "quintet: error: %s\n", e.what());
         MPI_Finalize();
         return 3;
+    } catch (const quintet::FaultError& e) {
+        // Agreed on by every rank, temporaries already removed: report once, end cleanly, status 4.
+        if (rank == 0) std::fprintf(stderr, "quintet: error: %s\n", e.what());
+        MPI_Finalize();
+        return 4;
     } catch (const quintet::IoError& e) {
         // An I/O failure during the run: a transient fault (docs/reliability.md). Exit status 4.
         std::fprintf(stderr, "quintet: rank %d: error: %s\n", rank, e.what());

@@ -14,7 +14,9 @@
 #include <mutex>
 #include <set>
 
+#include "quintet/core/checksum.hpp"
 #include "quintet/core/error.hpp"
+#include "quintet/data/corpus_manifest.hpp"
 #include "quintet/io/token_data.hpp"
 
 namespace quintet {
@@ -84,31 +86,95 @@ std::vector<std::pair<double, std::string>> parse_source_list(const std::string&
     return out;
 }
 
-std::vector<std::string> expand_source(const std::string& key, const std::string& spec) {
+namespace {
+
+// A directory's manifest, read once per data_open (directories are named by several sources and
+// globs): whether it has one, the manifest, what in the directory disagrees with it.
+struct CorpusDir {
+    bool has_manifest = false;
+    CorpusManifest manifest;
+    std::map<std::string, size_t> shard_of;  // file name -> index in manifest.shards
+    std::string problem;                     // manifest_disagreement; "" when they agree
+};
+
+std::map<std::string, CorpusDir>& corpus_dirs() {
+    static thread_local std::map<std::string, CorpusDir> cache;
+    return cache;
+}
+
+const CorpusDir& corpus_dir(const std::string& dir) {
+    auto& cache = corpus_dirs();
+    std::error_code ec;
+    const std::string key = fs::weakly_canonical(dir.empty() ? "." : dir, ec).string();
+    if (const auto it = cache.find(key); it != cache.end()) return it->second;
+    CorpusDir c;
+    c.manifest = manifest_read(dir.empty() ? "." : dir, c.has_manifest);
+    if (c.has_manifest) {
+        for (size_t i = 0; i < c.manifest.shards.size(); ++i) c.shard_of[c.manifest.shards[i].file] = i;
+        c.problem = manifest_disagreement(dir.empty() ? "." : dir, c.manifest);
+    }
+    return cache.emplace(key, std::move(c)).first->second;
+}
+
+std::string parent_of(const std::string& file) { return fs::path(file).parent_path().string(); }
+
+bool is_corpus_tokenizer(const std::string& file) {
+    const CorpusDir& c = corpus_dir(parent_of(file));
+    return c.has_manifest && fs::path(file).filename() == c.manifest.tokenizer_file;
+}
+
+std::string incomplete_advice(const std::string& dir) {
+    std::error_code ec;
+    const bool interrupted = fs::exists(fs::path(dir) / ".prepare", ec);
+    return std::string(interrupted ? " (an interrupted prepare: run the same `quintet prepare` with --resume)"
+                                   : " (made by hand, by an older quintet, or by a prepare that did not finish)") +
+           "; set data.allow_incomplete = true to use it as it is";
+}
+
+}  // namespace
+
+std::vector<std::string> expand_source(const std::string& key, const std::string& spec, bool allow_incomplete) {
     std::vector<std::string> files;
     std::error_code ec;
+    auto h5_files = [&](const std::string& dir) {
+        for (const auto& e : fs::directory_iterator(dir, ec))
+            if (e.path().extension() == ".h5" && !e.is_directory() && !is_corpus_tokenizer(e.path().string()) &&
+                e.path().filename() != kCorpusTokenizerName)
+                files.push_back(e.path().string());
+        std::sort(files.begin(), files.end());
+    };
     if (has_glob(spec)) {
         glob_t g{};
         const int rc = ::glob(spec.c_str(), 0, nullptr, &g);
         for (size_t i = 0; rc == 0 && i < g.gl_pathc; ++i)
-            if (!fs::is_directory(g.gl_pathv[i], ec)) files.emplace_back(g.gl_pathv[i]);
+            if (!fs::is_directory(g.gl_pathv[i], ec) && !is_corpus_tokenizer(g.gl_pathv[i])) files.emplace_back(g.gl_pathv[i]);
         globfree(&g);
         if (files.empty()) config_fail(key, spec, "the glob matches no files");
+        std::sort(files.begin(), files.end());
     } else if (fs::is_directory(spec, ec)) {
-        for (const auto& e : fs::directory_iterator(spec, ec))
-            if (e.path().extension() == ".h5" && !e.is_directory()) files.push_back(e.path().string());
-        if (files.empty())
-            config_fail(key, spec, "the directory holds no *.h5 token files (make some with `quintet prepare "
-                                   "--shard-tokens N --output DIR`)");
+        const CorpusDir& c = corpus_dir(spec);
+        if (c.has_manifest && (c.problem.empty() || !allow_incomplete)) {
+            if (!c.problem.empty())
+                config_fail(key, spec, "the corpus does not agree with its manifest: " + c.problem +
+                                           "; `quintet data verify` checks it whole, `quintet prepare` makes it again, "
+                                           "data.allow_incomplete = true uses it as it is");
+            for (const auto& sh : c.manifest.shards) files.push_back((fs::path(spec) / sh.file).string());
+        } else {
+            if (!c.has_manifest && !allow_incomplete)
+                config_fail(key, spec, "the directory has no manifest.json, so it is not a complete corpus" +
+                                           incomplete_advice(spec));
+            h5_files(spec);
+            if (files.empty())
+                config_fail(key, spec, "the directory holds no *.h5 token files (make some with `quintet prepare "
+                                       "--shard-tokens N --output DIR`)");
+        }
     } else {
         if (!fs::exists(spec, ec))
             config_fail(key, spec, "no such file, directory or glob; make a token file with `quintet prepare`");
         files.push_back(spec);
     }
-    std::sort(files.begin(), files.end());
     return files;
 }
-
 int64_t DataSet::train_tokens() const {
     int64_t n = 0;
     for (const auto& s : train) n += s.len;
@@ -116,6 +182,7 @@ int64_t DataSet::train_tokens() const {
 }
 
 DataSet data_open(const DataConfig& dc) {
+    corpus_dirs().clear();  // each open reads the manifests as they are now
     DataSet out;
     uint64_t fingerprint = 0;
     std::string first_desc;
@@ -126,13 +193,37 @@ DataSet data_open(const DataConfig& dc) {
             Source src;
             src.spec = spec;
             src.weight = w;
-            for (const auto& file : expand_source(key, spec)) {
-                // The header's own checks name the file; the key says where it came from.
+            for (const auto& file : expand_source(key, spec, dc.allow_incomplete)) {
+                // A shard its corpus's manifest lists (and agrees with) is known from the manifest:
+                // no file is opened. Any other token file by its header, whose checks name it.
                 TokenFileHeader h;
+                std::string checksum;
+                const CorpusDir& c = corpus_dir(parent_of(file));
+                const auto listed = c.has_manifest ? c.shard_of.find(fs::path(file).filename().string()) : c.shard_of.end();
                 try {
-                    h = token_file_header(file);
+                    if (listed != c.shard_of.end() && c.problem.empty()) {
+                        const ManifestShard& ms = c.manifest.shards[listed->second];
+                        h.tokenizer = corpus_tokenizer_read((fs::path(parent_of(file)) / c.manifest.tokenizer_file).string(),
+                                                            c.manifest.tokenizer_fingerprint);
+                        h.vocab_size = c.manifest.vocab_size;
+                        h.eos_id = c.manifest.eos_id;
+                        h.bos_id = c.manifest.bos_id;
+                        h.n_tokens = ms.tokens;
+                        h.width = c.manifest.width;
+                        h.file_offset = ms.offset;
+                        checksum = ms.checksum;
+                    } else {
+                        if (c.has_manifest && !dc.allow_incomplete)
+                            config_fail(key, spec, listed == c.shard_of.end()
+                                                       ? "'" + file + "' is not one of the shards its directory's manifest lists"
+                                                       : "the corpus does not agree with its manifest: " + c.problem +
+                                                             "; data.allow_incomplete = true uses it as it is");
+                        h = token_file_header(file);
+                    }
                 } catch (const ConfigError& e) {
-                    throw ConfigError("deck key '" + key + "': source '" + spec + "': " + e.what());
+                    const std::string what = e.what();
+                    if (what.rfind("deck key", 0) == 0) throw;
+                    throw ConfigError("deck key '" + key + "': source '" + spec + "': " + what);
                 }
                 const uint64_t fp = h.tokenizer.fingerprint();
                 if (out.first_file.empty()) {
@@ -151,7 +242,7 @@ DataSet data_open(const DataConfig& dc) {
                                                 "); every shard of a run must share one tokenizer");
                 }
                 if (h.file_offset < 0) out.any_hdf5_reads = true;
-                src.shards.push_back({file, h.n_tokens, h.width, h.file_offset});
+                src.shards.push_back({file, h.n_tokens, h.width, h.file_offset, checksum});
             }
             src.start.push_back(0);
             for (const auto& sh : src.shards) src.start.push_back(src.start.back() + sh.n_tokens);
@@ -204,6 +295,14 @@ DataSet data_open(const DataConfig& dc) {
         for (const auto& [key, group] : {std::pair{"data.path", &out.train}, std::pair{"data.val_path", &out.val}})
             for (const auto& s : *group) {
                 if (group == &out.val && dc.val_path.empty()) continue;  // the train files again
+                // Shards with a checksum are checked whole against it, the others id by id.
+                for (const auto& sh : s.shards)
+                    if (!sh.checksum.empty())
+                        if (const std::string why = shard_verify(sh, out.vocab_size); !why.empty())
+                            config_fail(key, s.spec, why + " (`quintet data verify` checks a corpus; `quintet "
+                                                           "prepare` makes it again)");
+                if (std::all_of(s.shards.begin(), s.shards.end(), [](const TokenShard& sh) { return !sh.checksum.empty(); }))
+                    continue;
                 Source whole = s;
                 whole.begin = 0, whole.len = s.n_tokens;
                 try {
@@ -215,6 +314,48 @@ DataSet data_open(const DataConfig& dc) {
             }
     }
     return out;
+}
+
+std::string shard_verify(const TokenShard& sh, int vocab_size) {
+    if (sh.file_offset < 0) {  // read through HDF5: every id checked
+        try {
+            (void)token_file_read(sh.path);
+        } catch (const std::exception& e) {
+            return e.what();
+        }
+        return "";
+    }
+    const int fd = ::open(sh.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return "shard '" + sh.path + "' cannot be opened: " + std::strerror(errno);
+    std::vector<unsigned char> buf(size_t(1) << 22);
+    Checksum sum;
+    const int64_t bytes = sh.n_tokens * sh.width;
+    std::string why;
+    for (int64_t at = 0; at < bytes && why.empty();) {
+        const size_t want = size_t(std::min<int64_t>(int64_t(buf.size()), bytes - at));
+        const ssize_t r = ::pread(fd, buf.data(), want, off_t(sh.file_offset + at));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            why = "shard '" + sh.path + "' is truncated: its tokens end at byte " + std::to_string(sh.file_offset + at);
+            break;
+        }
+        sum.update(buf.data(), size_t(r));
+        for (size_t i = 0; i + size_t(sh.width) <= size_t(r); i += size_t(sh.width)) {
+            uint32_t id = 0;
+            std::memcpy(&id, buf.data() + i, size_t(sh.width));
+            if (id >= uint32_t(vocab_size)) {
+                why = "shard '" + sh.path + "': /tokens[" + std::to_string((at + int64_t(i)) / sh.width) + "] = " +
+                      std::to_string(id) + " is not a valid token id (vocab_size " + std::to_string(vocab_size) + ")";
+                break;
+            }
+        }
+        at += r;
+    }
+    ::close(fd);
+    if (why.empty() && !sh.checksum.empty() && Checksum::hex(sum.value()) != sh.checksum)
+        why = "shard '" + sh.path + "': its tokens do not match the manifest's checksum (" + Checksum::hex(sum.value()) +
+              ", expected " + sh.checksum + "): altered or damaged after prepare";
+    return why;
 }
 
 DataInfo data_info(const std::string& path_value) {

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <sstream>
 
 #include "quintet/core/clock.hpp"
 #include "quintet/core/error.hpp"
@@ -34,23 +36,71 @@ uint64_t permute_index(uint64_t x, uint64_t n, uint64_t key) {
     return x;
 }
 
-Blend::Blend(std::vector<double> weights) : w_(std::move(weights)), c_(w_.size(), 0) {
+namespace {
+std::vector<double> normalised(std::vector<double> w) {
     double sum = 0;
-    for (double w : w_) sum += w;
-    for (double& w : w_) w = sum > 0 ? w / sum : 1.0 / double(w_.size());
+    for (double x : w) sum += x;
+    for (double& x : w) x = sum > 0 ? x / sum : 1.0 / double(w.size());
+    return w;
+}
+}  // namespace
+
+std::string blend_segments_text(const std::vector<BlendSegment>& segments) {
+    std::string out;
+    char buf[40];
+    for (const auto& s : segments) {
+        out += std::to_string(s.start);
+        for (double w : s.weights) {
+            std::snprintf(buf, sizeof buf, " %.17g", w);
+            out += buf;
+        }
+        out += '\n';
+    }
+    return out;
+}
+
+std::vector<BlendSegment> blend_segments_parse(const std::string& text) {
+    std::vector<BlendSegment> out;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) {
+        std::istringstream l(line);
+        BlendSegment s;
+        if (!(l >> s.start)) return {};
+        for (double w; l >> w;) s.weights.push_back(w);
+        if (s.weights.empty() || (!out.empty() && (s.start <= out.back().start || s.weights.size() != out[0].weights.size())))
+            return {};
+        out.push_back(std::move(s));
+    }
+    if (!out.empty() && out[0].start != 0) return {};
+    return out;
+}
+
+Blend::Blend(std::vector<double> weights) : Blend(std::vector<BlendSegment>{{0, normalised(std::move(weights))}}) {}
+
+Blend::Blend(std::vector<BlendSegment> segments) : seg_(std::move(segments)) {
+    for (auto& s : seg_) s.weights = normalised(s.weights);
+    reset();
 }
 
 void Blend::reset() {
-    std::fill(c_.begin(), c_.end(), 0);
+    at_ = 0;
+    w_ = seg_[0].weights;
+    c_.assign(w_.size(), 0);
+    base_ = c_;
     n_ = 0;
 }
 
 int Blend::next() {
-    // The largest deficit w_i * (n + 1) - c_i, ties to the first source.
+    if (at_ + 1 < seg_.size() && n_ == seg_[at_ + 1].start) {  // new weights: deficits from here
+        w_ = seg_[++at_].weights;
+        base_ = c_;
+    }
+    // The largest deficit w_i * (n - start + 1) - (c_i - c_i at start), ties to the first source.
+    const double m = double(n_ - seg_[at_].start + 1);
     int best = 0;
     double best_d = -1e300;
     for (size_t i = 0; i < w_.size(); ++i) {
-        const double d = w_[i] * double(n_ + 1) - double(c_[i]);
+        const double d = w_[i] * m - double(c_[i] - base_[i]);
         if (d > best_d) best_d = d, best = int(i);
     }
     ++c_[size_t(best)];
@@ -69,7 +119,7 @@ std::vector<double> blend_weights(const DataSet& d) {
 Sampler::Sampler(const DataSet& data, const DataConfig& dc, uint64_t seed)
     : data_(data), reader_(data), T_(dc.seq_len), order_(dc.order), seed_(seed),
       random_key_(stream_key(seed, "data.order.random")), shuffle_key_(stream_key(seed, "data.order.shuffle")),
-      plan_blend_(blend_weights(data)), count_blend_(blend_weights(data)) {
+      segments_{{0, normalised(blend_weights(data))}}, plan_blend_(segments_), count_blend_(segments_) {
     scratch_.resize(size_t(T_ + 1) * 4);
     val_scratch_.resize(size_t(T_ + 1) * 4);
     async_ = !data.any_hdf5_reads;
@@ -131,6 +181,15 @@ const std::vector<Sampler::Ref>& Sampler::step_refs(int64_t s, int64_t gb) {
 }
 
 Sampler::Ref Sampler::train_ref(int64_t s, int64_t j, int64_t gb) { return step_refs(s, gb)[size_t(j)]; }
+
+void Sampler::set_blend(const std::vector<BlendSegment>& segments) {
+    segments_ = segments;
+    plan_blend_ = Blend(segments_);
+    count_blend_ = Blend(segments_);
+    plan_step_[0] = plan_step_[1] = -1;
+}
+
+std::vector<double> Sampler::deck_weights() const { return normalised(blend_weights(data_)); }
 
 const std::vector<int64_t>& Sampler::source_samples(int64_t n) {
     if (data_.train.size() == 1) {

@@ -125,6 +125,29 @@ DeckOption opt_string(const std::string& key, std::string* field, std::string he
     return {key, help, [=](const std::string& v) { *field = v; }, [=] { return *field; }};
 }
 
+// A parameter group's multiplier groups.<name>_lr (lr) or groups.<name>_wd: "auto" (the scheme's,
+// stored as -1) or a number >= 0.
+DeckOption opt_group(GroupOverrides& g, ParamGroup group, bool lr, const std::string& what) {
+    double* field = lr ? &g.lr[size_t(group)] : &g.wd[size_t(group)];
+    const std::string key = std::string("groups.") + group_name(group) + (lr ? "_lr" : "_wd");
+    return {key,
+            std::string(lr ? "learning-rate" : "weight-decay") + " multiplier of " + what +
+                " (auto = init.scheme's, or a number >= 0)",
+            [=](const std::string& v) {
+                if (v == "auto") {
+                    *field = -1;
+                    return;
+                }
+                size_t pos = 0;
+                double x = -1;
+                try { x = std::stod(v, &pos); } catch (...) { pos = 0; }
+                if (pos == 0 || pos != v.size() || !std::isfinite(x) || x < 0)
+                    config_fail(key, v, "expected auto or a number >= 0");
+                *field = x;
+            },
+            [=] { return *field < 0 ? std::string("auto") : fmt_double(*field); }};
+}
+
 std::string section_of(const std::string& key) { return key.substr(0, key.find('.')); }
 
 }  // namespace
@@ -191,7 +214,8 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_enum("parallel.schedule", &p.schedule, {"1f1b", "interleaved", "gpipe", "zb_h1", "zbv"},
                  "pipeline schedule; zb_h1 and zbv split each backward into its input and weight parts and "
                  "fill the bubble with the latter (zbv: parallel.virtual_stages = 2, in a V)"),
-        opt_int("parallel.virtual_stages", &p.virtual_stages, 1, 1 << 20, "layer chunks per stage (interleaved; 2 for zbv)"),
+        opt_int("parallel.virtual_stages", &p.virtual_stages, 1, 1 << 20,
+                "layer chunks per stage (interleaved; zbv needs 2, which is then the default)"),
         opt_counts("parallel.pp_layers", &p.pp_layers,
                    "layers per stage as a comma list; a range a-b stands for a, a+1, ..., b (the syntax of moe.layers); "
                    "empty = even split"),
@@ -218,6 +242,9 @@ std::vector<DeckOption> deck_options(Deck& d) {
                  "a token attends only to earlier tokens of its own document (packed samples; documents end at data.eos_id)"),
         opt_int("data.eos_id", &da.eos_id, -1, 1 << 30,
                 "the token that ends a document; -1 = the token file's eos_id (set by `quintet prepare --split-on` or several inputs)"),
+        opt_bool("data.allow_incomplete", &da.allow_incomplete,
+                 "use a corpus directory that has no complete manifest, or whose files disagree with it (an "
+                 "interrupted or hand-made corpus), as it is: its *.h5 files by their headers (docs/data.md)"),
         opt_int("train.steps", &t.steps, 0, big, "optimizer steps; 0 = write the step-0 checkpoint and stop"),
         opt_int("train.global_batch", &t.global_batch, 0, big,
                 "samples per step; 0 = dp x parallel.microbatches x data.micro_batch_size; when set, each "
@@ -251,6 +278,10 @@ std::vector<DeckOption> deck_options(Deck& d) {
                  "time every operation (GEMMs by role, attention, norms, RoPE, SwiGLU, loss, optimizer, "
                  "each axis's communication): /timing/op/<name> in metrics.h5 for every step, and a table at "
                  "the end over the steady state (the steps past the first two, as the tokens/s median)"),
+        opt_bool("train.probe_rms", &t.probe_rms,
+                 "record the root mean square of each kind of layer output (embedding, attention scores, "
+                 "attention and feed-forward outputs, the last residual stream, the logits) over every step's tokens "
+                 "in /probe/<kind>: the coordinate check of quintet mup-check (costs host copies: a diagnostic)"),
         opt_int("train.exit_after", &t.exit_after, 0, big,
                 "stop after this many steps of this run, with a checkpoint (time-limited jobs); 0 = never"),
         opt_int("train.threads", &t.threads, 0, 4096, "threads per rank; 0 = OMP_NUM_THREADS or cores/local ranks"),
@@ -260,8 +291,30 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_double("train.collective_timeout_s", &t.collective_timeout_s, 0, 1e7,
                    "deadline of every collective and point-to-point wait in seconds; past it the "
                    "job ends with exit status 4 naming the axis and operation; 0 = none"),
-        opt_enum("init.scheme", &in.scheme, {"normal", "scaled", "fan_in"}, "weight initialisation"),
-        opt_double("init.std", &in.std, 0, 10, "std of normal/scaled init", true),
+        opt_enum("init.scheme", &in.scheme, {"normal", "scaled", "fan_in", "mup"},
+                 "weight initialisation: normal = N(0, init.std); scaled = and the residual branches' output "
+                 "projections / sqrt(2 n_layers); fan_in = 1/sqrt(fan-in); mup = scaled at the base shape "
+                 "(init.base_*) with the maximal update parametrisation's width rules, so that a learning rate "
+                 "tuned at the base width carries to others (docs/scaling-laws.md)"),
+        opt_double("init.std", &in.std, 0, 10, "std of normal/scaled/mup init (mup: at the base width)", true),
+        opt_int("init.base_width", &in.base_width, 0, big,
+                "mup: d_model of the base model the hyperparameters were tuned at; 0 = this model's (width multiplier 1)"),
+        opt_int("init.base_ffn", &in.base_ffn, 0, big,
+                "mup: the base model's SwiGLU width (dense and experts scale together); 0 = scales with the width"),
+        opt_int("init.base_head_dim", &in.base_head_dim, 0, big,
+                "mup: the base model's q.k head dim; the attention scale is sqrt(base)/head_dim; 0 = this model's "
+                "(1/sqrt(head_dim))"),
+        opt_group(d.groups, ParamGroup::embedding, true, "the token embedding (and a tied head)"),
+        opt_group(d.groups, ParamGroup::embedding, false, "the token embedding (and a tied head)"),
+        opt_group(d.groups, ParamGroup::hidden, true, "the attention and MLA projections, the dense and shared-expert FFN matrices"),
+        opt_group(d.groups, ParamGroup::hidden, false, "the attention and MLA projections, the dense and shared-expert FFN matrices"),
+        opt_group(d.groups, ParamGroup::output, true, "the untied LM head"),
+        opt_group(d.groups, ParamGroup::output, false, "the untied LM head"),
+        opt_group(d.groups, ParamGroup::norm, true, "the RMSNorm weights (never weight-decayed)"),
+        opt_group(d.groups, ParamGroup::router, true, "the MoE router"),
+        opt_group(d.groups, ParamGroup::router, false, "the MoE router"),
+        opt_group(d.groups, ParamGroup::expert, true, "the routed experts' matrices"),
+        opt_group(d.groups, ParamGroup::expert, false, "the routed experts' matrices"),
         opt_int("eval.every", &ev.every, 0, big, "validation every N steps; 0 = never"),
         opt_int("eval.batches", &ev.batches, 0, big,
                 "validation batches of micro_batch_size samples per validation source; 0 = all its whole batches"),
@@ -355,6 +408,14 @@ void refuse_duplicate_keys(std::istream& in, const std::string& path) {
     }
 }
 
+// The forward's µP multipliers follow from [init] (model/param_groups.hpp): every deck read
+// derives them, so every model built from a deck (train, eval, generate, export) computes alike.
+void derive_model(Deck& deck) {
+    const MupShape s = mup_shape(deck.model, deck.init);
+    deck.model.logit_mult = 1.0 / s.width;
+    deck.model.attn_mult = s.attn;
+}
+
 }  // namespace
 
 Deck deck_load(const std::string& deck_path, const std::vector<std::string>& overrides) {
@@ -374,10 +435,13 @@ Deck deck_load(const std::string& deck_path, const std::vector<std::string>& ove
         }
     }
     std::vector<std::string> args;
-    for (auto& a : overrides) {
+    std::map<std::string, size_t> last;  // each key's last override: the one that holds
+    for (size_t i = 0; i < overrides.size(); ++i) {
+        const std::string& a = overrides[i];
         if (a.rfind("--", 0) != 0 || a.find('=') == std::string::npos)
             throw ConfigError("command line: '" + a + "': overrides are written --section.key=value");
-        args.push_back(a);
+        last[a.substr(2, a.find('=') - 2)] = i;
+        if (a.back() != '=') args.push_back(a);  // Boost refuses "--key=": empty values are set below
     }
     try {
         auto parsed = po::command_line_parser(args).options(desc).allow_unregistered().style(
@@ -386,7 +450,25 @@ Deck deck_load(const std::string& deck_path, const std::vector<std::string>& ove
     } catch (const po::error& e) {
         throw ConfigError(std::string("command line: ") + e.what());
     }
+    // An empty value (--data.val_path=): the key's own parser decides whether it is one.
+    for (size_t i = 0; i < overrides.size(); ++i) {
+        const std::string& a = overrides[i];
+        const std::string key = a.substr(2, a.find('=') - 2);
+        if (a.back() != '=' || last[key] != i) continue;
+        bool known = false;
+        for (auto& d : opts)
+            if (d.key == key) d.set(""), known = true;
+        if (!known) unknown_key(opts, key, "command line");
+        deck.given[key] = "";
+    }
+    deck_schedule_defaults(deck, deck.given.count("parallel.virtual_stages") > 0);
+    derive_model(deck);
     return deck;
+}
+
+void deck_schedule_defaults(Deck& deck, bool virtual_stages_given) {
+    // ZB-V runs two chunks per stage in a V and nothing else: its virtual_stages need not be spelled out.
+    if (deck.parallel.schedule == "zbv" && !virtual_stages_given) deck.parallel.virtual_stages = 2;
 }
 
 std::string deck_value(const Deck& deck, const std::string& key) {
@@ -438,6 +520,7 @@ Deck deck_parse_text(const std::string& text) {
         for (auto& o : opts)
             if (o.key == key) o.set(val);
     }
+    derive_model(deck);
     return deck;
 }
 

@@ -4,11 +4,13 @@
 // general.alignment = 32 bytes. All little-endian. What is written and why: docs/interop.md.
 #include "quintet/interop/gguf.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -376,6 +378,36 @@ void gguf_export(const ExportModel& m, const std::string& path, const std::strin
         ok = std::fclose(f) == 0 && ok;
         if (!ok) throw RankError("export: writing '" + tmp + "' failed: " + std::strerror(errno));
     });
+}
+
+std::string gguf_export_recognise(const std::filesystem::path& file) {
+    // The header's first key/values: general.architecture, then general.name = "quintet".
+    std::FILE* f = std::fopen(file.c_str(), "rb");
+    if (!f) return std::string("it cannot be read: ") + std::strerror(errno);
+    auto read = [&](void* p, size_t n) { return std::fread(p, 1, n, f) == n; };
+    auto string = [&](std::string* out) {
+        uint64_t n = 0;
+        if (!read(&n, 8) || n > 4096) return false;
+        out->resize(size_t(n));
+        return read(out->data(), size_t(n));
+    };
+    char magic[4] = {0};
+    uint32_t version = 0, type = 0;
+    uint64_t tensors = 0, kvs = 0;
+    std::string why = "it is not a GGUF file";
+    if (read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0 && read(&version, 4) && read(&tensors, 8) && read(&kvs, 8)) {
+        why = "it is a GGUF file that quintet did not write (no general.name = quintet)";
+        std::string key, value;
+        for (uint64_t i = 0; i < std::min<uint64_t>(kvs, 4); ++i) {
+            if (!string(&key) || !read(&type, 4) || type != kString || !string(&value)) break;
+            if (key == "general.name") {
+                if (value == "quintet") why = "";
+                break;
+            }
+        }
+    }
+    std::fclose(f);
+    return why;
 }
 
 }  // namespace quintet

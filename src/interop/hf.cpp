@@ -5,10 +5,14 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <regex>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "quintet/comm/mpi_communicator.hpp"
@@ -176,6 +180,11 @@ void write_text(const fs::path& p, const std::string& text) {
     });
 }
 
+std::string read_text_or_empty(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return in ? std::string(std::istreambuf_iterator<char>(in), {}) : std::string();
+}
+
 std::string read_text(const fs::path& p) {
     std::ifstream in(p, std::ios::binary);
     if (!in) throw ConfigError("import: '" + p.string() + "' is missing or unreadable");
@@ -196,8 +205,38 @@ std::string hf_unsupported(const ExportModel& m) {
     return "";
 }
 
-void hf_export(const ExportModel& m, const std::string& dir, const std::string& dtype, uint64_t max_shard_bytes,
-               bool force) {
+std::string hf_export_recognise(const fs::path& dir) {
+    // Exactly the files an export writes, and quintet's own: tokenizer_config.json names the
+    // quintet tokenizer kind, or (written before it did for every kind) generation_config.json is
+    // the one quintet writes, with no key of Transformers' own (transformers_version, ...).
+    static const std::set<std::string> kFiles = {"config.json", "generation_config.json", "tokenizer.json",
+                                                 "tokenizer_config.json", "tokenizer.model", "model.safetensors",
+                                                 "model.safetensors.index.json"};
+    std::error_code ec;
+    bool config = false, weights = false;
+    std::map<std::string, bool> entries;  // name -> a regular file; sorted, so the message is stable
+    for (const auto& e : fs::directory_iterator(dir, ec)) entries[e.path().filename().string()] = e.is_regular_file(ec);
+    for (const auto& [name, regular] : entries) {
+        static const std::regex kShard("model-[0-9]{5}-of-[0-9]{5}\\.safetensors");
+        const bool shard = std::regex_match(name, kShard);
+        if ((!kFiles.count(name) && !shard) || !regular) return "it holds '" + name + "', which no export writes";
+        config = config || name == "config.json";
+        weights = weights || shard || name == "model.safetensors";
+    }
+    if (ec) return "it cannot be listed: " + ec.message();
+    if (!config || !weights) return "it has no config.json and safetensors";
+    const json tc = json::parse(read_text_or_empty(dir / "tokenizer_config.json"), nullptr, false);
+    if (tc.is_object() && tc.contains("quintet_tokenizer")) return "";
+    const json gen = json::parse(read_text_or_empty(dir / "generation_config.json"), nullptr, false);
+    if (gen.is_object() && gen.value("do_sample", true) == false) {
+        bool own = true;
+        for (auto& [k, v] : gen.items()) own = own && (k == "do_sample" || k == "bos_token_id" || k == "eos_token_id");
+        if (own) return "";
+    }
+    return "its tokenizer_config.json and generation_config.json are not the ones quintet writes";
+}
+
+void hf_export(const ExportModel& m, const OutputTarget& out, const std::string& dtype, uint64_t max_shard_bytes) {
     if (std::string why = hf_unsupported(m); !why.empty()) throw ConfigError("export --format hf: " + why);
     std::vector<NamedTensor> tensors = m.tensors;
     if (is_deepseek(m.deck.model)) deepseek_rope_rows(tensors, m.deck.model, false);
@@ -205,11 +244,8 @@ void hf_export(const ExportModel& m, const std::string& dir, const std::string& 
     json tok_json;
     const std::string& kind = m.tokenizer.kind();
     if (kind == "byte" || kind == "bpe" || kind == "tiktoken") tok_json = tokenizer_json(m.tokenizer);
-    const fs::path tmp = dir + ".tmp";
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    fs::create_directories(tmp);
-    try {
+    // Built in a temporary sibling directory, then put in the place of the output in one step.
+    output_write_directory(out, hf_export_recognise, [&](const fs::path& tmp) {
         safetensors_write(tmp.string(), tensors, dtype, max_shard_bytes);
         write_text(tmp / "config.json", config.dump(2) + "\n");
         json gen = {{"do_sample", false}};
@@ -219,6 +255,8 @@ void hf_export(const ExportModel& m, const std::string& dir, const std::string& 
                 gen["eos_token_id"] = s.id;
             }
         write_text(tmp / "generation_config.json", gen.dump(2) + "\n");
+        // tokenizer_config.json names the quintet kind (an import gives back the same tokenizer,
+        // and a later export with --force recognises the directory as quintet's).
         if (!tok_json.is_null()) {
             write_text(tmp / "tokenizer.json", tok_json.dump() + "\n");
             write_text(tmp / "tokenizer_config.json",
@@ -229,115 +267,226 @@ void hf_export(const ExportModel& m, const std::string& dir, const std::string& 
         } else if (kind == "hf") {
             write_text(tmp / "tokenizer.json", m.tokenizer.state().file);
             write_text(tmp / "tokenizer_config.json",
-                       json({{"tokenizer_class", "PreTrainedTokenizerFast"}}).dump(2) + "\n");
+                       json({{"tokenizer_class", "PreTrainedTokenizerFast"}, {"quintet_tokenizer", kind}}).dump(2) +
+                           "\n");
         } else if (kind == "spm") {
             write_text(tmp / "tokenizer.model", m.tokenizer.state().file);
-            write_text(tmp / "tokenizer_config.json", json({{"tokenizer_class", "LlamaTokenizer"}}).dump(2) + "\n");
+            write_text(tmp / "tokenizer_config.json",
+                       json({{"tokenizer_class", "LlamaTokenizer"}, {"quintet_tokenizer", kind}}).dump(2) + "\n");
         }
-        if (fs::exists(dir)) {
-            if (!force) throw ConfigError("export: --output '" + dir + "' exists; give --force to replace it");
-            fs::remove_all(dir);
+    });
+}
+
+namespace {
+
+// config.json's values, each read as its JSON type says and range-checked before use: a ConfigError
+// names the key, the value as written and what is valid (an integer is read in 64 bits, so 2^32 +
+// 1024 is not taken for 1024).
+class ConfigReader {
+public:
+    ConfigReader(const json& cfg, std::string path) : cfg_(cfg), path_(std::move(path)) {}
+    bool has(const std::string& key) const { return cfg_.contains(key) && !cfg_[key].is_null(); }
+    [[noreturn]] void refuse(const std::string& key, const std::string& value, const std::string& valid) const {
+        throw ConfigError("import: " + path_ + ": " + key + " = " + value + " is not supported (" + valid + ")");
+    }
+    [[noreturn]] void invalid(const std::string& key, const std::string& valid) const {
+        throw ConfigError("import: " + path_ + ": " + key + " = " + cfg_[key].dump() + ": expected " + valid);
+    }
+    // An integer in [lo, hi]; `dflt` when absent (required when there is none).
+    int integer(const std::string& key, int64_t lo, int64_t hi, std::optional<int64_t> dflt = std::nullopt) const {
+        const std::string valid = "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+        if (!has(key)) {
+            if (!dflt) throw ConfigError("import: " + path_ + ": " + key + " is missing (" + valid + ")");
+            return int(*dflt);
         }
-        fs::rename(tmp, dir);
-    } catch (...) {
-        fs::remove_all(tmp, ec);
-        throw;
+        const json& v = cfg_[key];
+        if (!v.is_number_integer()) invalid(key, valid);
+        if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(hi) : (v.get<int64_t>() < lo || v.get<int64_t>() > hi))
+            invalid(key, valid);
+        return int(v.get<int64_t>());
+    }
+    double number(const std::string& key, double dflt) const {
+        if (!has(key)) return dflt;
+        if (!cfg_[key].is_number() || !std::isfinite(cfg_[key].get<double>())) invalid(key, "a finite number");
+        return cfg_[key].get<double>();
+    }
+    bool boolean(const std::string& key, bool dflt) const {
+        if (!has(key)) return dflt;
+        if (!cfg_[key].is_boolean()) invalid(key, "true or false");
+        return cfg_[key].get<bool>();
+    }
+    std::string text(const std::string& key, const std::string& dflt) const {
+        if (!has(key)) return dflt;
+        if (!cfg_[key].is_string()) invalid(key, "a string");
+        return cfg_[key].get<std::string>();
+    }
+    const json& at(const std::string& key) const { return cfg_[key]; }
+
+private:
+    const json& cfg_;
+    std::string path_;
+};
+
+constexpr int64_t kMaxInt = 2147483647;
+
+// The config.json key each deck key was read from, for messages.
+const std::map<std::string, std::string> kConfigKeyOf = {
+    {"model.d_model", "hidden_size"}, {"model.n_layers", "num_hidden_layers"},
+    {"model.n_heads", "num_attention_heads"}, {"model.n_kv_heads", "num_key_value_heads"},
+    {"model.ffn_dim", "intermediate_size"}, {"model.norm_eps", "rms_norm_eps"},
+    {"model.vocab_size", "vocab_size"}, {"model.q_lora_rank", "q_lora_rank"},
+    {"model.kv_lora_rank", "kv_lora_rank"}, {"model.qk_nope_dim", "qk_nope_head_dim"},
+    {"model.qk_rope_dim", "qk_rope_head_dim"}, {"model.v_head_dim", "v_head_dim"},
+    {"rope.theta", "rope_theta"}, {"rope.factor", "rope_scaling.factor"},
+    {"rope.original_max_position", "rope_scaling.original_max_position_embeddings"},
+    {"rope.beta_fast", "rope_scaling.beta_fast"}, {"rope.beta_slow", "rope_scaling.beta_slow"},
+    {"moe.experts", "n_routed_experts"}, {"moe.top_k", "num_experts_per_tok"},
+    {"moe.shared_experts", "n_shared_experts"}, {"moe.ffn_dim", "moe_intermediate_size"},
+    {"moe.layers", "first_k_dense_replace"}, {"data.seq_len", "max_position_embeddings"}};
+
+// The deck import makes must be one quintet accepts: each key's own range (the deck's option
+// table, as a deck file is read) and the checks across keys (deck_validate, one rank). A
+// refusal names the config.json key it came from.
+void validate_imported_deck(const Deck& deck, const std::string& cfg_path) {
+    try {
+        deck_parse_text(deck_to_text(deck));
+        deck_validate(deck, 1, /*check_host_memory=*/false);
+    } catch (const ConfigError& e) {
+        // config_fail's form: deck key 'model.norm_eps' = '0': ...
+        const std::string msg = e.what();
+        std::string from;
+        for (const auto& [key, hf] : kConfigKeyOf)
+            if (msg.rfind("deck key '" + key + "'", 0) == 0) from = hf;
+        throw ConfigError("import: " + cfg_path + (from.empty() ? "" : " (" + from + ")") +
+                          " makes a model quintet refuses: " + msg);
     }
 }
 
+// The layer index of a tensor name "model.layers.<i>.<...>", or -1.
+int64_t layer_of(const std::string& name) {
+    static const std::string prefix = "model.layers.";
+    if (name.rfind(prefix, 0) != 0) return -1;
+    const size_t dot = name.find('.', prefix.size());
+    const std::string digits = name.substr(prefix.size(), dot == std::string::npos ? std::string::npos : dot - prefix.size());
+    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+    return std::stoll(digits);
+}
+
+}  // namespace
+
 void hf_import(const std::string& dir, const std::string& output) {
     const fs::path cfg_path = fs::path(dir) / "config.json";
-    json cfg;
+    json cfg_json;
     try {
-        cfg = json::parse(read_text(cfg_path));
+        cfg_json = json::parse(read_text(cfg_path));
     } catch (const json::parse_error& e) {
         throw ConfigError("import: '" + cfg_path.string() + "' is not JSON: " + e.what());
     }
-    auto refuse = [&](const std::string& key, const std::string& value, const std::string& valid) {
-        throw ConfigError("import: " + cfg_path.string() + ": " + key + " = " + value + " is not supported (" + valid + ")");
-    };
-    auto get_int = [&](const std::string& key) -> int {
-        if (!cfg.contains(key) || !cfg[key].is_number_integer())
-            throw ConfigError("import: " + cfg_path.string() + ": " + key + " is missing or not an integer");
-        return cfg[key].get<int>();
-    };
-    const std::string type = cfg.value("model_type", "");
+    if (!cfg_json.is_object()) throw ConfigError("import: '" + cfg_path.string() + "' is not a JSON object");
+    const ConfigReader cfg(cfg_json, cfg_path.string());
+    const std::string type = cfg.text("model_type", "");
     const bool ds = type == "deepseek_v2" || type == "deepseek_v3";
-    if (type != "llama" && !ds) refuse("model_type", "\"" + type + "\"", "llama, deepseek_v2, deepseek_v3");
-    if (cfg.value("hidden_act", "silu") != "silu") refuse("hidden_act", cfg["hidden_act"].dump(), "silu");
-    if (cfg.value("attention_bias", false)) refuse("attention_bias", "true", "linear layers without biases");
-    if (cfg.value("mlp_bias", false)) refuse("mlp_bias", "true", "linear layers without biases");
-    if (cfg.contains("sliding_window") && !cfg["sliding_window"].is_null())
-        refuse("sliding_window", cfg["sliding_window"].dump(), "full causal attention: null");
+    if (type != "llama" && !ds) cfg.refuse("model_type", "\"" + type + "\"", "llama, deepseek_v2, deepseek_v3");
+    if (cfg.text("hidden_act", "silu") != "silu") cfg.refuse("hidden_act", cfg.at("hidden_act").dump(), "silu");
+    if (cfg.boolean("attention_bias", false)) cfg.refuse("attention_bias", "true", "linear layers without biases");
+    if (cfg.boolean("mlp_bias", false)) cfg.refuse("mlp_bias", "true", "linear layers without biases");
+    if (cfg.has("sliding_window"))
+        cfg.refuse("sliding_window", cfg.at("sliding_window").dump(), "full causal attention: null");
 
     Deck deck;
     ModelConfig& c = deck.model;
-    c.d_model = get_int("hidden_size");
-    c.n_layers = get_int("num_hidden_layers");
-    c.n_heads = get_int("num_attention_heads");
-    c.ffn_dim = get_int("intermediate_size");
-    c.norm_eps = cfg.value("rms_norm_eps", 1e-6);
-    c.tie_embeddings = cfg.value("tie_word_embeddings", false);
-    deck.rope.theta = cfg.value("rope_theta", 10000.0);
-    const int max_pos = cfg.value("max_position_embeddings", 2048);
+    c.d_model = cfg.integer("hidden_size", 1, kMaxInt);
+    c.n_layers = cfg.integer("num_hidden_layers", 1, kMaxInt);
+    c.n_heads = cfg.integer("num_attention_heads", 1, kMaxInt);
+    c.ffn_dim = cfg.integer("intermediate_size", 1, kMaxInt);
+    c.vocab_size = cfg.integer("vocab_size", 1, kMaxInt);
+    c.norm_eps = cfg.number("rms_norm_eps", 1e-6);
+    c.tie_embeddings = cfg.boolean("tie_word_embeddings", false);
+    deck.rope.theta = cfg.number("rope_theta", 10000.0);
+    const int max_pos = cfg.integer("max_position_embeddings", 2, kMaxInt, 2048);
     int trained = max_pos;
-    if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null()) {
-        const json& rs = cfg["rope_scaling"];
-        const std::string rt = rs.value("rope_type", rs.value("type", ""));
-        if (rt != "yarn") refuse("rope_scaling.rope_type", "\"" + rt + "\"", "yarn or no rope_scaling");
+    if (cfg.has("rope_scaling")) {
+        if (!cfg.at("rope_scaling").is_object()) cfg.invalid("rope_scaling", "an object or null");
+        const ConfigReader rs(cfg.at("rope_scaling"), cfg_path.string() + ": rope_scaling");
+        const std::string rt = rs.text("rope_type", rs.text("type", ""));
+        if (rt != "yarn") cfg.refuse("rope_scaling.rope_type", "\"" + rt + "\"", "yarn or no rope_scaling");
         deck.rope.scaling = "yarn";
-        deck.rope.factor = rs.value("factor", 1.0);
-        deck.rope.original_max_position = rs.value("original_max_position_embeddings", max_pos);
-        deck.rope.beta_fast = rs.value("beta_fast", 32.0);
-        deck.rope.beta_slow = rs.value("beta_slow", 1.0);
+        deck.rope.factor = rs.number("factor", 1.0);
+        deck.rope.original_max_position = rs.integer("original_max_position_embeddings", 2, kMaxInt, max_pos);
+        deck.rope.beta_fast = rs.number("beta_fast", 32.0);
+        deck.rope.beta_slow = rs.number("beta_slow", 1.0);
         trained = deck.rope.original_max_position;
-        if (ds && (rs.value("mscale", 1.0) != rs.value("mscale_all_dim", 1.0) || rs.value("mscale_all_dim", 1.0) != 1.0))
-            refuse("rope_scaling.mscale / mscale_all_dim", rs.value("mscale", 1.0) == 0 ? "0" : rs.dump(),
-                   "quintet's YaRN scales the softmax by (0.1 ln s + 1)^2: mscale = mscale_all_dim = 1");
+        const double mscale = rs.number("mscale", 1.0), mscale_all = rs.number("mscale_all_dim", 1.0);
+        if (ds && (mscale != mscale_all || mscale_all != 1.0))
+            cfg.refuse("rope_scaling.mscale / mscale_all_dim", cfg.at("rope_scaling").dump(),
+                       "quintet's YaRN scales the softmax by (0.1 ln s + 1)^2: mscale = mscale_all_dim = 1");
     }
     if (!ds) {
         c.attention = "mha";
-        c.n_kv_heads = cfg.value("num_key_value_heads", c.n_heads);
-        if (cfg.contains("head_dim") && !cfg["head_dim"].is_null() && cfg["head_dim"].get<int>() * c.n_heads != c.d_model)
-            refuse("head_dim", cfg["head_dim"].dump(), "hidden_size / num_attention_heads");
+        c.n_kv_heads = cfg.integer("num_key_value_heads", 1, kMaxInt, c.n_heads);
+        if (cfg.has("head_dim") && int64_t(cfg.integer("head_dim", 1, kMaxInt)) * c.n_heads != c.d_model)
+            cfg.refuse("head_dim", cfg.at("head_dim").dump(), "hidden_size / num_attention_heads");
     } else {
         c.attention = "mla";
         c.n_kv_heads = 0;
-        c.q_lora_rank = cfg.contains("q_lora_rank") && !cfg["q_lora_rank"].is_null() ? cfg["q_lora_rank"].get<int>() : 0;
-        c.kv_lora_rank = get_int("kv_lora_rank");
-        c.qk_nope_dim = get_int("qk_nope_head_dim");
-        c.qk_rope_dim = get_int("qk_rope_head_dim");
-        c.v_head_dim = get_int("v_head_dim");
-        const bool moe = cfg.contains("n_routed_experts") && !cfg["n_routed_experts"].is_null();
-        if (moe) {
-            c.moe.experts = get_int("n_routed_experts");
-            c.moe.top_k = get_int("num_experts_per_tok");
-            c.moe.shared_experts = cfg.value("n_shared_experts", 0);
-            c.moe.ffn_dim = get_int("moe_intermediate_size");
-            c.moe.norm_topk = cfg.value("norm_topk_prob", false);
-            const int k = cfg.value("first_k_dense_replace", 0);
-            if (cfg.value("moe_layer_freq", 1) != 1) refuse("moe_layer_freq", cfg["moe_layer_freq"].dump(), "1");
-            if (cfg.value("scoring_func", "softmax") != "softmax")
-                refuse("scoring_func", cfg["scoring_func"].dump(), "quintet's router is a softmax: \"softmax\"");
-            if (cfg.value("routed_scaling_factor", 1.0) != 1.0)
-                refuse("routed_scaling_factor", cfg["routed_scaling_factor"].dump(), "1.0");
-            if (cfg.value("topk_group", 1) != cfg.value("n_group", 1))
-                refuse("topk_group", cfg["topk_group"].dump(), "no group-limited routing: topk_group = n_group");
-            const std::string method = cfg.value("topk_method", "greedy");
-            if (method != "greedy" && method != "noaux_tc") refuse("topk_method", "\"" + method + "\"", "greedy, noaux_tc");
+        c.q_lora_rank = cfg.integer("q_lora_rank", 1, kMaxInt, 0);
+        c.kv_lora_rank = cfg.integer("kv_lora_rank", 1, kMaxInt);
+        c.qk_nope_dim = cfg.integer("qk_nope_head_dim", 1, kMaxInt);
+        c.qk_rope_dim = cfg.integer("qk_rope_head_dim", 1, kMaxInt);
+        c.v_head_dim = cfg.integer("v_head_dim", 1, kMaxInt);
+        if (cfg.has("n_routed_experts")) {
+            c.moe.experts = cfg.integer("n_routed_experts", 1, kMaxInt);
+            c.moe.top_k = cfg.integer("num_experts_per_tok", 1, kMaxInt);
+            c.moe.shared_experts = cfg.integer("n_shared_experts", 0, kMaxInt, 0);
+            c.moe.ffn_dim = cfg.integer("moe_intermediate_size", 1, kMaxInt);
+            c.moe.norm_topk = cfg.boolean("norm_topk_prob", false);
+            const int k = cfg.integer("first_k_dense_replace", 0, kMaxInt, 0);
+            if (cfg.integer("moe_layer_freq", 1, kMaxInt, 1) != 1) cfg.refuse("moe_layer_freq", cfg.at("moe_layer_freq").dump(), "1");
+            if (cfg.text("scoring_func", "softmax") != "softmax")
+                cfg.refuse("scoring_func", cfg.at("scoring_func").dump(), "quintet's router is a softmax: \"softmax\"");
+            if (cfg.number("routed_scaling_factor", 1.0) != 1.0)
+                cfg.refuse("routed_scaling_factor", cfg.at("routed_scaling_factor").dump(), "1.0");
+            if (cfg.integer("topk_group", 1, kMaxInt, 1) != cfg.integer("n_group", 1, kMaxInt, 1))
+                cfg.refuse("topk_group", cfg.at("topk_group").dump(), "no group-limited routing: topk_group = n_group");
+            const std::string method = cfg.text("topk_method", "greedy");
+            if (method != "greedy" && method != "noaux_tc") cfg.refuse("topk_method", "\"" + method + "\"", "greedy, noaux_tc");
             c.moe.balance = method == "noaux_tc" ? "aux_free" : "aux_loss";
-            if (k >= c.n_layers) refuse("first_k_dense_replace", std::to_string(k), "fewer than num_hidden_layers");
+            if (k >= c.n_layers) cfg.refuse("first_k_dense_replace", std::to_string(k), "fewer than num_hidden_layers");
             if (!c.moe.layers.parse(k == 0 ? "all" : std::to_string(k) + (k + 1 < c.n_layers ? "-" + std::to_string(c.n_layers - 1) : "")))
                 throw ConfigError("import: cannot express the MoE layers");
         }
     }
+    deck.data.seq_len = std::min(deck.data.seq_len, trained);
+
+    // The tensors the files hold, from their headers alone (nothing large is read or allocated
+    // before the configuration agrees with them): a num_hidden_layers of 10^9 fails here at once.
+    const std::vector<SafetensorsEntry> entries = safetensors_index(dir);
+    std::map<std::string, const SafetensorsEntry*> by_name;
+    int64_t last_layer = -1;
+    for (const SafetensorsEntry& e : entries) {
+        by_name[e.name] = &e;
+        last_layer = std::max(last_layer, layer_of(e.name));
+    }
+    if (c.n_layers != last_layer + 1)
+        cfg.refuse("num_hidden_layers", std::to_string(c.n_layers),
+                   "the safetensors hold " + std::to_string(last_layer + 1) + " layers (model.layers.0 to " +
+                       std::to_string(last_layer) + ")");
+    const std::string embed = "model.embed_tokens.weight";
+    if (!by_name.count(embed)) throw ConfigError("import: --input '" + dir + "' has no tensor " + embed);
+    if (by_name[embed]->rows != c.vocab_size || by_name[embed]->cols != c.d_model)
+        throw ConfigError("import: tensor " + embed + " is [" + std::to_string(by_name[embed]->rows) + ", " +
+                          std::to_string(by_name[embed]->cols) + "] but config.json makes it [" +
+                          std::to_string(c.vocab_size) + ", " + std::to_string(c.d_model) + "] (vocab_size, hidden_size)");
 
     // The tokenizer: tokenizer.json, else a SentencePiece tokenizer.model.
     Tokenizer tok;
     const fs::path tj = fs::path(dir) / "tokenizer.json", tm = fs::path(dir) / "tokenizer.model";
     const fs::path tc = fs::path(dir) / "tokenizer_config.json";
+    const json tc_json = fs::exists(tc) ? json::parse(read_text(tc), nullptr, false) : json();
     const std::string quintet_kind =
-        fs::exists(tc) ? json::parse(read_text(tc), nullptr, false).value("quintet_tokenizer", "") : "";
+        tc_json.is_object() && tc_json.contains("quintet_tokenizer") && tc_json["quintet_tokenizer"].is_string()
+            ? tc_json["quintet_tokenizer"].get<std::string>()
+            : "";
     if (fs::exists(tj))
         tok = tokenizer_load({"hf:" + tj.string(), "", ""}, "import: " + tj.string());
     else if (fs::exists(tm))
@@ -364,69 +513,86 @@ void hf_import(const std::string& dir, const std::string& output) {
         Tokenizer bpe = tokenizer_from_state(s, "import: " + tj.string());
         if (bpe.vocab_size() == tok.vocab_size()) tok = bpe;
     }
-    c.vocab_size = get_int("vocab_size");
     if (c.vocab_size != tok.vocab_size())
-        refuse("vocab_size", std::to_string(c.vocab_size),
-               "the tokenizer's vocabulary, " + std::to_string(tok.vocab_size()) + " (" + tok.describe() + ")");
+        cfg.refuse("vocab_size", std::to_string(c.vocab_size),
+                   "the tokenizer's vocabulary, " + std::to_string(tok.vocab_size()) + " (" + tok.describe() + ")");
+    // The model the configuration makes must be one quintet trains (the deck's own checks).
+    validate_imported_deck(deck, cfg_path.string());
 
-    // Tensors: every one the model needs, of its shape, and nothing else.
-    std::vector<LoadedTensor> loaded = safetensors_read_dir(dir);
-    std::map<std::string, size_t> by_name;
-    for (size_t i = 0; i < loaded.size(); ++i) by_name[loaded[i].t.name] = i;
+    // Tensors: every one the model needs, of its shape, and nothing else -- checked on the
+    // headers before any value is read.
     const ParamTable table = make_param_table(c);
-    std::vector<NamedTensor> tensors;
+    std::vector<const SafetensorsEntry*> sources;
     for (const LogicalTensor& lt : table.logical) {
         auto it = by_name.find(lt.name);
         if (it == by_name.end()) {
             if (lt.name.find("e_score_correction_bias") != std::string::npos) {  // greedy models have none
-                tensors.push_back({lt.name, lt.rows, lt.cols, lt.ndim, std::vector<float>(lt.numel(), 0.0f)});
+                sources.push_back(nullptr);
                 continue;
             }
             throw ConfigError("import: --input '" + dir + "' has no tensor " + lt.name);
         }
-        NamedTensor& t = loaded[it->second].t;
-        if (t.rows != lt.rows || t.cols != lt.cols)
-            throw ConfigError("import: tensor " + lt.name + " is [" + std::to_string(t.rows) + ", " +
-                              std::to_string(t.cols) + "] but config.json makes it [" + std::to_string(lt.rows) + ", " +
+        const SafetensorsEntry& e = *it->second;
+        if (e.rows != lt.rows || e.cols != lt.cols)
+            throw ConfigError("import: tensor " + lt.name + " is [" + std::to_string(e.rows) + ", " +
+                              std::to_string(e.cols) + "] but config.json makes it [" + std::to_string(lt.rows) + ", " +
                               std::to_string(lt.cols) + "]");
-        tensors.push_back(std::move(t));
+        sources.push_back(&e);
         by_name.erase(it);
     }
     if (!by_name.empty())
         throw ConfigError("import: tensor " + by_name.begin()->first + " of --input '" + dir +
                           "' is not part of the model config.json describes (" + std::to_string(by_name.size()) +
                           " such tensors)");
-    if (ds) deepseek_rope_rows(tensors, c, /*inverse=*/true);
 
-    // The checkpoint: parameters at step 0, zero moments, the deck and the tokenizer.
+    // The checkpoint: parameters at step 0, zero moments, the deck and the tokenizer. Each
+    // tensor is read (non-finite values refused, naming it), its DeepSeek rotary rows put back,
+    // and copied into place.
     std::vector<float> params(table.total, 0.0f), zeros(table.total, 0.0f);
-    for (const NamedTensor& t : tensors)
-        std::copy(t.data.begin(), t.data.end(), params.begin() + long(table.offset_of(t.name)));
+    for (size_t i = 0; i < table.logical.size(); ++i) {
+        if (!sources[i]) continue;  // zeros
+        std::vector<NamedTensor> one;
+        one.push_back(safetensors_load(*sources[i]));
+        if (ds) deepseek_rope_rows(one, c, /*inverse=*/true);
+        std::copy(one[0].data.begin(), one[0].data.end(), params.begin() + long(table.offset_of(one[0].name)));
+    }
     std::vector<ArenaRange> writes;
     for (int r = 0; r < kNumRegions; ++r) {
         const Range& reg = table.region[r];
         if (reg.size() == 0) continue;
         writes.push_back({reg, r == int(Replicas::none) ? 0 : reg.lo});
     }
-    deck.data.seq_len = std::min(deck.data.seq_len, trained);
     CheckpointMeta meta;
     meta.deck = deck_to_text(deck);
     meta.layout = "tp=1 cp=1 dp=1 pp=1 zero=0";
     meta.trained_context = trained;
     meta.tokenizer = tok.state();
-    const std::string run_dir = output + ".import";
+    // Written into a temporary sibling folder as a one-rank run's checkpoint, then renamed into
+    // place (replacing an earlier import only: import_output_recognise).
+    const fs::path run_dir = output_temp_dir(output);
     std::error_code ec;
-    fs::remove_all(run_dir, ec);
     try {
         MpiCommunicator self(MPI_COMM_SELF, "self");
         const std::string written =
-            checkpoint_save(self, run_dir, meta, table, params.data(), zeros.data(), zeros.data(), writes, 1);
+            checkpoint_save(self, run_dir.string(), meta, table, params.data(), zeros.data(), zeros.data(), writes, 1);
         fs::rename(written, output);
     } catch (...) {
         fs::remove_all(run_dir, ec);
         throw;
     }
     fs::remove_all(run_dir, ec);
+}
+
+std::string import_output_recognise(const fs::path& file) {
+    CheckpointMeta meta;
+    try {
+        meta = checkpoint_read_meta(file.string());
+    } catch (const ConfigError&) {
+        return "it is not a quintet checkpoint";
+    }
+    if (meta.step != 0) return "it is a checkpoint of step " + std::to_string(meta.step) + ", not an import";
+    if (fs::exists(file.parent_path() / "latest")) return "it is in a run's checkpoints folder";
+    return "";
 }
 
 }  // namespace quintet

@@ -1,9 +1,13 @@
 #include "quintet/interop/weights.hpp"
 
 #include <mpi.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -60,41 +64,36 @@ ExportModel export_model_read(const std::string& path, const Tokenizer& tok) {
         t.data.assign(arena.begin() + long(s->offset), arena.begin() + long(s->offset + lt.numel()));
         m.tensors.push_back(std::move(t));
     }
+    fold_forward_multipliers(m);
     return m;
 }
 
-// GPT-2's byte-to-unicode alphabet: byte b as the UTF-8 of the code point that stands for it.
-namespace {
-
-const std::array<std::string, 256>& byte_symbols() {
-    static const std::array<std::string, 256> table = [] {
-        std::array<std::string, 256> t;
-        auto utf8 = [](uint32_t cp) {
-            std::string s;
-            if (cp < 0x80) {
-                s += char(cp);
-            } else {
-                s += char(0xc0 | (cp >> 6));
-                s += char(0x80 | (cp & 0x3f));
-            }
-            return s;
-        };
-        uint32_t next = 256;
-        for (int b = 0; b < 256; ++b) {
-            const bool printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-            t[b] = utf8(printable ? uint32_t(b) : next++);
+void fold_forward_multipliers(ExportModel& m) {
+    ModelConfig& c = m.deck.model;
+    auto scale = [](NamedTensor& t, double f) {
+        for (float& x : t.data) x = float(double(x) * f);
+    };
+    if (c.attn_mult != 1.0)  // q . k x scale x mult = (mult q) . k x scale: into every query projection
+        for (NamedTensor& t : m.tensors)
+            if (t.name.find(".self_attn.q_proj.weight") != std::string::npos ||
+                t.name.find(".self_attn.q_b_proj.weight") != std::string::npos)
+                scale(t, c.attn_mult);
+    if (c.logit_mult != 1.0) {
+        if (c.tie_embeddings) {  // the head as a tensor of its own (the embedding keeps its rows)
+            NamedTensor head = m.at("model.embed_tokens.weight");
+            head.name = "lm_head.weight";
+            m.tensors.push_back(std::move(head));
+            c.tie_embeddings = false;
         }
-        return t;
-    }();
-    return table;
-}
-
-}  // namespace
-
-std::string byte_level_text(const std::string& bytes) {
-    std::string s;
-    for (unsigned char c : bytes) s += byte_symbols()[c];
-    return s;
+        for (NamedTensor& t : m.tensors)
+            if (t.name == "lm_head.weight") scale(t, c.logit_mult);
+    }
+    // What is written is now a plain model: the standard scheme's forward.
+    if (m.deck.init.scheme == "mup") {
+        m.deck.init.scheme = "scaled";
+        m.deck.init.base_width = m.deck.init.base_head_dim = 0;
+    }
+    c.logit_mult = c.attn_mult = 1.0;
 }
 
 void rope_rows_interleave(NamedTensor& t, int row0, int d, bool inverse) {
@@ -178,7 +177,17 @@ void dtype_append(std::string& out, const float* x, size_t n, const std::string&
 }
 
 void write_atomically(const std::string& path, const std::function<void(const std::string& tmp)>& write) {
-    const std::string tmp = path + ".tmp";
+    // A fresh name beside it, never another file's: a failure removes only what it made.
+    std::string tmpl = path + ".tmp-XXXXXX";
+    std::vector<char> name(tmpl.begin(), tmpl.end());
+    name.push_back('\0');
+    const int fd = ::mkstemp(name.data());
+    if (fd < 0) throw RankError("cannot create a temporary file beside '" + path + "': " + std::strerror(errno));
+    const mode_t mask = ::umask(0);  // mkstemp makes it 0600; the output gets the usual 0666 & ~umask
+    ::umask(mask);
+    ::fchmod(fd, 0666 & ~mask);
+    ::close(fd);
+    const std::string tmp = name.data();
     try {
         write(tmp);
         std::error_code ec;
@@ -186,19 +195,9 @@ void write_atomically(const std::string& path, const std::function<void(const st
         if (ec) throw RankError("cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
     } catch (...) {
         std::error_code ec;
-        fs::remove_all(tmp, ec);
+        fs::remove(tmp, ec);
         throw;
     }
-}
-
-void check_output_path(const std::string& path, bool force, const std::string& what) {
-    if (path.empty()) throw ConfigError(what + " is required");
-    std::error_code ec;
-    if (fs::exists(path, ec) && !force)
-        throw ConfigError(what + " '" + path + "' exists; give --force to replace it");
-    const fs::path parent = fs::path(path).parent_path();
-    if (!parent.empty() && !fs::is_directory(parent, ec))
-        throw ConfigError(what + " '" + path + "': the folder '" + parent.string() + "' does not exist");
 }
 
 }  // namespace quintet

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -147,6 +148,36 @@ std::string checkpoint_metrics_path(const std::string& checkpoint) {
     return p.string();
 }
 
+std::string checkpoint_resolve(const std::string& given, const std::string& what, std::string* note) {
+    std::string name = given;
+    while (name.size() > 1 && name.back() == '/') name.pop_back();
+    const fs::path p(name);
+    std::error_code ec;
+    fs::path latest;
+    if (fs::is_directory(p, ec)) {
+        if (fs::is_regular_file(p / "checkpoints" / "latest", ec)) latest = p / "checkpoints" / "latest";
+        else if (fs::is_regular_file(p / "latest", ec)) latest = p / "latest";
+        else
+            throw ConfigError(what + " '" + given + "' is a folder without checkpoints/latest or latest (no complete "
+                              "checkpoint was written there); give a checkpoint file (step_NNNNNNNN.h5), a run folder or "
+                              "its checkpoints/ folder");
+    } else if (p.filename() == "latest" && fs::is_regular_file(p, ec)) {
+        latest = p;
+    } else {
+        return given;
+    }
+    std::ifstream f(latest);
+    std::string file;
+    std::getline(f, file);
+    while (!file.empty() && std::isspace(static_cast<unsigned char>(file.back()))) file.pop_back();
+    const fs::path resolved = latest.parent_path() / file;
+    if (file.empty() || !fs::is_regular_file(resolved, ec))
+        throw ConfigError(what + " '" + given + "': " + latest.string() + " names '" + file +
+                          "', which is not there (pruned or moved?); give a checkpoint file (step_NNNNNNNN.h5)");
+    if (note) *note = what + " '" + given + "': " + resolved.string() + ", the checkpoint " + latest.string() + " names";
+    return resolved.string();
+}
+
 std::string checkpoint_latest(const std::string& run_dir) {
     fs::path dir = fs::path(run_dir) / "checkpoints";
     std::ifstream f(dir / "latest");
@@ -181,6 +212,8 @@ CheckpointMeta read_meta(hid_t file, const std::string& path) {
     meta.deck = h5::read_attr_string(file, "deck");
     meta.layout = h5::read_attr_string(file, "layout");
     if (h5::has_attr(file, "trained_context")) meta.trained_context = h5::read_attr_i64(file, "trained_context");
+    if (h5::has_attr(file, "param_groups")) meta.param_groups = h5::read_attr_string(file, "param_groups");
+    if (h5::has_attr(file, "data_blend")) meta.blend = h5::read_attr_string(file, "data_blend");
     meta.tokenizer = tokenizer_store_read(file, "tokenizer", "checkpoint '" + path + "'");
     const std::string window = std::string(kCheckpointStateGroup) + "/" + kCheckpointSpikeWindow;
     if (h5::exists(file, window)) {

@@ -170,7 +170,7 @@ void CheckpointWriter::create_file(const CheckpointMeta& meta, const ParamTable&
     h5::silence_errors();
     open_ = std::make_unique<Open>();
     open_->file = h5::file(
-        h5::check(H5Fcreate(tmp_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), "create " + tmp_path_));
+        h5::check(H5Fcreate(tmp_path_.c_str(), H5F_ACC_TRUNC, h5::file_create_plist(), H5P_DEFAULT), "create " + tmp_path_));
     hid_t file = open_->file;
     h5::write_attr_i64(file, "step", meta.step);
     h5::write_attr_i64(file, "tokens_seen", meta.tokens_seen);
@@ -178,12 +178,14 @@ void CheckpointWriter::create_file(const CheckpointMeta& meta, const ParamTable&
     h5::write_attr_i64(file, "format_version", kCheckpointFormatVersion);
     h5::write_attr_string(file, "layout", meta.layout);
     h5::write_attr_i64(file, "trained_context", meta.trained_context);
+    if (!meta.param_groups.empty()) h5::write_attr_string(file, "param_groups", meta.param_groups);
+    if (!meta.blend.empty()) h5::write_attr_string(file, "data_blend", meta.blend);
     if (!meta.tokenizer.empty()) tokenizer_store_write(file, "tokenizer", meta.tokenizer, true);
     for (const char* g : {"/params", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq"})
-        h5::group(h5::check(H5Gcreate2(file, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), g));
+        h5::group(h5::check(H5Gcreate2(file, g, H5P_DEFAULT, h5::group_create_plist(), H5P_DEFAULT), g));
     // Contiguous storage allocated now and never filled by HDF5: the ranks write the bytes
     // themselves (phase 2), and the checksums go into the attributes created here (phase 3).
-    h5::Handle dcpl = h5::plist(h5::check(H5Pcreate(H5P_DATASET_CREATE), "dataset creation property list"));
+    h5::Handle dcpl = h5::dataset_create_plist();
     h5::check(H5Pset_layout(dcpl, H5D_CONTIGUOUS), "H5Pset_layout");
     h5::check(H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY), "H5Pset_alloc_time");
     h5::check(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER), "H5Pset_fill_time");
@@ -201,14 +203,14 @@ void CheckpointWriter::create_file(const CheckpointMeta& meta, const ParamTable&
         open_->datasets.push_back(std::move(ds));
     });
     // The run state beside the tensors (train/spikes): the spike window, written whole here.
-    h5::Handle state = h5::group(h5::check(H5Gcreate2(file, kCheckpointStateGroup, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+    h5::Handle state = h5::group(h5::check(H5Gcreate2(file, kCheckpointStateGroup, H5P_DEFAULT, h5::group_create_plist(), H5P_DEFAULT),
                                            kCheckpointStateGroup));
     h5::write_attr_i64(state, "skips_in_row", meta.skips_in_row);
     const std::string window = std::string(kCheckpointStateGroup) + "/" + kCheckpointSpikeWindow;
     const hsize_t dims[2] = {hsize_t(meta.spike_window.size() / 2), 2};
     h5::Handle sp = h5::space(h5::check(H5Screate_simple(2, dims, nullptr), "dataspace of " + window));
     h5::Handle ds = h5::dataset(h5::check(
-        H5Dcreate2(file, window.c_str(), H5T_IEEE_F64LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "create " + window));
+        H5Dcreate2(file, window.c_str(), H5T_IEEE_F64LE, sp, H5P_DEFAULT, h5::dataset_create_plist(), H5P_DEFAULT), "create " + window));
     if (!meta.spike_window.empty())
         h5::check(H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, meta.spike_window.data()),
                   "write " + window);

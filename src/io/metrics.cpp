@@ -85,7 +85,7 @@ MetricsFile::MetricsFile(const std::string& run_dir, const std::string& deck_tex
     hid_t fid = keep ? H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT) : -1;
     if (fid < 0) {
         keep = false;
-        fid = h5::check(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), "create " + path);
+        fid = h5::check(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, h5::file_create_plist(), H5P_DEFAULT), "create " + path);
     }
     file_ = h5::file(fid);
     h5::write_attr_string(file_, "deck", deck_text);
@@ -150,7 +150,7 @@ hid_t MetricsFile::extendible(const std::string& path, const std::vector<hsize_t
         std::vector<hsize_t> dims{0}, maxdims{H5S_UNLIMITED}, chunk{chunk_rows};
         for (hsize_t d : inner) dims.push_back(d), maxdims.push_back(d), chunk.push_back(d);
         h5::Handle sp = h5::space(H5Screate_simple(int(dims.size()), dims.data(), maxdims.data()));
-        h5::Handle dcpl = h5::plist(H5Pcreate(H5P_DATASET_CREATE));
+        h5::Handle dcpl = h5::dataset_create_plist();
         H5Pset_chunk(dcpl, int(chunk.size()), chunk.data());
         const bool is_step = path.size() >= 5 && path.compare(path.size() - 5, 5, "/step") == 0;
         id = H5Dcreate2(file_, path.c_str(), is_step ? H5T_STD_I64LE : H5T_IEEE_F64LE, sp, H5P_DEFAULT,

@@ -60,7 +60,8 @@ bool alive(long pid) {
 
 }  // namespace
 
-RunLock::RunLock(const std::string& run_dir, const MpiCommunicator& comm, double stale_after_s, std::string* warning) {
+RunLock::RunLock(const std::string& run_dir, const MpiCommunicator& comm, double stale_after_s, std::string* warning,
+                 const std::string& what) {
     const int rank = comm.rank();
     path_ = (fs::path(run_dir) / "lock").string();
     char refusal[512] = {0}, taken[512] = {0};
@@ -85,11 +86,12 @@ RunLock::RunLock(const std::string& run_dir, const MpiCommunicator& comm, double
             const bool stale = (same_host && !alive(pid)) ||
                                (!same_host && age > stale_after_s);
             if (!stale || attempt == 1) {
+                const std::string owner = what.empty() ? "output.run_dir '" + run_dir + "'" : what;
                 std::snprintf(refusal, sizeof refusal,
-                              "output.run_dir '%s' is in use by another run (lock held by host %s, pid %ld, "
-                              "refreshed %.0f s ago): one run per folder. Choose another output.run_dir, or "
-                              "remove %s if that job is gone",
-                              run_dir.c_str(), host.c_str(), pid, age, path_.c_str());
+                              "%s is in use by another %s (lock held by host %s, pid %ld, refreshed %.0f s ago): "
+                              "one at a time. Choose another %s, or remove %s if that job is gone",
+                              owner.c_str(), what.empty() ? "run" : "job", host.c_str(), pid, age,
+                              what.empty() ? "output.run_dir" : "output", path_.c_str());
                 break;
             }
             std::snprintf(taken, sizeof taken, "took over the stale lock of %s (host %s, pid %ld: %s)",

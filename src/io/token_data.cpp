@@ -7,10 +7,14 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <system_error>
 #include <utility>
 
+#include "quintet/core/checksum.hpp"
 #include "quintet/core/error.hpp"
+#include "quintet/io/h5.hpp"
 #include "quintet/io/tokenizer_store.hpp"
 #include "quintet/tokenizer/byte_bpe.hpp"
 #include "quintet/tokenizer/tokenizer_spec.hpp"
@@ -36,6 +40,7 @@ public:
     }
     hid_t get() const { return id_; }
     bool ok() const { return id_ >= 0; }
+    hid_t release() { return std::exchange(id_, -1); }
 
 private:
     hid_t id_ = -1;
@@ -203,9 +208,9 @@ Tokenizer read_tokenizer(const std::string& path, hid_t file, hid_t tokens, int&
     bool found = false;
     int64_t version = read_int_attr(path, file, tokens, "format_version", found);
     if (!found) version = 1;  // the first files had no version
-    if (version != 1 && version != kTokenFileFormatVersion)
-        bad_file(path, "format_version = " + std::to_string(version) + "; this build reads 1 and " +
-                           std::to_string(kTokenFileFormatVersion) + " (re-run quintet prepare)");
+    if (version != 1 && version != kTokenFileFormatVersion && version != kShardFormatVersion)
+        bad_file(path, "format_version = " + std::to_string(version) + "; this build reads 1 to " +
+                           std::to_string(kShardFormatVersion) + " (re-run quintet prepare)");
     format_version = version;
     const int64_t vocab = read_int_attr(path, file, tokens, "vocab_size", found);
     if (!found)
@@ -223,11 +228,22 @@ Tokenizer read_tokenizer(const std::string& path, hid_t file, hid_t tokens, int&
         vocab_size = int(vocab);
         return tok;
     }
-    const TokenizerState st = tokenizer_store_read(file, "tokenizer", "token file '" + path + "'");
-    if (st.empty()) bad_file(path, "has no /tokenizer group; expected the tokenizer that made the tokens");
-    if (st.kind != kind)
-        bad_file(path, "attribute tokenizer = '" + kind + "' but /tokenizer holds a '" + st.kind + "' tokenizer");
-    Tokenizer tok = tokenizer_from_state(st, "token file '" + path + "': /tokenizer");
+    Tokenizer tok;
+    if (version == kShardFormatVersion) {
+        // A corpus shard: the tokenizer is stored once beside it and named by its fingerprint.
+        const std::string name = read_string_attr(path, file, tokens, "tokenizer_file", found);
+        const std::string fp = found ? read_string_attr(path, file, tokens, "tokenizer_fingerprint", found) : "";
+        if (!found || name.empty() || name.find('/') != std::string::npos)
+            bad_file(path, "is a corpus shard (format_version 3) without valid 'tokenizer_file' and "
+                           "'tokenizer_fingerprint' attributes");
+        tok = corpus_tokenizer_read((std::filesystem::path(path).parent_path() / name).string(), fp);
+    } else {
+        const TokenizerState st = tokenizer_store_read(file, "tokenizer", "token file '" + path + "'");
+        if (st.empty()) bad_file(path, "has no /tokenizer group; expected the tokenizer that made the tokens");
+        tok = tokenizer_from_state(st, "token file '" + path + "': /tokenizer");
+    }
+    if (tok.kind() != kind)
+        bad_file(path, "attribute tokenizer = '" + kind + "' but its tokenizer is a '" + tok.kind() + "' tokenizer");
     if (vocab != tok.vocab_size())
         bad_file(path, "vocab_size = " + std::to_string(vocab) + " but its tokenizer, " + tok.describe() +
                            ", has vocab_size " + std::to_string(tok.vocab_size()));
@@ -243,140 +259,115 @@ Tokenizer read_tokenizer(const std::string& path, hid_t file, hid_t tokens, int&
 
 }  // namespace
 
-void token_file_write(const std::string& path, const std::vector<uint32_t>& tokens, const Tokenizer& tok,
-                      int eos_id, int bos_id) {
-    const int64_t vocab = tok.vocab_size();
-    for (size_t i = 0; i < tokens.size(); ++i)
-        QUINTET_CHECK(tokens[i] < vocab, "token_file_write: token[" + std::to_string(i) + "] = " +
-                                             std::to_string(tokens[i]) + " >= vocab_size " + std::to_string(vocab));
-    QUINTET_CHECK(eos_id < vocab && bos_id < vocab, "token_file_write: eos_id or bos_id >= vocab_size");
-    silence_hdf5();
-    const std::string tmp = path + ".tmp";
-    auto fail = [&](const std::string& what) { rank_fail("token file '" + path + "': " + what); };
-    try {
-        H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-        if (!file.ok())
-            fail("cannot create '" + tmp + "' (does the directory exist and is it writable?)");
-
-        // Header attributes on the root group.
-        auto write_int = [&](const char* name, int64_t v) {
-            H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
-            H5Id attr(H5Acreate2(file.get(), name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-            if (!attr.ok() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &v) < 0)
-                fail(std::string("cannot write attribute ") + name);
-        };
-        write_int("format_version", kTokenFileFormatVersion);
-        write_int("vocab_size", vocab);
-        if (eos_id >= 0) write_int("eos_id", eos_id);
-        if (bos_id >= 0) write_int("bos_id", bos_id);
-        {
-            const std::string& kind = tok.kind();
-            H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
-            H5Tset_size(type.get(), kind.size());
-            H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
-            H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
-            H5Id attr(H5Acreate2(file.get(), "tokenizer", type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-            if (!attr.ok() || H5Awrite(attr.get(), type.get(), kind.data()) < 0) fail("cannot write attribute tokenizer");
-        }
-
-        // Contiguous, uncompressed: any reader (serial or MPI-IO) can take hyperslabs of it.
-        hsize_t n = tokens.size();
-        H5Id space(H5Screate_simple(1, &n, nullptr), H5Sclose);
-        hid_t file_type = vocab <= 65536 ? H5T_STD_U16LE : H5T_STD_U32LE;
-        H5Id ds(H5Dcreate2(file.get(), "tokens", file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-                H5Dclose);
-        if (!ds.ok()) fail("cannot create /tokens");
-        if (n > 0 && H5Dwrite(ds.get(), H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, tokens.data()) < 0)
-            fail("cannot write /tokens (disk full?)");
-
-        tokenizer_store_write(file.get(), "tokenizer", tok.state());
-        if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) fail("cannot flush '" + tmp + "'");
-    } catch (...) {
-        // Handles are closed by now; drop the partial file so no half file is left behind.
-        std::error_code ec;
-        std::filesystem::remove(tmp, ec);
-        throw;
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) {
-        std::filesystem::remove(tmp, ec);
-        fail("cannot rename '" + tmp + "' to it: " + ec.message());
-    }
-}
-
 struct TokenFileWriter::Impl {
-    std::string path, tmp;
+    std::string path, tmp, tokenizer_file;
     Tokenizer tok;
-    int64_t n = 0;
+    int64_t n = 0, written = 0, offset = -1, bytes = 0;
+    int width = 2;
     H5Id file, ds;
+    Checksum sum;
     bool committed = false;
-    [[noreturn]] void fail(const std::string& what) { rank_fail("token file '" + path + "': " + what); }
+    std::vector<uint16_t> narrow;
+    [[noreturn]] void fail(const std::string& what) { throw IoError("token file '" + path + "': " + what); }
+    void write_int(const char* name, int64_t v) {
+        H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+        H5Id attr(H5Acreate2(file.get(), name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+        if (!attr.ok() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &v) < 0) fail(std::string("cannot write attribute ") + name);
+    }
+    void write_string(const char* name, const std::string& value) {
+        H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
+        H5Tset_size(type.get(), std::max<size_t>(1, value.size()));
+        H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
+        H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+        H5Id attr(H5Acreate2(file.get(), name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+        if (!attr.ok() || H5Awrite(attr.get(), type.get(), value.empty() ? "" : value.data()) < 0)
+            fail(std::string("cannot write attribute ") + name);
+    }
 };
 
 TokenFileWriter::TokenFileWriter(const std::string& path, int64_t n_tokens, const Tokenizer& tok, int eos_id,
-                                 int bos_id)
+                                 int bos_id, const std::string& tokenizer_file)
     : impl_(std::make_unique<Impl>()) {
     Impl& m = *impl_;
     m.path = path;
     m.tmp = path + ".tmp";
+    m.tokenizer_file = tokenizer_file;
     m.tok = tok;
     m.n = n_tokens;
+    m.width = tok.vocab_size() <= 65536 ? 2 : 4;
+    QUINTET_CHECK(eos_id < tok.vocab_size() && bos_id < tok.vocab_size(), "TokenFileWriter: eos_id or bos_id >= vocab_size");
     silence_hdf5();
-    m.file = H5Id(H5Fcreate(m.tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    h5::Handle fcpl = h5::file_create_plist();
+    m.file = H5Id(H5Fcreate(m.tmp.c_str(), H5F_ACC_TRUNC, fcpl, H5P_DEFAULT), H5Fclose);
     if (!m.file.ok()) m.fail("cannot create '" + m.tmp + "' (does the directory exist and is it writable?)");
-    auto write_int = [&](const char* name, int64_t v) {
-        H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
-        H5Id attr(H5Acreate2(m.file.get(), name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-        if (!attr.ok() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &v) < 0) m.fail(std::string("cannot write attribute ") + name);
-    };
-    write_int("format_version", kTokenFileFormatVersion);
-    write_int("vocab_size", tok.vocab_size());
-    if (eos_id >= 0) write_int("eos_id", eos_id);
-    if (bos_id >= 0) write_int("bos_id", bos_id);
-    {
-        const std::string& kind = tok.kind();
-        H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
-        H5Tset_size(type.get(), kind.size());
-        H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
-        H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
-        H5Id attr(H5Acreate2(m.file.get(), "tokenizer", type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-        if (!attr.ok() || H5Awrite(attr.get(), type.get(), kind.data()) < 0) m.fail("cannot write attribute tokenizer");
+    m.write_int("format_version", tokenizer_file.empty() ? kTokenFileFormatVersion : kShardFormatVersion);
+    m.write_int("vocab_size", tok.vocab_size());
+    if (eos_id >= 0) m.write_int("eos_id", eos_id);
+    if (bos_id >= 0) m.write_int("bos_id", bos_id);
+    m.write_string("tokenizer", tok.kind());
+    if (!tokenizer_file.empty()) {
+        m.write_string("tokenizer_file", tokenizer_file);
+        m.write_string("tokenizer_fingerprint", Checksum::hex(tok.fingerprint()));
     }
+    // Contiguous, uncompressed and allocated now: any reader (serial or MPI-IO) can take
+    // hyperslabs of it, and pread at its offset.
     hsize_t n = hsize_t(n_tokens);
     H5Id space(H5Screate_simple(1, &n, nullptr), H5Sclose);
-    const hid_t file_type = tok.vocab_size() <= 65536 ? H5T_STD_U16LE : H5T_STD_U32LE;
-    m.ds = H5Id(H5Dcreate2(m.file.get(), "tokens", file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-                H5Dclose);
-    if (!m.ds.ok()) m.fail("cannot create /tokens");
+    const hid_t file_type = m.width == 2 ? H5T_STD_U16LE : H5T_STD_U32LE;
+    h5::Handle dcpl = h5::dataset_create_plist();
+    H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY);
+    m.ds = H5Id(H5Dcreate2(m.file.get(), "tokens", file_type, space.get(), H5P_DEFAULT, dcpl, H5P_DEFAULT), H5Dclose);
+    if (!m.ds.ok()) m.fail("cannot create /tokens (disk full?)");
+    const haddr_t at = H5Dget_offset(m.ds.get());
+    m.offset = at == HADDR_UNDEF ? -1 : int64_t(at);
 }
 
 void TokenFileWriter::write(int64_t at, const uint32_t* ids, int64_t n) {
     Impl& m = *impl_;
     if (n <= 0) return;
-    QUINTET_CHECK(at >= 0 && at + n <= m.n, "TokenFileWriter: range out of the dataset");
+    QUINTET_CHECK(at == m.written && at + n <= m.n, "TokenFileWriter: writes must be in order and within the file");
     const uint32_t vocab = uint32_t(m.tok.vocab_size());
     for (int64_t i = 0; i < n; ++i)
         QUINTET_CHECK(ids[i] < vocab, "TokenFileWriter: token " + std::to_string(ids[i]) + " >= vocab_size");
+    const void* stored = ids;
+    if (m.width == 2) {
+        m.narrow.assign(ids, ids + n);
+        stored = m.narrow.data();
+    }
+    m.sum.update(stored, size_t(n) * size_t(m.width));  // little-endian hosts: the bytes as on disk
     const hsize_t start = hsize_t(at), count = hsize_t(n);
     H5Id fs(H5Dget_space(m.ds.get()), H5Sclose);
     H5Id ms(H5Screate_simple(1, &count, nullptr), H5Sclose);
     if (H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr) < 0 ||
-        H5Dwrite(m.ds.get(), H5T_NATIVE_UINT32, ms.get(), fs.get(), H5P_DEFAULT, ids) < 0)
+        H5Dwrite(m.ds.get(), m.width == 2 ? H5T_NATIVE_UINT16 : H5T_NATIVE_UINT32, ms.get(), fs.get(), H5P_DEFAULT,
+                 stored) < 0)
         m.fail("cannot write /tokens (disk full?)");
+    m.written += n;
 }
 
 void TokenFileWriter::commit() {
     Impl& m = *impl_;
-    tokenizer_store_write(m.file.get(), "tokenizer", m.tok.state());
-    if (H5Fflush(m.file.get(), H5F_SCOPE_GLOBAL) < 0) m.fail("cannot flush '" + m.tmp + "'");
+    QUINTET_CHECK(m.written == m.n, "TokenFileWriter: committed with " + std::to_string(m.written) + " of " +
+                                        std::to_string(m.n) + " tokens written");
+    try {
+        if (m.tokenizer_file.empty()) tokenizer_store_write(m.file.get(), "tokenizer", m.tok.state());
+    } catch (const RankError& e) {
+        m.fail(std::string("cannot write the tokenizer (disk full?): ") + e.what());
+    }
+    if (H5Fflush(m.file.get(), H5F_SCOPE_GLOBAL) < 0) m.fail("cannot flush '" + m.tmp + "' (disk full?)");
     m.ds = H5Id();
-    m.file = H5Id();
+    const herr_t closed = H5Fclose(m.file.release());
+    if (closed < 0) m.fail("cannot close '" + m.tmp + "' (disk full?)");
     std::error_code ec;
+    m.bytes = int64_t(std::filesystem::file_size(m.tmp, ec));
     std::filesystem::rename(m.tmp, m.path, ec);
     if (ec) m.fail("cannot rename '" + m.tmp + "' to it: " + ec.message());
     m.committed = true;
 }
+
+int64_t TokenFileWriter::offset() const { return impl_->offset; }
+int64_t TokenFileWriter::bytes() const { return impl_->bytes; }
+uint64_t TokenFileWriter::checksum() const { return impl_->sum.value(); }
 
 TokenFileWriter::~TokenFileWriter() {
     if (!impl_ || impl_->committed) return;
@@ -384,6 +375,65 @@ TokenFileWriter::~TokenFileWriter() {
     impl_->file = H5Id();
     std::error_code ec;
     std::filesystem::remove(impl_->tmp, ec);
+}
+
+void token_file_write(const std::string& path, const std::vector<uint32_t>& tokens, const Tokenizer& tok,
+                      int eos_id, int bos_id) {
+    TokenFileWriter w(path, int64_t(tokens.size()), tok, eos_id, bos_id);
+    for (size_t at = 0; at < tokens.size(); at += size_t(1) << 20)
+        w.write(int64_t(at), tokens.data() + at, int64_t(std::min(tokens.size() - at, size_t(1) << 20)));
+    w.commit();
+}
+
+void corpus_tokenizer_write(const std::string& path, const Tokenizer& tok) {
+    silence_hdf5();
+    const std::string tmp = path + ".tmp";
+    try {
+        h5::Handle fcpl = h5::file_create_plist();
+        H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, fcpl, H5P_DEFAULT), H5Fclose);
+        if (!file.ok()) throw IoError("cannot create '" + tmp + "'");
+        h5::write_attr_i64(file.get(), "format_version", kShardFormatVersion);
+        h5::write_attr_i64(file.get(), "vocab_size", tok.vocab_size());
+        h5::write_attr_string(file.get(), "tokenizer", tok.kind());
+        h5::write_attr_string(file.get(), "tokenizer_fingerprint", Checksum::hex(tok.fingerprint()));
+        tokenizer_store_write(file.get(), "tokenizer", tok.state());
+        if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) throw IoError("cannot flush '" + tmp + "' (disk full?)");
+    } catch (const std::exception& e) {
+        std::error_code ec;
+        std::filesystem::remove(tmp, ec);
+        throw IoError("corpus tokenizer '" + path + "': " + e.what() + " (disk full?)");
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) throw IoError("cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
+}
+
+Tokenizer corpus_tokenizer_read(const std::string& path, const std::string& fingerprint) {
+    // Shards of one corpus share it: read and parsed once per process.
+    static std::mutex m;
+    static std::map<std::string, Tokenizer> cache;
+    std::error_code ec;
+    const std::string key = std::filesystem::weakly_canonical(path, ec).string() + "#" + fingerprint;
+    {
+        std::lock_guard<std::mutex> lock(m);
+        if (const auto it = cache.find(key); it != cache.end()) return it->second;
+    }
+    silence_hdf5();
+    const std::string what = "corpus tokenizer '" + path + "'";
+    if (!std::filesystem::exists(path, ec))
+        throw ConfigError(what + " does not exist: a shard of the corpus names it (an incomplete corpus? re-run "
+                                 "`quintet prepare`)");
+    H5Id file(H5Fis_hdf5(path.c_str()) > 0 ? H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT) : -1, H5Fclose);
+    if (!file.ok()) throw ConfigError(what + " is not a readable HDF5 file (corrupt?)");
+    const TokenizerState st = tokenizer_store_read(file.get(), "tokenizer", what);
+    if (st.empty()) throw ConfigError(what + " has no /tokenizer group");
+    Tokenizer tok = tokenizer_from_state(st, what);
+    if (!fingerprint.empty() && Checksum::hex(tok.fingerprint()) != fingerprint)
+        throw ConfigError(what + " has fingerprint " + Checksum::hex(tok.fingerprint()) + " but the shard names " +
+                          fingerprint + ": the shard belongs to another corpus's tokenizer");
+    std::lock_guard<std::mutex> lock(m);
+    cache.emplace(key, tok);
+    return tok;
 }
 
 TokenFile token_file_read(const std::string& path) {

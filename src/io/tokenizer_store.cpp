@@ -14,7 +14,7 @@ void write_bytes(hid_t group, const char* name, const std::string& bytes, bool w
     const hsize_t n = bytes.size();
     h5::Handle space = h5::space(h5::check(H5Screate_simple(1, &n, nullptr), std::string("dataspace of ") + name));
     h5::Handle ds = h5::dataset(h5::check(
-        H5Dcreate2(group, name, H5T_STD_U8LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+        H5Dcreate2(group, name, H5T_STD_U8LE, space, H5P_DEFAULT, h5::dataset_create_plist(), H5P_DEFAULT),
         std::string("create tokenizer dataset ") + name));
     if (write_data && n > 0)
         h5::check(H5Dwrite(ds, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()),
@@ -93,7 +93,7 @@ std::vector<SpecialToken> tokenizer_specials_parse(const std::string& text, cons
 }
 
 void tokenizer_store_write(hid_t loc, const std::string& group, const TokenizerState& s, bool write_data) {
-    h5::Handle g = h5::group(h5::check(H5Gcreate2(loc, group.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+    h5::Handle g = h5::group(h5::check(H5Gcreate2(loc, group.c_str(), H5P_DEFAULT, h5::group_create_plist(), H5P_DEFAULT),
                                        "create group " + group));
     h5::write_attr_string(g, "kind", s.kind);
     if (s.kind == "bpe" || s.kind == "tiktoken") h5::write_attr_string(g, "pattern", s.pattern);
@@ -101,7 +101,7 @@ void tokenizer_store_write(hid_t loc, const std::string& group, const TokenizerS
         hsize_t dims[2] = {s.merges.size(), 2};
         h5::Handle space = h5::space(h5::check(H5Screate_simple(2, dims, nullptr), "dataspace of merges"));
         h5::Handle ds = h5::dataset(h5::check(
-            H5Dcreate2(g, "merges", H5T_STD_U32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "create merges"));
+            H5Dcreate2(g, "merges", H5T_STD_U32LE, space, H5P_DEFAULT, h5::dataset_create_plist(), H5P_DEFAULT), "create merges"));
         std::vector<uint32_t> flat;
         flat.reserve(2 * s.merges.size());
         for (auto [a, b] : s.merges) flat.insert(flat.end(), {a, b});

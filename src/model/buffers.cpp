@@ -84,18 +84,6 @@ const BufferViews::View& BufferViews::find(std::string_view name, Elem elem) con
     rank_fail("buffer '" + std::string(name) + "' was not declared");
 }
 
-float* BufferViews::f32(std::string_view name) const { return static_cast<float*>(find(name, Elem::f32).p); }
-bf16_bits* BufferViews::bf16(std::string_view name) const {
-    return static_cast<bf16_bits*>(find(name, Elem::bf16).p);
-}
-int32_t* BufferViews::i32(std::string_view name) const { return static_cast<int32_t*>(find(name, Elem::i32).p); }
-Act BufferViews::act(std::string_view name) const {
-    void* p = find(name, Elem::act).p;
-    Act a;
-    if (bf16_) a.b = static_cast<bf16_bits*>(p);
-    else a.f = static_cast<float*>(p);
-    return a;
-}
 void* BufferViews::address(std::string_view name) const {
     for (const auto& v : views_)
         if (v.name == name) return v.p;

@@ -25,6 +25,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <memory>
+
 #include "moe_experts.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/core/profile.hpp"
@@ -38,16 +40,32 @@ namespace {
 
 std::string prefix(int layer) { return "model.layers." + std::to_string(layer) + ".mlp."; }
 
+constexpr F32Buf kProbs{"moe.probs"}, kWeight{"moe.weight"}, kY{"moe.y"}, kDaux{"moe.daux"};
+constexpr I32Buf kExpert{"moe.expert"}, kSlot{"moe.slot"}, kSrc{"moe.src"};
+constexpr I32Buf kToSource{"moe.to_source"}, kToExpert{"moe.to_expert"};
+constexpr F32Buf kSharedGateUp{"moe.shared_gate_up"};
+constexpr F32Buf kHn32{"moe.hn_fp32"}, kXs32{"moe.xs_fp32"}, kLogits{"moe.logits"}, kDy{"moe.dy"};
+constexpr F32Buf kDweight{"moe.dweight"}, kStage{"moe.stage"}, kDactShared{"moe.dact_shared"};
+constexpr F32Buf kXe32{"moe.xe_fp32"}, kDye{"moe.dye"};
+
+// The linear layers beside the experts: the router and the shared expert (whole on every tp rank,
+// on this rank's Nr rows: no collective). Fs: the shared expert's width.
+LinearDecl router_decl(size_t Nr, size_t C, size_t E) {
+    return {"moe.router", Nr, C, E, LinearInput::given, {kProbs.name}};
+}
+LinearDecl shared_gate_up_decl(size_t Nr, size_t C, size_t Fs) {
+    return {"moe.shared_gate_up", Nr, C, 2 * Fs, LinearInput::given, {kSharedGateUp.name}, true};
+}
+LinearDecl shared_down_decl(size_t Nr, size_t C, size_t Fs) {
+    return {"moe.shared_down", Nr, Fs, C, LinearInput::kept, {kY.name}};
+}
+
 class MoeFeedForward final : public FeedForwardBlock {
     struct Saved {
         MoeRouting route;
         float* y;            // [R+1, C] expert outputs, sorted; row R stays zero (dropped choices)
-        Act xe;              // [Rx, C] the experts' inputs (ep = 1: the sorted rows themselves)
-        float* gu;           // [Rx, 2F]
-        Act act;             // [Rx, F]
         ExpertExchange x;    // ep > 1: the exchange of this microbatch
         float* gu_s = nullptr;  // [Nr, 2Fs] shared expert
-        Act act_s;
         float* daux = nullptr;  // [E] dL/dp_e of the aux loss, per row (aux_loss only)
         double aux = 0;         // aux_coef * aux of the last forward, on cp rank 0 (else 0)
     };
@@ -57,85 +75,65 @@ public:
         : c_(ctx), ep_(ctx.ep), E_(m.moe.experts), El_(ep_ ? ep_->local_experts() : m.moe.experts),
           e0_(ep_ ? ep_->first_expert() : 0), k_(m.moe.top_k), F_(m.expert_ffn_width()),
           Fs_(m.moe.shared_experts * m.expert_ffn_width()), balance_(m.moe.balance), coef_(m.moe.aux_coef),
-          rate_(m.moe.bias_rate), proportional_(m.moe.bias_update == "proportional"), router_(ctx.be, m.moe, ctx.Nr), dispatch_(ctx.be, ep_, m.moe, ctx.Nr, ctx.d.C),
-          experts_(ctx, table, prefix(layer), e0_, El_, F_),
-          Rx_(MoeDispatcher::expert_rows(m.moe, ctx.Nr, ep_ ? ep_->size() : 1)) {
+          rate_(m.moe.bias_rate), proportional_(m.moe.bias_update == "proportional"), router_(ctx.be, m.moe, ctx.Nr),
+          dispatch_(ctx.be, ep_, m.moe, ctx.Nr, ctx.d.C),
+          Rx_(MoeDispatcher::expert_rows(m.moe, ctx.Nr, ep_ ? ep_->size() : 1)),
+          experts_(ctx, table, prefix(layer), e0_, El_, F_, Rx_),
+          gate_(ctx.lin, table, router_decl(size_t(ctx.Nr), size_t(ctx.d.C), size_t(E_)), prefix(layer) + "gate.weight",
+                "gemm.router") {
         QUINTET_CHECK(c_.tp.size() == 1 || c_.Nr < c_.N, "MoE with tp > 1 needs sequence parallelism");
         const std::string p = prefix(layer);
-        wg_ = table.offset_of(p + "gate.weight");
         if (balance_ == "aux_free") bias_ = table.offset_of(p + "gate.e_score_correction_bias");
         if (Fs_ > 0) {
-            wgu_s_ = table.offset_of(p + "shared_experts.gate_proj.weight");
-            QUINTET_CHECK(table.offset_of(p + "shared_experts.up_proj.weight") == wgu_s_ + size_t(Fs_) * c_.d.C,
-                          "shared gate_proj and up_proj are not adjacent in the arena");
-            wd_s_ = table.offset_of(p + "shared_experts.down_proj.weight");
+            const size_t Nr = size_t(c_.Nr), C = size_t(c_.d.C), Fs = size_t(Fs_);
+            shared_gu_ = std::make_unique<Linear>(ctx.lin, table, shared_gate_up_decl(Nr, C, Fs),
+                                                  fused_weight(table, p + "shared_experts.", {"gate_proj", "up_proj"}),
+                                                  "gemm.shared_expert");
+            shared_down_ = std::make_unique<Linear>(ctx.lin, table, shared_down_decl(Nr, C, Fs),
+                                                    p + "shared_experts.down_proj.weight", "gemm.shared_expert");
+            dact_s_ = c_.shared()[kDactShared];
         }
         const BufferViews& sh = c_.shared();
-        hn32_ = sh.f32("moe.hn_fp32");
-        xs32_ = sh.f32("moe.xs_fp32");
-        logits_ = sh.f32("moe.logits");
-        dy_ = sh.f32("moe.dy");
-        dw_ = sh.f32("moe.dweight");
-        stage_ = sh.f32("moe.stage");
-        if (Fs_ > 0) {
-            // fp32 without a split schedule: straight into the deferred buffer (under one, that
-            // may be the shared gate|up's own bytes, which its SwiGLU's backward reads).
-            if (c_.bf16() || c_.split_bw) dgu_s_ = sh.f32("moe.dgu_shared");
-            dact_s_ = sh.f32("moe.dact_shared");
-        }
-        if (ep_) {
-            xe32_ = sh.f32("moe.xe_fp32");  // expert side: staging, outputs, dx
-            dye_ = sh.f32("moe.dye");
-        }
+        hn32_ = sh[kHn32], xs32_ = sh[kXs32], logits_ = sh[kLogits], dy_ = sh[kDy], dw_ = sh[kDweight];
+        stage_ = sh[kStage];
+        if (ep_) xe32_ = sh[kXe32], dye_ = sh[kDye];  // expert side: staging, outputs, dx
         counts_ = MoeCounts(1, E_, ep_ ? ep_->size() : 1);
         stats_.resize(size_t(2 * E_ + 1));
         host_e_.resize(size_t(E_));
         load_.resize(size_t(E_));
     }
 
-    // What the kind keeps (moe_declare_buffers below says how large).
     void add_slot(const BufferViews& v) override {
         Saved s;
         router_.init(s.route);
-        s.route.probs = v.f32("moe.probs");
-        s.route.expert = v.i32("moe.expert");
-        s.route.weight = v.f32("moe.weight");
-        s.route.slot = v.i32("moe.slot");
-        s.route.src = v.i32("moe.src");
-        s.y = v.f32("moe.y");
-        s.xe = v.act("moe.x");
-        s.gu = v.f32("moe.gate_up");
-        s.act = v.act("moe.act");
-        if (ep_) ep_->prepare(s.x, Rx_, c_.d.C, v.i32("moe.to_source"), v.i32("moe.to_expert"));
+        s.route.probs = v[kProbs], s.route.expert = v[kExpert], s.route.weight = v[kWeight];
+        s.route.slot = v[kSlot], s.route.src = v[kSrc];
+        s.y = v[kY];
+        experts_.add_slot(v);
+        if (ep_) ep_->prepare(s.x, Rx_, c_.d.C, v[kToSource], v[kToExpert]);
         if (Fs_ > 0) {
-            s.gu_s = v.f32("moe.shared_gate_up");
-            s.act_s = v.act("moe.shared_act");
+            s.gu_s = v[kSharedGateUp];
+            shared_down_->add_slot(v);
         }
-        if (balance_ == "aux_loss") s.daux = v.f32("moe.daux");
+        if (balance_ == "aux_loss") s.daux = v[kDaux];
         slots_.push_back(std::move(s));
     }
 
-    void add_deferred(const BufferViews& w) override {
-        Deferred d;
-        d.dz = w.act("w.moe.dz");
-        d.dye = w.act("w.moe.dye");
-        d.dgu = w.act("w.moe.dgu");
+    void add_w_slot(const BufferViews& w) override {
+        gate_.add_w_slot(w);
+        experts_.add_w_slot(w);
         if (Fs_ > 0) {
-            d.dy = w.act("w.moe.dy");
-            d.dgu_s = w.act("w.moe.dgu_shared");
+            shared_down_->add_w_slot(w);
+            shared_gu_->add_w_slot(w);
         }
-        wslots_.push_back(d);
     }
 
     void forward(int slot, const float* params, const Act& hn, const float* h, float* y) override {
         const int Nr = c_.Nr, C = c_.d.C, R = Nr * k_;
         Saved& s = slots_[size_t(slot)];
-        const Mat X = c_.local(hn);
+        const Mat X = c_.lin.local(hn);
         // 1. The router: logits, softmax, top-k (bias only chooses); the choices sorted by expert.
-        {
-            auto role = c_.role("gemm.router");
-            c_.mm(false, true, Nr, E_, C, X, C, c_.weight(params + wg_), C, 0.0f, logits_, E_);
-        }
+        gate_.forward(X, Nr, logits_, params);
         {
             QUINTET_PROFILE("moe.route");
             router_.route(s.route, logits_, bias_ ? params + bias_ : nullptr);
@@ -145,44 +143,41 @@ public:
                 counts_.dropped(0) += s.route.dropped;
             }
         }
-        auto role = c_.role("gemm.shared_expert");
         // 2. The rows to their experts, sorted by expert (stable in token order).
         const float* hn32 = hn.f;
         if (c_.bf16()) {
             c_.be.from_bf16(hn32_, hn.b, size_t(Nr) * C);
             hn32 = hn32_;
         }
-        const MoeExperts::Rows ex = expert_rows(s);
         int rows = s.route.kept;
         if (!ep_) {
-            float* xs = c_.produce(s.xe, xs32_);
+            float* xs = experts_.input(slot, xs32_);
             dispatch_.sort_rows(s.route, hn32, xs);
-            c_.keep(s.xe, xs, size_t(s.route.kept) * C);
+            experts_.input_written(slot, xs, s.route.kept);
         } else {  // to the experts' ranks, the shared expert computed meanwhile
             dispatch_.sort_rows(s.route, hn32, xs32_);
             dispatch_.send(s.x, s.route, xs32_);
         }
         if (Fs_ > 0) {
-            c_.mm(false, true, Nr, 2 * Fs_, C, X, C, c_.weight(params + wgu_s_), C, 0.0f, s.gu_s, 2 * Fs_);
+            shared_gu_->forward(X, Nr, s.gu_s, params);
             dispatch_.progress();
-            float* as = c_.produce(s.act_s, stage_);
+            float* as = shared_down_->input(slot, stage_);
             c_.be.swiglu_forward(as, s.gu_s, Nr, Fs_);
-            c_.keep(s.act_s, as, size_t(Nr) * Fs_);
+            shared_down_->input_written(slot, as, size_t(Nr));
         }
         if (ep_) {
-            float* xe = c_.produce(s.xe, xe32_);
+            float* xe = experts_.input(slot, xe32_);
             rows = dispatch_.receive(s.x, xe);
-            c_.keep(s.xe, xe, size_t(rows) * C);
+            experts_.input_written(slot, xe, rows);
         }
         // 3. The experts, one GEMM pair each over its rows; their outputs back in sorted order.
         float* ye = ep_ ? xe32_ : s.y;
-        experts_.forward(ex, params, rows, ye);
+        experts_.forward(slot, groups(s), rows, ye, params);
         if (ep_) dispatch_.send_back(s.x, ye, s.y);
         c_.be.zero(s.y + size_t(R) * C, size_t(C));
         // y = h + shared(x) + sum_j w_j expert_j(x), the choices summed in order.
         c_.be.copy(y, h, size_t(Nr) * C);
-        if (Fs_ > 0)
-            c_.mm(false, true, Nr, C, Fs_, c_.local(s.act_s), Fs_, c_.weight(params + wd_s_), Fs_, 1.0f, y, C);
+        if (Fs_ > 0) shared_down_->forward_kept(slot, Nr, y, params, 1.0f);
         dispatch_.combine(y, s.y, s.route, s.route.weight);
         balance(s);
         if (!c_.recomputing) {
@@ -192,29 +187,24 @@ public:
     }
 
     // B: dhn through the combine, the experts (their rows to their ranks and back under ep),
-    // the shared expert and the router; keeps each linear layer's output gradient for W.
-    const float* backward_input(int slot, int wslot, const float* params, const Act& hn,
-                                const float* dy) override {
-        (void)hn;
+    // the shared expert and the router.
+    const float* backward_input(int slot, int wslot, const float* params, const Act&, const float* dy) override {
         const int Nr = c_.Nr, C = c_.d.C, R = Nr * k_;
         Saved& s = slots_[size_t(slot)];
-        Deferred& w = wslots_[size_t(wslot)];
-        auto role = c_.role("gemm.shared_expert");
         // Combine: d(expert outputs) and d(weights); the output gradients go to the experts.
         dispatch_.combine_backward(dy_, dw_, dy, s.y, s.route);
         if (ep_) ep_->dispatch_start(s.x, dy_);
         // Meanwhile the shared expert (all but its dx) and the router (all but its dx).
         Mat Ds;
         if (Fs_ > 0) {
-            const Mat D = c_.save(w.dy, dy, size_t(Nr) * C);
-            c_.mm(false, false, Nr, Fs_, C, D, C, c_.weight(params + wd_s_), Fs_, 0.0f, dact_s_, Fs_);
+            shared_down_->backward_input(wslot, dy, Nr, dact_s_, params);
             dispatch_.progress();
-            float* dgu_s = c_.split_bw ? dgu_s_ : c_.produce(w.dgu_s, dgu_s_);
+            float* dgu_s = shared_gu_->grad_target(wslot);
             c_.be.swiglu_backward(dgu_s, dact_s_, s.gu_s, Nr, Fs_);
-            Ds = c_.save(w.dgu_s, dgu_s, size_t(Nr) * 2 * Fs_);
+            Ds = shared_gu_->keep_grad(wslot, dgu_s, Nr);
         }
         router_.backward(logits_, dw_, s.route, s.daux);
-        const Mat Dz = c_.save(w.dz, logits_, size_t(Nr) * E_);
+        const Mat Dz = gate_.keep_grad(wslot, logits_, Nr);
         // The experts, down then gate|up, each over its rows; dx of their inputs.
         const float* dye = dy_;
         float* dxe = xs32_;
@@ -223,42 +213,28 @@ public:
             rows = dispatch_.receive(s.x, dye_);
             dye = dye_, dxe = xe32_;
         }
-        experts_.backward_input(expert_rows(s), params, rows, dye, dxe, w.dye, w.dgu);
+        experts_.backward_input(slot, wslot, groups(s), rows, dye, dxe, params);
         if (ep_) dispatch_.send_back(s.x, dxe, xs32_);
         c_.be.zero(xs32_ + size_t(R) * C, size_t(C));
         // dx: each token's k sorted rows summed back in choice order, then the shared expert's
         // and the router's.
-        float* dhn = c_.full_b;
+        float* dhn = c_.lin.full_b;
         c_.be.zero(dhn, size_t(Nr) * C);
         dispatch_.combine(dhn, xs32_, s.route, nullptr);
-        if (Fs_ > 0) c_.mm(false, false, Nr, C, 2 * Fs_, Ds, 2 * Fs_, c_.weight(params + wgu_s_), C, 1.0f, dhn, C);
-        auto router = c_.role("gemm.router");
-        c_.mm(false, false, Nr, C, E_, Dz, E_, c_.weight(params + wg_), C, 1.0f, dhn, C);
+        if (Fs_ > 0) shared_gu_->input_grad(Ds, Nr, dhn, params, 1.0f);
+        gate_.input_grad(Dz, Nr, dhn, params, 1.0f);
         return dhn;
     }
 
     // W: the shared expert's, the router's and the experts' weight gradients.
     void backward_weight(int slot, int wslot, float* grads, const Act& hn) override {
-        const int Nr = c_.Nr, C = c_.d.C;
-        Saved& s = slots_[size_t(slot)];
-        Deferred& w = wslots_[size_t(wslot)];
-        const Mat X = c_.local(hn);
+        const Mat X = c_.lin.local(hn);
         if (Fs_ > 0) {
-            auto role = c_.role("gemm.shared_expert");
-            c_.mm(true, false, C, Fs_, Nr, c_.deferred(w.dy), C, c_.local(s.act_s), Fs_, 1.0f, grads + wd_s_, Fs_);
-            c_.mm(true, false, 2 * Fs_, C, Nr, c_.deferred(w.dgu_s), 2 * Fs_, X, C, 1.0f, grads + wgu_s_, C);
+            shared_down_->backward_weight_kept(slot, wslot, c_.Nr, grads);
+            shared_gu_->backward_weight(wslot, X, c_.Nr, grads);
         }
-        {
-            auto router = c_.role("gemm.router");
-            c_.mm(true, false, E_, C, Nr, c_.deferred(w.dz), E_, X, C, 1.0f, grads + wg_, C);
-        }
-        experts_.backward_weight(expert_rows(s), grads, w.dye, w.dgu);
-        experts_.done(grads);
-        if (Fs_ > 0) {
-            c_.done(grads + wd_s_, size_t(C) * Fs_);
-            c_.done(grads + wgu_s_, size_t(2) * Fs_ * C);
-        }
-        c_.done(grads + wg_, size_t(E_) * C);
+        gate_.backward_weight(wslot, X, c_.Nr, grads);
+        experts_.backward_weight(slot, wslot, groups(slots_[size_t(slot)]), grads);
     }
 
     double aux_loss(int slot) const override { return slots_[size_t(slot)].aux; }
@@ -283,9 +259,8 @@ public:
     }
 
 private:
-    MoeExperts::Rows expert_rows(const Saved& s) const {
-        return {s.xe, s.gu, s.act, ep_ ? s.x.expert_rows.data() : s.route.count.data(),
-                ep_ ? s.x.expert_off.data() : s.route.offset.data()};
+    MoeExperts::Groups groups(const Saved& s) const {
+        return {ep_ ? s.x.expert_rows.data() : s.route.count.data(), ep_ ? s.x.expert_off.data() : s.route.offset.data()};
     }
 
     // f_e, P_e over the whole microbatch (tp and cp ranks summed), routing choices before any
@@ -315,21 +290,17 @@ private:
     const bool proportional_;
     MoeRouter router_;
     MoeDispatcher dispatch_;
-    MoeExperts experts_;
     const int Rx_;  // rows this rank's experts may be handed
-    size_t wg_ = 0, bias_ = 0, wgu_s_ = 0, wd_s_ = 0;
+    MoeExperts experts_;
+    Linear gate_;                                   // the router's logits
+    std::unique_ptr<Linear> shared_gu_, shared_down_;  // the shared expert (moe.shared_experts > 0)
+    size_t bias_ = 0;
     float *hn32_, *xs32_, *logits_, *dy_, *dw_, *stage_;
-    float *dgu_s_ = nullptr, *dact_s_ = nullptr, *xe32_ = nullptr, *dye_ = nullptr;
+    float *dact_s_ = nullptr, *xe32_ = nullptr, *dye_ = nullptr;
     MoeCounts counts_;  // this step's counts as layer 0, training forwards only
     std::vector<float> stats_, host_e_;  // host staging, sized once
     std::vector<double> load_;
-    struct Deferred {  // B -> W
-        Act dz;        // [Nr, E] the router logits' gradient
-        Act dye, dgu;  // [Rx, C], [Rx, 2F] the experts' down and gate|up output gradients (their rows)
-        Act dy, dgu_s; // [Nr, C], [Nr, 2Fs] the shared expert's
-    };
     std::vector<Saved> slots_;
-    std::vector<Deferred> wslots_;
 };
 
 }  // namespace
@@ -388,52 +359,44 @@ void moe_declare_buffers(const ModelConfig& m, const ModelDims& d, const BufferS
     // The routing, kept for the backward.
     // B's only (b_only): the router's backward reads the probabilities, the combine's the
     // experts' outputs, the SwiGLUs' backwards their inputs; W reads none of them.
-    out.save("moe.probs", Nr * E_, Elem::f32, true);
-    out.save("moe.expert", R, Elem::i32);
-    out.save("moe.weight", R);
-    out.save("moe.slot", R, Elem::i32);
-    out.save("moe.src", R, Elem::i32);
+    out.per_slot(kProbs, Nr * E_, true);
+    out.per_slot(kExpert, R);
+    out.per_slot(kWeight, R);
+    out.per_slot(kSlot, R);
+    out.per_slot(kSrc, R);
     // The experts' side, sized for the dropless worst case.
-    out.save("moe.y", (R + 1) * C, Elem::f32, true);  // their outputs in sorted order; row R is zero
-    out.save("moe.x", Rx * C, Elem::act);       // their inputs
-    out.save("moe.gate_up", Rx * 2 * F, Elem::f32, true);
-    out.save("moe.act", Rx * F, Elem::act);
+    out.per_slot(kY, (R + 1) * C, true);  // their outputs in sorted order; row R is zero
+    MoeExperts::declare_saved(out, Rx, C, F);
     if (s.ep > 1) {
-        out.save("moe.to_source", std::max<size_t>(Rx, 1), Elem::i32);
-        out.save("moe.to_expert", std::max<size_t>(Rx, 1), Elem::i32);
+        out.per_slot(kToSource, std::max<size_t>(Rx, 1));
+        out.per_slot(kToExpert, std::max<size_t>(Rx, 1));
         out.exchange = std::max<size_t>(Rx, 1) * C;
     }
     if (Fs > 0) {
-        out.save("moe.shared_gate_up", Nr * 2 * Fs, Elem::f32, true);
-        out.save("moe.shared_act", Nr * Fs, Elem::act);
+        out.per_slot(kSharedGateUp, Nr * 2 * Fs, true);
+        declare_input(out, shared_down_decl(Nr, C, Fs));  // the shared expert's activation
     }
-    if (m.moe.balance == "aux_loss") out.save("moe.daux", E_);
-    out.scratch("moe.hn_fp32", Nr * C);
-    out.scratch("moe.xs_fp32", (R + 1) * C);
-    out.scratch("moe.logits", Nr * E_);
-    out.scratch("moe.dy", (R + 1) * C);
+    if (m.moe.balance == "aux_loss") out.per_slot(kDaux, E_);
+    out.scratch(kHn32, Nr * C);
+    out.scratch(kXs32, (R + 1) * C);
+    out.scratch(kLogits, Nr * E_);
+    out.scratch(kDy, (R + 1) * C);
     // What W needs, each written once B has read what it may live in: the combine's backward
     // (the first thing B does) reads moe.y, the router's backward the probabilities, the
     // SwiGLUs' backwards their gate|up.
-    out.defer("w.moe.dz", Nr * E_, Elem::act, {"moe.probs"});
-    out.defer("w.moe.dye", Rx * C, Elem::act, {"moe.y"});
-    out.defer("w.moe.dgu", Rx * 2 * F, Elem::act, {"moe.gate_up"});
+    declare_grad(out, router_decl(Nr, C, E_), s);
+    MoeExperts::declare_grads(out, Rx, C, F, kY.name, s);
     if (Fs > 0) {
-        out.defer("w.moe.dy", Nr * C, Elem::act, {"moe.y"});
-        out.defer("w.moe.dgu_shared", Nr * 2 * Fs, Elem::act, {"moe.shared_gate_up"});
+        declare_grad(out, shared_down_decl(Nr, C, Fs), s);
+        declare_grad(out, shared_gate_up_decl(Nr, C, Fs), s);
     }
-    // fp32 before it is rounded (bf16) or copied (a split schedule) into w.moe.dgu
-    if (s.bf16 || s.split_bw) out.scratch("moe.dgu", Rx * 2 * F);
-    out.scratch("moe.dact", Rx * F);
-    out.scratch("moe.dweight", Nr * k);
-    out.scratch("moe.stage", std::max(Rx * F, Nr * Fs));
-    if (Fs > 0) {
-        if (s.bf16 || s.split_bw) out.scratch("moe.dgu_shared", Nr * 2 * Fs);  // fp32 before w.moe.dgu_shared
-        out.scratch("moe.dact_shared", Nr * Fs);
-    }
+    MoeExperts::declare_scratch(out, Rx, F);
+    out.scratch(kDweight, Nr * k);
+    out.scratch(kStage, std::max(Rx * F, Nr * Fs));
+    if (Fs > 0) out.scratch(kDactShared, Nr * Fs);
     if (s.ep > 1) {
-        out.scratch("moe.xe_fp32", Rx * C);
-        out.scratch("moe.dye", Rx * C);
+        out.scratch(kXe32, Rx * C);
+        out.scratch(kDye, Rx * C);
     }
 }
 

@@ -1,96 +1,86 @@
 #include "moe_experts.hpp"
 
-#include "quintet/core/error.hpp"
 
 namespace quintet {
 
 namespace {
-// A GEMM operand starting `off` elements into `m`.
-Mat rows_of(Mat m, size_t off) { return {m.f ? m.f + off : nullptr, m.b ? m.b + off : nullptr}; }
-}  // namespace
+constexpr F32Buf kGateUp{"moe.gate_up"}, kDact{"moe.dact"}, kStage{"moe.stage"};
 
-MoeExperts::MoeExperts(BlockContext& c, const ParamTable& table, const std::string& prefix, int e0, int El, int F)
-    : c_(c), El_(El), F_(F) {
+LinearDecl gate_up_decl(size_t Rx, size_t C, size_t F) {
+    return {"moe.experts_gate_up", Rx, C, 2 * F, LinearInput::kept, {kGateUp.name}, true};
+}
+LinearDecl down_decl(size_t Rx, size_t C, size_t F, std::string_view y_sorted = {}) {
+    LinearDecl d{"moe.experts_down", Rx, F, C, LinearInput::kept};
+    if (!y_sorted.empty()) d.over = {y_sorted};
+    return d;
+}
+// Each local expert's gate|up (checked adjacent: one GEMM) or down_proj.
+std::vector<std::string> tensors(const ParamTable& t, const std::string& prefix, int e0, int El, bool gate_up) {
+    std::vector<std::string> out;
     for (int e = e0; e < e0 + El; ++e) {
         const std::string q = prefix + "experts." + std::to_string(e) + ".";
-        wgu_.push_back(table.offset_of(q + "gate_proj.weight"));
-        QUINTET_CHECK(table.offset_of(q + "up_proj.weight") == wgu_.back() + size_t(F_) * c_.d.C,
-                      "expert gate_proj and up_proj are not adjacent in the arena");
-        wd_.push_back(table.offset_of(q + "down_proj.weight"));
+        out.push_back(gate_up ? fused_weight(t, q, {"gate_proj", "up_proj"}) : q + "down_proj.weight");
     }
-    const BufferViews& sh = c_.shared();
-    // fp32 without a split schedule: straight into the deferred buffer (under one, that may be
-    // gate|up's own bytes, which the SwiGLU's backward reads).
-    if (c_.bf16() || c_.split_bw) dgu_ = sh.f32("moe.dgu");
-    dact_ = sh.f32("moe.dact");
-    stage_ = sh.f32("moe.stage");
+    return out;
+}
+}  // namespace
+
+void MoeExperts::declare_saved(BufferDecl& out, size_t Rx, size_t C, size_t F) {
+    declare_input(out, gate_up_decl(Rx, C, F));  // their inputs
+    out.per_slot(kGateUp, Rx * 2 * F, true);         // the SwiGLU's input (B's only)
+    declare_input(out, down_decl(Rx, C, F));     // the activation, down's input
 }
 
-void MoeExperts::forward(const Rows& ex, const float* params, int rows, float* out) {
-    auto role = c_.role("gemm.experts");
-    const int C = c_.d.C;
-    for (int j = 0; j < El_; ++j)
-        if (ex.count[j] > 0) {
-            const size_t o = size_t(ex.offset[j]);
-            c_.mm(false, true, ex.count[j], 2 * F_, C, rows_of(c_.local(ex.x), o * C), C,
-                  c_.weight(params + wgu_[size_t(j)]), C, 0.0f, ex.gu + o * 2 * F_, 2 * F_);
-        }
-    float* act = c_.produce(ex.act, stage_);
-    c_.be.swiglu_forward(act, ex.gu, rows, F_);
-    c_.keep(ex.act, act, size_t(rows) * F_);
-    for (int j = 0; j < El_; ++j)
-        if (ex.count[j] > 0) {
-            const size_t o = size_t(ex.offset[j]);
-            c_.mm(false, true, ex.count[j], C, F_, rows_of(c_.local(ex.act), o * F_), F_,
-                  c_.weight(params + wd_[size_t(j)]), F_, 0.0f, out + o * C, C);
-        }
+void MoeExperts::declare_grads(BufferDecl& out, size_t Rx, size_t C, size_t F, std::string_view y_sorted,
+                               const BufferShape& s) {
+    declare_grad(out, down_decl(Rx, C, F, y_sorted), s);  // once the combine's backward has read y
+    declare_grad(out, gate_up_decl(Rx, C, F), s);         // once the SwiGLU's backward has read gate|up
 }
 
-void MoeExperts::backward_input(const Rows& ex, const float* params, int rows, const float* dy, float* dx,
-                                const Act& wdy, const Act& wdgu) {
-    auto role = c_.role("gemm.experts");
-    const int C = c_.d.C;
-    const Mat Dy = c_.save(wdy, dy, size_t(rows) * C);
-    for (int j = 0; j < El_; ++j)
-        if (ex.count[j] > 0) {
-            const int n = ex.count[j];
-            const size_t o = size_t(ex.offset[j]);
-            c_.mm(false, false, n, F_, C, rows_of(Dy, o * C), C, c_.weight(params + wd_[size_t(j)]), F_, 0.0f,
-                  dact_ + o * F_, F_);
-        }
-    float* dgu = c_.split_bw ? dgu_ : c_.produce(wdgu, dgu_);
-    c_.be.swiglu_backward(dgu, dact_, ex.gu, rows, F_);
-    const Mat Dgu = c_.save(wdgu, dgu, size_t(rows) * 2 * F_);
-    for (int j = 0; j < El_; ++j)
-        if (ex.count[j] > 0) {
-            const int n = ex.count[j];
-            const size_t o = size_t(ex.offset[j]);
-            c_.mm(false, false, n, C, 2 * F_, rows_of(Dgu, o * 2 * F_), 2 * F_, c_.weight(params + wgu_[size_t(j)]),
-                  C, 0.0f, dx + o * C, C);
-        }
+void MoeExperts::declare_scratch(BufferDecl& out, size_t Rx, size_t F) { out.scratch(kDact, Rx * F); }
+
+MoeExperts::MoeExperts(BlockContext& c, const ParamTable& table, const std::string& prefix, int e0, int El, int F,
+                       int Rx)
+    : c_(c), F_(F),
+      gate_up_(c.lin, table, gate_up_decl(size_t(Rx), size_t(c.d.C), size_t(F)), tensors(table, prefix, e0, El, true),
+               "gemm.experts"),
+      down_(c.lin, table, down_decl(size_t(Rx), size_t(c.d.C), size_t(F)), tensors(table, prefix, e0, El, false),
+            "gemm.experts") {
+    dact_ = c_.shared()[kDact];
+    stage_ = c_.shared()[kStage];
 }
 
-void MoeExperts::backward_weight(const Rows& ex, float* grads, const Act& wdy, const Act& wdgu) {
-    auto role = c_.role("gemm.experts");
-    const int C = c_.d.C;
-    const Mat Dy = c_.deferred(wdy), Dgu = c_.deferred(wdgu);
-    for (int j = 0; j < El_; ++j)
-        if (ex.count[j] > 0) {
-            const int n = ex.count[j];
-            const size_t o = size_t(ex.offset[j]);
-            c_.mm(true, false, C, F_, n, rows_of(Dy, o * C), C, rows_of(c_.local(ex.act), o * F_), F_, 1.0f,
-                  grads + wd_[size_t(j)], F_);
-            c_.mm(true, false, 2 * F_, C, n, rows_of(Dgu, o * 2 * F_), 2 * F_, rows_of(c_.local(ex.x), o * C), C, 1.0f,
-                  grads + wgu_[size_t(j)], C);
-        }
+void MoeExperts::add_slot(const BufferViews& saved) {
+    gate_up_.add_slot(saved);
+    gu_.push_back(saved[kGateUp]);
+    down_.add_slot(saved);
 }
 
-void MoeExperts::done(float* grads) const {
-    const size_t C = size_t(c_.d.C);
-    for (int j = 0; j < El_; ++j) {
-        c_.done(grads + wd_[size_t(j)], C * F_);
-        c_.done(grads + wgu_[size_t(j)], size_t(2) * F_ * C);
-    }
+void MoeExperts::add_w_slot(const BufferViews& w) {
+    gate_up_.add_w_slot(w);
+    down_.add_w_slot(w);
+}
+
+void MoeExperts::forward(int slot, const Groups& g, int rows, float* out, const float* params) {
+    float* gu = gu_[size_t(slot)];
+    gate_up_.forward(slot, g, gu, params);
+    float* act = down_.input(slot, stage_);
+    c_.be.swiglu_forward(act, gu, rows, F_);
+    down_.input_written(slot, act, size_t(rows));
+    down_.forward(slot, g, out, params);
+}
+
+void MoeExperts::backward_input(int slot, int wslot, const Groups& g, int rows, const float* dy, float* dx,
+                                const float* params) {
+    down_.backward_input(wslot, g, dy, rows, dact_, params);
+    float* dgu = gate_up_.grad_target(wslot);
+    c_.be.swiglu_backward(dgu, dact_, gu_[size_t(slot)], rows, F_);
+    gate_up_.backward_input(wslot, g, dgu, rows, dx, params);
+}
+
+void MoeExperts::backward_weight(int slot, int wslot, const Groups& g, float* grads) {
+    down_.backward_weight(slot, wslot, g, grads);
+    gate_up_.backward_weight(slot, wslot, g, grads);
 }
 
 }  // namespace quintet

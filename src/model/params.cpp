@@ -7,6 +7,7 @@
 #include "quintet/core/error.hpp"
 #include "quintet/core/rng.hpp"
 #include "quintet/model/block.hpp"
+#include "quintet/model/param_groups.hpp"
 
 namespace quintet {
 
@@ -322,7 +323,6 @@ void init_params(float* arena, const ParamTable& table, const ModelConfig& m,
 
 void init_params_range(float* out, const ParamTable& table, const ModelConfig& m, const InitConfig& init,
                        uint64_t seed, size_t lo, size_t hi) {
-    const double out_scale = init.scheme == "scaled" ? 1.0 / std::sqrt(2.0 * m.n_layers) : 1.0;
     for (const auto& s : table.specs) {
         size_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.numel());
         if (a >= b) continue;
@@ -331,12 +331,9 @@ void init_params_range(float* out, const ParamTable& table, const ModelConfig& m
             for (size_t i = a; i < b; ++i) out[i - lo] = v;
             continue;
         }
-        double std = init.std;
-        // fan_in: 1/sqrt(in) for weights that multiply activations; a lookup has no fan-in.
-        if (init.scheme == "fan_in" && s.init != InitRule::embedding) std = 1.0 / std::sqrt(double(s.cols));
-        if (s.init == InitRule::out_proj) std *= out_scale;
+        // The scheme's std for this tensor (model/param_groups.hpp: normal, scaled, fan_in, mup).
+        const float fstd = float(tensor_rule(s, m, init).std);
         Philox rng{stream_key(seed, s.name)};
-        const float fstd = float(std);
         const size_t lc = size_t(s.lcols);
 #pragma omp parallel for schedule(static)
         for (size_t i = a; i < b; ++i) {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "quintet/kernels/backend.hpp"
@@ -131,18 +132,32 @@ std::string cache_file(const std::string& kind) {
     const std::string p = host_peak_cache_path();
     return p.substr(0, p.rfind('/') + 1) + kind + "-" + host_name();
 }
-// "key1=v1 key2=v2 cpu=<model>" of this CPU model, or false.
-bool read_pair(const std::string& kind, const char* fmt, double* a, double* b) {
+// One line "key1=v1 key2=v2 ... cpu=<model to the end of the line>" of this CPU model, as its
+// keys and values; empty when absent or written for another CPU.
+std::map<std::string, std::string> read_entry(const std::string& kind) {
     std::ifstream f(cache_file(kind));
     std::string line;
-    if (!std::getline(f, line)) return false;
-    auto c = line.find(" cpu=");
-    if (c == std::string::npos || line.substr(c + 5) != cpu_model()) return false;
-    double x = 0, y = 0;
-    const int n = std::sscanf(line.c_str(), fmt, &x, &y);
-    if (n < 1 || x <= 0) return false;
+    std::map<std::string, std::string> kv;
+    if (!std::getline(f, line)) return kv;
+    const auto c = line.find(" cpu=");
+    if (c == std::string::npos || line.substr(c + 5) != cpu_model()) return kv;
+    std::istringstream in(line.substr(0, c));
+    std::string tok;
+    while (in >> tok)
+        if (const auto eq = tok.find('='); eq != std::string::npos) kv[tok.substr(0, eq)] = tok.substr(eq + 1);
+    return kv;
+}
+double number(const std::map<std::string, std::string>& kv, const std::string& key) {
+    const auto it = kv.find(key);
+    return it == kv.end() ? 0.0 : std::atof(it->second.c_str());
+}
+// "key1=v1 key2=v2 cpu=<model>" of this CPU model, or false.
+bool read_pair(const std::string& kind, const char* k1, double* a, const char* k2, double* b) {
+    const auto kv = read_entry(kind);
+    const double x = number(kv, k1);
+    if (x <= 0) return false;
     *a = x;
-    if (b) *b = y;
+    if (b) *b = number(kv, k2);
     return true;
 }
 void write_line(const std::string& kind, const std::string& text) {
@@ -157,35 +172,52 @@ void write_line(const std::string& kind, const std::string& text) {
     std::filesystem::rename(tmp, path, ec);
     if (ec) std::filesystem::remove(tmp, ec);
 }
+std::string fmt(double x) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.4g", x);
+    return b;
+}
 }  // namespace
 
-HostPeak host_fma_peak(bool remeasure) {
+std::string HostPeak::describe() const {
+    std::string s = source;
+    if (ceiling_per_core > 0) s += "; " + fmt(gflops_per_core / ceiling_per_core) + " of the CPU's bound " + fmt(ceiling_per_core);
+    return s;
+}
+
+HostPeak host_fma_peak(bool remeasure, bool add_reading) {
     const std::string path = host_peak_cache_path(), cpu = cpu_model();
+    const FmaCeiling ceiling = cpu_fma_ceiling();
+    const double bound = ceiling.gflops_per_core;  // 0: unknown
     HostPeak p;
-    // One line: gflops_per_core=<x> isa=<isa> one_core=<y> cpu=<model name to the end of the line>
-    double cached = 0, cached_one = 0;
-    {
-        std::ifstream f(path);
-        std::string line;
-        char isa[32] = {0};
-        auto c = std::string::npos;
-        if (std::getline(f, line) && (c = line.find(" cpu=")) != std::string::npos &&
-            line.substr(c + 5) == cpu &&
-            std::sscanf(line.c_str(), "gflops_per_core=%lf isa=%31s one_core=%lf", &cached, isa,
-                        &cached_one) == 3 &&
-            cached > 0 && cached_one > 0)
-            p.isa = isa;
-        else
-            cached = cached_one = 0;
-    }
-    // A peak is only ever read low (another process on the cores), and a low one would inflate
-    // every MFU on this host for good. An sgemm is FMAs, so one thread's sgemm rate (cached by
-    // `quintet peak`, plan and study) above one core's FMA rate alone says the cached peak was
-    // read on a busy host: measure again and keep the higher of the two readings.
+    p.cpu = cpu, p.ceiling_per_core = bound, p.ceiling_what = ceiling.describe();
+    // One line: gflops_per_core=<x> isa=<isa> one_core=<y> readings=<n> [low=1] cpu=<model name>
+    auto kv = read_entry("fma_peak");
+    double cached = number(kv, "gflops_per_core"), cached_one = number(kv, "one_core");
+    int readings = int(number(kv, "readings"));
+    if (cached > 0 && cached_one > 0 && kv.count("isa")) p.isa = kv["isa"];
+    else cached = cached_one = 0, readings = 0;
+    readings = std::max(readings, cached > 0 ? 1 : 0);  // an entry from before the count: one reading
     double sgemm_one = 0;
-    const bool plausible = cached > 0 && (!read_sgemm_cache(&sgemm_one) || cached_one >= sgemm_one);
-    if (!remeasure && plausible) {
-        p.gflops_per_core = cached, p.cpu = cpu, p.source = "cached in " + path;
+    read_sgemm_cache(&sgemm_one);
+    // A peak can only be read low (another process on the cores), and a low one would inflate
+    // every MFU on this host for good; so it is measured again, the highest reading kept, until
+    // kPeakReadings runs have read it; when a run's step went faster than it (low=1); and when
+    // one thread's sgemm (FMAs, so it cannot beat them) beat one core's figure. A cached figure
+    // above the CPU's own bound is an error and not used.
+    std::string why;
+    if (remeasure) why = "--remeasure";
+    else if (cached <= 0) why = "nothing cached";
+    else if (bound > 0 && std::max(cached, cached_one) > bound)
+        why = "the cached " + fmt(std::max(cached, cached_one)) + " GFLOP/s is above the CPU's bound " + fmt(bound),
+        cached = cached_one = 0, readings = 0;
+    else if (kv.count("low")) why = "a run's step went faster than the cached figure";
+    else if (sgemm_one > 1.05 * cached_one) why = "one thread's sgemm (" + fmt(sgemm_one) + ") beat the cached one-core figure";
+    else if (readings < kPeakReadings) why = "reading " + std::to_string(readings + 1) + " of " + std::to_string(kPeakReadings);
+    else if (add_reading) why = "a reading asked for";
+    if (why.empty()) {
+        p.gflops_per_core = cached;
+        p.source = "cached in " + path + ", the highest of " + std::to_string(readings) + " readings";
         return p;
     }
     // Every core at once, then per core: a virtual machine's "cores" may be SMT siblings that
@@ -193,33 +225,116 @@ HostPeak host_fma_peak(bool remeasure) {
     const int cores = host_cores();
     const FmaPeak m = cpu_measure_fma_peak(cores);
     const FmaPeak one = cores > 1 ? cpu_measure_fma_peak(1) : m;
-    p.gflops_per_core = m.gflops / cores, p.isa = m.isa, p.cpu = cpu, p.source = "measured";
-    double alone = one.gflops;
-    if (!remeasure) {  // --remeasure replaces the entry; otherwise readings only ever go up
-        p.gflops_per_core = std::max(p.gflops_per_core, cached);
+    double per_core = m.gflops / cores, alone = one.gflops;
+    std::string rejected;
+    if (bound > 0 && alone > bound) {  // a clock that jumped: the reading is not kept
+        rejected = "; this reading (" + fmt(alone) + ") was above the CPU's bound and is not kept";
+        per_core = std::min(per_core, cached > 0 ? cached : bound), alone = std::min(alone, cached_one > 0 ? cached_one : bound);
+    }
+    if (!remeasure) {  // --remeasure starts the entry afresh; otherwise readings only ever go up
+        per_core = std::max(per_core, cached);
         alone = std::max(alone, cached_one);
     }
+    // An sgemm on one thread is FMAs on one core: the core does at least that.
+    if (sgemm_one > alone && (bound <= 0 || sgemm_one <= bound)) alone = sgemm_one;
+    const int n = remeasure ? 1 : readings + 1;
+    p.gflops_per_core = per_core, p.isa = m.isa;
+    p.source = "measured now (" + why + "), the highest of " + std::to_string(n) + " readings" + rejected;
     // Best effort: a read-only home only costs a measurement next time.
     std::ostringstream o;
-    o << "gflops_per_core=" << p.gflops_per_core << " isa=" << m.isa << " one_core=" << alone;
+    o.precision(17);  // the figure as measured, to the last bit
+    o << "gflops_per_core=" << per_core << " isa=" << m.isa << " one_core=" << alone << " readings=" << n;
     write_line("fma_peak", o.str());
     return p;
 }
 
-bool read_link_cache(LinkFigures* out) {
-    return read_pair("links", "gbs=%lf latency_s=%lf", &out->gbs, &out->latency_s);
+void host_peak_note_achieved(double ratio) {
+    if (!(ratio > 1)) return;
+    // The step's rate is a rate the cores really reached: the cached figure rises to it, and is
+    // marked so that the next run measures again.
+    auto kv = read_entry("fma_peak");
+    const double cached = number(kv, "gflops_per_core"), one = number(kv, "one_core");
+    if (cached <= 0 || !kv.count("isa")) return;
+    const double bound = cpu_fma_ceiling().gflops_per_core;
+    const double raised = bound > 0 ? std::min(bound, cached * ratio) : cached * ratio;
+    std::ostringstream o;
+    o.precision(17);  // the figure as measured, to the last bit
+    o << "gflops_per_core=" << std::max(cached, raised) << " isa=" << kv["isa"] << " one_core=" << std::max(one, raised)
+      << " readings=" << std::max(1, int(number(kv, "readings"))) << " low=1";
+    write_line("fma_peak", o.str());
 }
+
+bool read_link_cache(LinkFigures* out) { return read_pair("links", "gbs", &out->gbs, "latency_s", &out->latency_s); }
 void write_link_cache(const LinkFigures& l) {
     std::ostringstream o;
+    o.precision(17);  // the figure as measured, to the last bit
     o << "gbs=" << l.gbs << " latency_s=" << l.latency_s;
     write_line("links", o.str());
 }
 // Per BLAS: a build with the other one (CMake QUINTET_BLAS) measures its own rate.
 const std::string kSgemmKind = std::string("sgemm_") + QUINTET_BLAS_NAME;
-bool read_sgemm_cache(double* g) { return read_pair(kSgemmKind, "gflops_per_core=%lf", g, nullptr); }
-void write_sgemm_cache(double g) {
+namespace {
+// The one-thread sgemm entry: its rate (0 when absent or above the CPU's bound), its readings
+// and whether a run marked it low.
+struct SgemmEntry {
+    double gflops = 0;
+    int readings = 0;
+    bool low = false;
+};
+SgemmEntry sgemm_entry() {
+    const auto kv = read_entry(kSgemmKind);
+    SgemmEntry e;
+    e.gflops = number(kv, "gflops_per_core");
+    const double bound = cpu_fma_ceiling().gflops_per_core;
+    if (e.gflops <= 0 || (bound > 0 && e.gflops > bound)) return {};  // faster than the CPU can be: an error
+    e.readings = std::max(1, int(number(kv, "readings")));
+    e.low = kv.count("low") > 0;
+    return e;
+}
+}  // namespace
+
+bool read_sgemm_cache(double* g, int* readings) {
+    const SgemmEntry e = sgemm_entry();
+    if (e.gflops <= 0) return false;
+    *g = e.gflops;
+    if (readings) *readings = e.low ? 0 : e.readings;
+    return true;
+}
+double write_sgemm_cache(double g, bool replace) {
+    const SgemmEntry e = replace ? SgemmEntry{} : sgemm_entry();
+    g = std::max(g, e.gflops);  // readings only ever go up
     std::ostringstream o;
-    o << "gflops_per_core=" << g;
+    o.precision(17);  // the figure as measured, to the last bit
+    o << "gflops_per_core=" << g << " readings=" << e.readings + 1;
+    write_line(kSgemmKind, o.str());
+    return g;
+}
+double host_sgemm_gflops_per_core(std::string* source) {
+    const SgemmEntry e = sgemm_entry();
+    if (e.gflops > 0 && !e.low && e.readings >= kPeakReadings) {
+        if (source)
+            *source = "cached in " + cache_file(kSgemmKind) + ", the highest of " + std::to_string(e.readings) + " readings";
+        return e.gflops;
+    }
+    auto be = make_cpu_backend(1);
+    const double now = cpu_measure_sgemm_gflops(*be, 1024, 5);
+    const double bound = cpu_fma_ceiling().gflops_per_core;
+    if (bound > 0 && now > bound) {  // not kept: a clock that jumped
+        if (source) *source = "this reading (" + fmt(now) + ") was above the CPU's bound " + fmt(bound) + " and is not kept";
+        return e.gflops > 0 ? e.gflops : bound;
+    }
+    const double g = write_sgemm_cache(now);
+    if (source)
+        *source = "measured now (" + fmt(now) + " on 1 thread), the highest of " + std::to_string(e.readings + 1) +
+                  " readings, kept in " + cache_file(kSgemmKind);
+    return g;
+}
+void sgemm_note_achieved(double gflops_per_core) {
+    const SgemmEntry e = sgemm_entry();
+    if (e.gflops <= 0 || gflops_per_core <= e.gflops) return;
+    std::ostringstream o;
+    o.precision(17);  // the figure as measured, to the last bit
+    o << "gflops_per_core=" << gflops_per_core << " readings=" << e.readings << " low=1";
     write_line(kSgemmKind, o.str());
 }
 
@@ -262,14 +377,17 @@ double job_sgemm_flops(const MpiCommunicator& world, double measured_gflops, int
         // The best node-wide measurement seen on this host for this arrangement of ranks and
         // threads: contention only ever makes a measurement lower.
         const std::string kind = kSgemmKind + "_r" + std::to_string(ranks) + "t" + std::to_string(max_threads);
-        // A rate above the FMA peak of the cores the node's ranks use is a measurement error (a
-        // clock that jumped, a reading taken while ranks were idle): it is neither cached nor used.
-        const double ceiling = host_fma_peak().gflops_per_core * std::min(host_cores(), ranks * max_threads);
+        // A rate above the CPU's own bound for the cores the node's ranks use is a measurement
+        // error (a clock that jumped): it is neither cached nor used. (The bound, not the measured
+        // FMA peak: a peak read low on a busy host would throw real rates away.)
+        const double per_core_bound = cpu_fma_ceiling().gflops_per_core;
+        const double ceiling = per_core_bound > 0 ? per_core_bound * std::min(host_cores(), ranks * max_threads) : 1e300;
         const bool impossible = node_measured > ceiling;
         double best = 0;
-        if (read_pair(kind, "gflops=%lf", &best, nullptr) && best > ceiling) best = 0;  // an impossible cached one
+        if (read_pair(kind, "gflops", &best, nullptr, nullptr) && best > ceiling) best = 0;  // an impossible cached one
         if (!impossible && (best == 0 || node_measured > best)) {
             std::ostringstream o;
+            o.precision(17);  // the figure as measured, to the last bit
             o << "gflops=" << node_measured;
             write_line(kind, o.str());
         }

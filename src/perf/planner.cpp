@@ -3,7 +3,7 @@
 // Parameters, gradients and optimizer moments come from the same parameter table the trainer
 // builds (model/params.cpp, composed per layer kind by perf/inventory); activations and
 // communication buffers from the same declarations of the layer modules, laid out the same way
-// (model/buffers.hpp, chunk_buffers); the number of microbatches in flight per stage from the
+// (model/buffers.hpp, chunk_buffers in model/slot_store.hpp); the number of microbatches in flight per stage from the
 // schedule's own action lists. On this host that is the trainer's accounting exactly, and time
 // is compute at a share of the measured sgemm rate, plus each axis's bytes over the link, plus
 // the pipeline bubble. On GPUs (perf/hardware) memory is a bf16 mixed-precision run's
@@ -151,7 +151,7 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
         }
         // Each chunk keeps as many slots as it had microbatches in flight at once (the executor
         // allocates them on demand); activations are what its blocks declare (the trainer's own
-        // accounting, model/transformer.hpp chunk_buffers).
+        // accounting, model/slot_store.hpp chunk_buffers).
         const std::vector<int> slots = chunk_slots(p.schedule, p.pp, stage, p.microbatches, p.virtual_stages);
         double act_bytes = 0, stage_layers = 0;
         size_t ring_kv = 0, ring_out = 0, ring_lse = 0, exchange = 0;
@@ -451,8 +451,17 @@ std::vector<PlanRow> plan_all(const Deck& deck, int world, const PlanTarget& tar
         if (a.fits != b.fits) return a.fits;
         return a.tokens_per_s > b.tokens_per_s;
     });
+    // Ties with the first row: a time per token within the planner's error of its.
+    if (!rows.empty() && rows.front().valid) {
+        const PlanRow& best = rows.front();
+        const double err = plan_error(target);
+        for (PlanRow& r : rows)
+            r.tie = r.valid && r.fits == best.fits && r.tokens_per_s * (1 + err) >= best.tokens_per_s;
+    }
     return rows;
 }
+
+double plan_error(const PlanTarget& target) { return target.hardware.host ? 0.10 : 0.125; }
 
 std::vector<PlanRow> plan_all(const Deck& deck, int world, const MachineModel& machine, const PlanSweep& sweep,
                               double device_memory_bytes) {
@@ -513,12 +522,13 @@ std::string plan_json(const std::vector<PlanRow>& rows) {
               << ", \"step_time_s\": " << num(r.step_time_s) << ", \"tokens_per_s\": " << num(r.tokens_per_s)
               << ", \"global_batch\": " << r.global_batch << ", \"params_total\": " << num(r.params_total)
               << ", \"params_active\": " << num(r.params_active) << ", \"flops_per_step\": " << num(r.flops_per_step)
-              << ", \"tflops_per_device\": " << num(r.tflops_per_device) << ", \"mfu\": " << num(r.mfu);
+              << ", \"tflops_per_device\": " << num(r.tflops_per_device) << ", \"mfu\": " << num(r.mfu)
+              << ", \"tie\": " << (r.tie ? "true" : "false");
         } else {
             o << ", \"fits\": null, \"stage\": null, \"memory_bytes\": null, \"comm_bytes\": null, \"comm_s\": null, "
                  "\"links\": null, \"bubble\": null, \"compute_s\": null, \"step_time_s\": null, \"tokens_per_s\": null, "
                  "\"global_batch\": null, \"params_total\": null, \"params_active\": null, \"flops_per_step\": null, "
-                 "\"tflops_per_device\": null, \"mfu\": null";
+                 "\"tflops_per_device\": null, \"mfu\": null, \"tie\": null";
         }
         o << "}";
     }

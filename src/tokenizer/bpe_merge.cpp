@@ -205,18 +205,25 @@ void BpeMerger::encode_piece(std::string_view piece, std::vector<uint32_t>& out)
 }
 
 void BpeMerger::encode_long(std::string_view piece, std::vector<uint32_t>& out) const {
-    const size_t n = piece.size();
-    if (n >= UINT32_MAX) throw std::length_error("BPE piece of 4 GiB or more");
+    thread_local std::vector<uint32_t> symbols;
+    symbols.resize(piece.size());
+    for (size_t i = 0; i < piece.size(); ++i) symbols[i] = byte_token_[uint8_t(piece[i])];
+    merge_symbols(symbols, out);
+}
+
+void BpeMerger::merge_symbols(const std::vector<uint32_t>& symbols, std::vector<uint32_t>& out) const {
+    const size_t n = symbols.size();
+    if (n == 0) return;
+    if (n >= UINT32_MAX) throw std::length_error("BPE piece of 4 Gi symbols or more");
     constexpr uint32_t kEnd = UINT32_MAX;
-    // One node per byte offset; a merge absorbs the right node into the left one.
+    // One node per symbol; a merge absorbs the right node into the left one.
     thread_local std::vector<uint32_t> id, next, prev;
     thread_local std::vector<uint64_t> heap;  // priority << 32 | node, a min-heap
-    id.resize(n);
+    id.assign(symbols.begin(), symbols.end());
     next.resize(n);
     prev.resize(n);
     heap.clear();
     for (size_t i = 0; i < n; ++i) {
-        id[i] = byte_token_[uint8_t(piece[i])];
         next[i] = i + 1 < n ? uint32_t(i + 1) : kEnd;
         prev[i] = i > 0 ? uint32_t(i - 1) : kEnd;
     }

@@ -46,6 +46,9 @@ public:
 
     // Appends the tokens of one piece. Thread-safe (per-thread scratch space).
     void encode_piece(std::string_view piece, std::vector<uint32_t>& out) const;
+    // The same merging from given starting tokens (a character-level BPE's symbols): appends the
+    // merged tokens. Thread-safe.
+    void merge_symbols(const std::vector<uint32_t>& symbols, std::vector<uint32_t>& out) const;
 
 private:
     struct PairSlot {

@@ -162,7 +162,7 @@ Pretokenizer::Pretokenizer(const std::string& pattern, const std::string& what) 
 Pretokenizer::~Pretokenizer() = default;
 
 size_t Pretokenizer::split(std::string_view text, size_t begin, size_t end, std::vector<size_t>& ends,
-                           size_t max_pieces) const {
+                           size_t max_pieces, std::vector<char>* matched) const {
     ThreadMatch& m = thread_match();
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     PCRE2_SIZE* ov = pcre2_get_ovector_pointer(m.data);
@@ -174,6 +174,7 @@ size_t Pretokenizer::split(std::string_view text, size_t begin, size_t end, std:
                            : pcre2_match(code_->code, subject, text.size(), pos, options, m.data, m.context);
         if (rc == PCRE2_ERROR_NOMATCH) {  // the rest of the range is unmatched text: one piece
             ends.push_back(end);
+            if (matched) matched->push_back(0);
             return end;
         }
         if (rc < 0)
@@ -182,6 +183,7 @@ size_t Pretokenizer::split(std::string_view text, size_t begin, size_t end, std:
         const size_t s = ov[0], e = ov[1];
         if (s >= end) {  // unmatched text up to the end of the range
             ends.push_back(end);
+            if (matched) matched->push_back(0);
             return end;
         }
         if (s == e) {  // an empty match is no piece: look on for one that is not empty here
@@ -192,10 +194,12 @@ size_t Pretokenizer::split(std::string_view text, size_t begin, size_t end, std:
         options = 0;
         if (s > piece_start) {  // unmatched text before the match (invalid UTF-8, say)
             ends.push_back(s);
+            if (matched) matched->push_back(0);
             ++count;
         }
         if (e > end) throw std::logic_error("pre-tokenizer: a piece crosses the end of the range it was asked for");
         ends.push_back(e);
+        if (matched) matched->push_back(1);
         ++count;
         piece_start = pos = e;
     }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <memory>
 #include <set>
 #include <unordered_map>
@@ -138,6 +139,7 @@ Tokenizer tokenizer_tiktoken(const std::string& file_text, const std::string& pa
     auto model = std::make_shared<TiktokenModel>(pattern, origin + " pattern");
     std::string token;
     std::set<uint32_t> ranks;
+    std::unordered_map<std::string, size_t> token_line;  // each token's bytes -> the line that gave them
     size_t line_no = 0, n_ranks = 0;
     uint32_t max_rank = 0;
     for (size_t at = 0; at < file_text.size();) {
@@ -150,7 +152,18 @@ Tokenizer tokenizer_tiktoken(const std::string& file_text, const std::string& pa
         if (line.empty()) continue;
         const size_t sp = line.find(' ');
         auto bad = [&](const std::string& why) {
-            const std::string shown(line.substr(0, 60));
+            // The line as printable text (a binary file's bytes as \xNN: a NUL would end the
+            // message, a control byte garble the terminal), its first 60 bytes.
+            std::string shown;
+            for (unsigned char c : line.substr(0, 60)) {
+                if (c >= 0x20 && c < 0x7f && c != '\\') {
+                    shown += char(c);
+                } else {
+                    char b[8];
+                    std::snprintf(b, sizeof b, "\\x%02x", c);
+                    shown += b;
+                }
+            }
             throw ConfigError(origin + ": line " + std::to_string(line_no) + " ('" + shown +
                               (line.size() > 60 ? "...'" : "'") + "): " + why +
                               "; a .tiktoken file has one \"<base64 token> <rank>\" per line");
@@ -163,6 +176,9 @@ Tokenizer tokenizer_tiktoken(const std::string& file_text, const std::string& pa
         if (rank >= kMaxTokenId) bad("rank " + std::to_string(rank) + " is too large (at most " + std::to_string(kMaxTokenId - 1) + ")");
         if (!base64_decode(line.substr(0, sp), token)) bad("the token is not base64");
         if (!ranks.insert(rank).second) bad("rank " + std::to_string(rank) + " appears twice");
+        if (const auto [it, fresh] = token_line.emplace(token, line_no); !fresh)
+            bad("its token is the token of line " + std::to_string(it->second) +
+                "; every token must appear once (two ranks for the same bytes)");
         model->merger.add_token(rank, token);
         max_rank = std::max(max_rank, rank);
         ++n_ranks;

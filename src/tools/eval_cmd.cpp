@@ -8,11 +8,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <sstream>
 
 #include "quintet/core/error.hpp"
 #include "quintet/core/lists.hpp"
+#include "quintet/interop/output_path.hpp"
 #include "quintet/io/checkpoint.hpp"
 #include "quintet/io/h5.hpp"
 #include "quintet/io/token_data.hpp"
@@ -46,6 +48,8 @@ const char* kUsage =
     "--rope.factor=4); [parallel] comes from the command line alone, so any layout evaluates any\n"
     "checkpoint (dp defaults to what the world size leaves). rope.original_max_position = 0\n"
     "means the context the checkpoint was trained at. Nothing is written into the run folder.\n"
+    "Each validation token is evaluated at most once: a source whose split holds fewer whole batches\n"
+    "than eval.batches is evaluated on those (a note on stderr gives both numbers); none is refused.\n"
     "The last line of stdout is  val_loss=<x> seq_len=<T> tokens=<target tokens evaluated>.\n"
     "\n"
     "  --by-position OUT.h5   the mean cross-entropy at each position: /loss_by_position [T]\n"
@@ -70,7 +74,7 @@ void write_vector_h5(const std::string& path, const std::vector<std::pair<std::s
     h5::silence_errors();
     const std::string tmp = path + ".tmp";
     {
-        h5::Handle f = h5::file(h5::check(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
+        h5::Handle f = h5::file(h5::check(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, h5::file_create_plist(), H5P_DEFAULT),
                                           "create " + tmp));
         for (const auto& [name, v] : cols) {
             const std::string parent = name.substr(0, name.rfind('/'));
@@ -78,7 +82,7 @@ void write_vector_h5(const std::string& path, const std::vector<std::pair<std::s
             hsize_t n = v.size();
             h5::Handle sp = h5::space(h5::check(H5Screate_simple(1, &n, nullptr), "dataspace"));
             h5::Handle ds = h5::dataset(h5::check(
-                H5Dcreate2(f, name.c_str(), H5T_IEEE_F64LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                H5Dcreate2(f, name.c_str(), H5T_IEEE_F64LE, sp, H5P_DEFAULT, h5::dataset_create_plist(), H5P_DEFAULT),
                 "create " + name));
             if (n) h5::check(H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), "write " + name);
         }
@@ -128,7 +132,7 @@ int eval_main(int argc, char** argv, MPI_Comm world_handle) {
         }
     }
     po::options_description desc("options");
-    desc.add_options()("help,h", "this text")("checkpoint", po::value(&ckpt), "checkpoint file")(
+    desc.add_options()("help,h", "this text")("checkpoint", po::value(&ckpt), "checkpoint file, or a run folder / its checkpoints/ folder / latest (the checkpoint latest names)")(
         "data", po::value(&data), "token sources (their validation splits are evaluated)")(
         "whole", "evaluate every whole batch of DATA (each source is validation data)")(
         "by-position", po::value(&by_position), "write /loss_by_position [T] to this HDF5 file")(
@@ -164,7 +168,19 @@ int eval_main(int argc, char** argv, MPI_Comm world_handle) {
     }
     if (ckpt.empty() || data.empty())
         throw ConfigError("eval: --checkpoint and --data are required (see quintet eval --help)");
+    // The files it writes, checked before any work (a missing folder would fail after the evaluation).
+    const auto any = [](const std::filesystem::path&) { return std::string(); };  // they are overwritten
+    if (!by_position.empty())
+        output_check(by_position, OutputKind::file, true, "eval: --by-position", "a file such as loss_by_pos.h5", any);
+    if (!passkey_out.empty())
+        output_check(passkey_out, OutputKind::file, true, "eval: --passkey-out", "a file such as passkey.h5", any);
 
+    // A run folder, its checkpoints/ folder or `latest`: the checkpoint `latest` names.
+    {
+        std::string note;
+        ckpt = checkpoint_resolve(ckpt, "eval: --checkpoint", &note);
+        if (rank == 0 && !note.empty()) std::fprintf(stderr, "quintet %s\n", note.c_str());
+    }
     // The checkpoint's deck; [parallel] from the command line alone; overrides on top.
     const CheckpointMeta meta = checkpoint_read_meta(ckpt);
     if (const std::string why = checkpoint_verify(ckpt, world); !why.empty())
@@ -184,6 +200,9 @@ int eval_main(int argc, char** argv, MPI_Comm world_handle) {
             for (auto& d : opts)
                 if (d.key == key) d.set(val);
         }
+        bool vs_given = false;
+        for (const auto& o : overrides) vs_given = vs_given || o.rfind("--parallel.virtual_stages=", 0) == 0;
+        deck_schedule_defaults(deck, vs_given);
     }
     // Evaluation has no training batch: the checkpoint's train.global_batch must not constrain
     // the layout. MoE layers under tp need sequence parallelism; it changes no number, so eval
@@ -218,9 +237,13 @@ int eval_main(int argc, char** argv, MPI_Comm world_handle) {
     const ProcessGrid& grid = job.start_grid();
     RankModel model(job.deck, grid, *job.backend);
     const Sampler sampler(job.data, job.deck.data, uint64_t(job.deck.train.seed));
-    Evaluator ev(model, sampler);
-    if (rank == 0)
+    // Each validation token at most once: eval.batches past a split's whole batches is capped
+    // (said on stderr, with both numbers) and tokens= counts what was evaluated.
+    Evaluator ev(model, sampler, /*each_token_once=*/true);
+    if (rank == 0) {
         for (const auto& w : job.source.warnings) std::fprintf(stderr, "quintet eval: warning: %s\n", w.c_str());
+        for (const auto& n : ev.notes()) std::fprintf(stderr, "quintet eval: note: %s\n", n.c_str());
+    }
     model.load_weights(ckpt);
     std::vector<double> per_pos;
     std::vector<double> per_source;

@@ -10,6 +10,7 @@
 #include "quintet/core/error.hpp"
 #include "quintet/interop/gguf.hpp"
 #include "quintet/interop/hf.hpp"
+#include "quintet/interop/output_path.hpp"
 #include "quintet/interop/weights.hpp"
 #include "quintet/io/checkpoint.hpp"
 #include "quintet/io/token_data.hpp"
@@ -28,7 +29,7 @@ int export_main(int argc, char** argv) {
         "Writes a checkpoint's model for other runtimes, tokenizer included: gguf = one GGUF file\n"
         "for llama.cpp (architecture llama for model.attention = mha, deepseek2 for mla); hf = a\n"
         "Hugging Face directory (safetensors, config.json, tokenizer). Mappings: docs/interop.md.\n\noptions");
-    desc.add_options()("help,h", "this text")("checkpoint", po::value(&ckpt), "checkpoint file (step_*.h5)")(
+    desc.add_options()("help,h", "this text")("checkpoint", po::value(&ckpt), "checkpoint file (step_*.h5), or a run folder / its checkpoints/ folder / latest (the checkpoint latest names)")(
         "format", po::value(&format), "gguf | hf")("output", po::value(&output),
                                                   "the GGUF file (gguf) or the directory (hf) to write")(
         "dtype", po::value(&dtype)->default_value("f32"), "matrices as f32 | f16 | bf16 (hf: f32 | bf16)")(
@@ -57,8 +58,20 @@ int export_main(int argc, char** argv) {
         throw ConfigError("export: --dtype = '" + dtype + "': valid for --format " + format + ": " +
                           (gguf ? "f32 | f16 | bf16" : "f32 | bf16"));
     if (!(shard_mb > 0)) throw ConfigError("export: --max-shard-mb = " + std::to_string(shard_mb) + ": must be > 0");
-    check_output_path(output, vm.count("force") > 0, "export: --output");
+    const bool force = vm.count("force") > 0;
+    // Where it goes, before any work: an earlier export of quintet's is the only thing --force
+    // replaces (interop/output_path.hpp).
+    const OutputTarget target =
+        gguf ? output_check(output, OutputKind::file, force, "export: --output", "a file such as model.gguf",
+                            gguf_export_recognise)
+             : output_check(output, OutputKind::directory, force, "export: --output", "a directory such as hf_model/",
+                            hf_export_recognise);
 
+    {  // a run folder, its checkpoints/ folder or `latest`: the checkpoint `latest` names
+        std::string note;
+        ckpt = checkpoint_resolve(ckpt, "export: --checkpoint", &note);
+        if (!note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
+    }
     const CheckpointMeta meta = checkpoint_read_meta(ckpt);
     Tokenizer tok;
     if (!meta.tokenizer.empty()) {
@@ -75,9 +88,9 @@ int export_main(int argc, char** argv) {
     }
     const ExportModel model = export_model_read(ckpt, tok);
     if (gguf) {
-        gguf_export(model, output, dtype);
+        gguf_export(model, target.path.string(), dtype);
     } else {
-        hf_export(model, output, dtype, uint64_t(shard_mb * 1048576.0), vm.count("force") > 0);
+        hf_export(model, target, dtype, uint64_t(shard_mb * 1048576.0));
     }
     std::fprintf(stderr, "export: wrote %s (%s, %s, %zu tensors from %s)\n", output.c_str(), format.c_str(),
                  dtype.c_str(), model.tensors.size(), ckpt.c_str());
@@ -107,8 +120,9 @@ int import_main(int argc, char** argv) {
     }
     if (format != "hf") throw ConfigError("import: --format = '" + format + "': valid: hf");
     if (input.empty()) throw ConfigError("import: --input is required (a Hugging Face model directory)");
-    check_output_path(output, vm.count("force") > 0, "import: --output");
-    hf_import(input, output);
+    const OutputTarget target = output_check(output, OutputKind::file, vm.count("force") > 0, "import: --output",
+                                             "a checkpoint file such as model.h5", import_output_recognise);
+    hf_import(input, target.path.string());
     std::fprintf(stderr, "import: wrote %s from %s\n", output.c_str(), input.c_str());
     return 0;
 }

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <numeric>
 #include <random>
@@ -16,6 +17,7 @@
 #include "quintet/core/error.hpp"
 #include "quintet/core/clock.hpp"
 #include "quintet/core/rng.hpp"
+#include "quintet/interop/output_path.hpp"
 #include "quintet/io/checkpoint.hpp"
 #include "quintet/io/h5.hpp"
 #include "quintet/io/token_data.hpp"
@@ -46,7 +48,7 @@ int generate_main(int argc, char** argv) {
         "Samples text from a checkpoint with a KV cache, with the tokenizer stored in the checkpoint\n"
         "(a checkpoint from before: the token file --data, else its deck's data.path).\n\noptions");
     desc.add_options()("help,h", "this text")(
-        "checkpoint", po::value(&ckpt), "checkpoint file (run_dir/checkpoints/step_*.h5)")(
+        "checkpoint", po::value(&ckpt), "checkpoint file (run_dir/checkpoints/step_*.h5), or a run folder / its checkpoints/ folder / latest (the checkpoint latest names)")(
         "prompt", po::value(&prompt)->default_value(""), "text to continue")(
         "tokens", po::value(&tokens)->default_value(200), "tokens to generate")(
         "temperature", po::value(&temperature)->default_value(0.8, "0.8"), "softmax temperature; 0 = greedy")(
@@ -77,8 +79,16 @@ int generate_main(int argc, char** argv) {
     if (temperature < 0) throw ConfigError("generate: --temperature must be >= 0");
     if (kv_cache != "compact" && kv_cache != "full")
         throw ConfigError("generate: --kv-cache = '" + kv_cache + "': valid: compact | full");
+    if (!probs_out.empty())  // checked before any work; an existing file is overwritten
+        output_check(probs_out, OutputKind::file, true, "generate: --probs", "a file such as probs.f32",
+                     [](const std::filesystem::path&) { return std::string(); });
     // Read the deck first, to build the parameter table the checkpoint must match; RoPE as the
     // checkpoint trained it (YaRN's original_max_position = 0: the trained context it records).
+    {  // a run folder, its checkpoints/ folder or `latest`: the checkpoint `latest` names
+        std::string note;
+        ckpt = checkpoint_resolve(ckpt, "generate: --checkpoint", &note);
+        if (!note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
+    }
     const CheckpointMeta meta = checkpoint_read_meta(ckpt);
     if (const std::string why = checkpoint_verify(ckpt, MpiCommunicator(MPI_COMM_SELF, "self")); !why.empty())
         throw ConfigError("generate: --checkpoint '" + ckpt + "' is unusable: " + why);
@@ -120,6 +130,23 @@ int generate_main(int argc, char** argv) {
     if (ids.empty()) ids.push_back(uint32_t('\n') < uint32_t(tok.vocab_size()) ? '\n' : 0);
     auto be = make_cpu_backend(0);
     const int trained = meta.trained_context > 0 ? int(meta.trained_context) : deck.data.seq_len;
+    // Positions the weights never saw (as train and eval warn): past the trained context without
+    // a scaling rule, or past YaRN's extended one.
+    {
+        const int64_t positions = int64_t(ids.size()) + tokens;
+        const bool yarn = deck.rope.scaling == "yarn";
+        const int original = deck.rope.original_max_position > 0 ? deck.rope.original_max_position : trained;
+        const int64_t reach = yarn ? int64_t(std::llround(deck.rope.factor * original)) : trained;
+        if (positions > reach)
+            std::fprintf(stderr,
+                         "generate: warning: the prompt (%zu tokens) and --tokens %d reach position %lld, past %s (%lld) "
+                         "of checkpoint '%s'%s: positions from %lld on were never trained; proceeding\n",
+                         ids.size(), tokens, (long long)positions,
+                         yarn ? "the context YaRN extends it to" : "the context its weights were trained at", (long long)reach,
+                         ckpt.c_str(),
+                         yarn ? "" : " and rope.scaling = none (train or fine-tune with rope.scaling = yarn to extend it)",
+                         (long long)reach);
+    }
     Decoder dec(*be, deck.model, deck.rope, trained, table, params, int(ids.size()) + tokens,
                 kv_cache == "full");
     std::fprintf(stderr, "generate: %s attention, KV cache %zu bytes per token (%s, all %d layers)\n",

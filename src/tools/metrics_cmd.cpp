@@ -33,14 +33,57 @@ const char* kUsage =
     "(expert load, imbalance, ... per layer), memory (bytes by category per rank), data (samples\n"
     "drawn per training source), checkpoint (one row per checkpoint: seconds the step was blocked,\n"
     "seconds the write took). Matrix datasets become one column per element: moe's\n"
-    "expert_load.<layer>.<expert>, memory's params_bytes.<rank>, data's source_samples.<source>.\n";
+    "expert_load.<layer>.<expert>, memory's params_bytes.<rank>, data's source_samples.<name>\n"
+    "(each training source by the name the file stores; by its index in files without names).\n";
 
 struct Column {
     std::string name;
     std::vector<double> v;  // [rows * width]
     size_t width = 1;       // values per row
     std::vector<hsize_t> inner;
+    std::vector<std::string> labels;  // one per value of a row, where the file names them
 };
+
+// The names of the training sources (/data/source_samples' attribute "sources", comma-separated),
+// when there is one for each of `n` columns and no two are alike; else none.
+std::vector<std::string> source_names(hid_t file, size_t n) {
+    h5::Handle ds = h5::dataset(H5Dopen2(file, metrics_schema::kSourceSamples, H5P_DEFAULT));
+    if (!ds.valid() || !h5::has_attr(ds, metrics_schema::kSourcesAttr)) return {};
+    const std::string all = h5::read_attr_string(ds, metrics_schema::kSourcesAttr);
+    std::vector<std::string> names;
+    for (size_t at = 0; at <= all.size();) {
+        const size_t comma = std::min(all.find(',', at), all.size());
+        names.push_back(all.substr(at, comma - at));
+        at = comma + 1;
+    }
+    std::vector<std::string> sorted = names;
+    std::sort(sorted.begin(), sorted.end());
+    const bool unique = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
+    const bool empty = std::any_of(names.begin(), names.end(), [](const std::string& x) { return x.empty(); });
+    return names.size() == n && unique && !empty ? names : std::vector<std::string>{};
+}
+
+// A header field as CSV writes it: quoted when it holds a comma, a quote or a line break.
+std::string csv_field(const std::string& s) {
+    if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+    std::string o = "\"";
+    for (char c : s) o += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return o + "\"";
+}
+
+// A JSON string's contents.
+std::string json_escape(const std::string& s) {
+    std::string o;
+    for (char c : s) {
+        if (c == '"' || c == '\\') o += '\\', o += c;
+        else if (static_cast<unsigned char>(c) < 0x20) {
+            char b[8];
+            std::snprintf(b, sizeof b, "\\u%04x", c);
+            o += b;
+        } else o += c;
+    }
+    return o;
+}
 
 // The datasets directly in `group`, "step" first, then by name.
 std::vector<std::string> datasets_in(hid_t file, const std::string& group) {
@@ -114,6 +157,8 @@ int metrics_main(int argc, char** argv) {
         std::vector<hsize_t> dims;
         c.v = h5::read_f64(f, path + "/" + name, &dims);
         for (size_t d = 1; d < dims.size(); ++d) c.width *= size_t(dims[d]), c.inner.push_back(dims[d]);
+        // /data/source_samples: a column per training source, labelled with its name.
+        if (path + "/" + name == ms::kSourceSamples && c.inner.size() == 1) c.labels = source_names(f, c.width);
         cols.push_back(std::move(c));
     }
     if (cols.empty() || (cols.size() == 1 && !own_steps))
@@ -128,6 +173,10 @@ int metrics_main(int argc, char** argv) {
             continue;
         }
         for (size_t k = 0; k < c.width; ++k) {
+            if (!c.labels.empty()) {
+                header.push_back(c.name + "." + c.labels[k]);
+                continue;
+            }
             std::string n = c.name;
             size_t rem = k;
             for (size_t d = 0; d < c.inner.size(); ++d) {
@@ -140,7 +189,7 @@ int metrics_main(int argc, char** argv) {
         }
     }
     if (format == "csv") {
-        for (size_t i = 0; i < header.size(); ++i) std::printf("%s%s", i ? "," : "", header[i].c_str());
+        for (size_t i = 0; i < header.size(); ++i) std::printf("%s%s", i ? "," : "", csv_field(header[i]).c_str());
         std::printf("\n");
     }
     for (size_t r = 0; r < rows; ++r) {
@@ -150,7 +199,7 @@ int metrics_main(int argc, char** argv) {
             for (size_t k = 0; k < c.width; ++k, ++h) {
                 const std::string x = number(c.v[r * c.width + k]);
                 if (format == "csv") line += (h ? "," : "") + x;
-                else line += (h ? ", \"" : "\"") + header[h] + "\": " + (x.empty() ? "null" : x);
+                else line += (h ? ", \"" : "\"") + json_escape(header[h]) + "\": " + (x.empty() ? "null" : x);
             }
         if (format == "jsonl") line += "}";
         std::printf("%s\n", line.c_str());

@@ -77,16 +77,21 @@ int peak_main(int argc, char** argv) {
     const double g = cpu_measure_sgemm_gflops(*be, size, 5);
     auto one = make_cpu_backend(1);
     const double g1 = cpu_measure_sgemm_gflops(*one, 1024, 5);
-    write_sgemm_cache(g1);
-    // After the sgemm: a cached peak below it is measured again (host_peak.hpp).
-    const HostPeak hp = host_fma_peak(remeasure);
+    // Kept with the earlier readings (the highest stands), or afresh with --remeasure.
+    const double g1_kept = write_sgemm_cache(g1, remeasure);
+    // After the sgemm: a cached peak below it is measured again (host_peak.hpp). `quintet peak`
+    // always adds a reading.
+    const HostPeak hp = host_fma_peak(remeasure, /*add_reading=*/true);
     be = make_cpu_backend(threads);  // restore the thread count for the process
     const int cores = host_cores();
     std::printf("cpu: %s, %d cores, %s\n", hp.cpu.c_str(), cores, hp.isa.c_str());
     std::printf("backend: %s\n", be->name().c_str());
-    std::printf("fma_peak_gflops=%.1f fma_gflops_per_core=%.1f (%s) sgemm_gflops=%.1f threads=%d size=%d "
+    std::printf("cpu_bound_gflops_per_core=%.1f (%s)\n", hp.ceiling_per_core, hp.ceiling_what.c_str());
+    std::printf("fma peak per core: %s\n", hp.describe().c_str());
+    std::printf("sgemm per core (1 thread): this reading %.1f, the highest kept %.1f\n", g1, g1_kept);
+    std::printf("fma_peak_gflops=%.1f fma_gflops_per_core=%.1f sgemm_gflops=%.1f threads=%d size=%d "
                 "sgemm_gflops_per_core=%.1f sgemm_share_of_peak=%.2f\n",
-                hp.gflops_per_core * cores, hp.gflops_per_core, hp.source.c_str(), g, be->threads(), size, g1,
+                hp.gflops_per_core * cores, hp.gflops_per_core, g, be->threads(), size, g1_kept,
                 g / (hp.gflops_per_core * std::min(cores, be->threads())));
     return 0;
 }

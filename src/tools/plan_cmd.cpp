@@ -11,12 +11,15 @@
 #include <cstdlib>
 #include <iostream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "quintet/core/error.hpp"
 #include "quintet/core/lists.hpp"
+#include "quintet/core/process.hpp"
+#include "quintet/core/text.hpp"
 #include "quintet/deck/deck.hpp"
 #include "quintet/data/dataset.hpp"
 #include "quintet/io/token_data.hpp"
@@ -24,6 +27,9 @@
 #include "quintet/perf/hardware.hpp"
 #include "quintet/perf/host_peak.hpp"
 #include "quintet/perf/planner.hpp"
+#include "quintet/study/law_fit.hpp"
+#include "quintet/study/law_json.hpp"
+#include "quintet/study/laws_study.hpp"
 #include "quintet/tools/commands.hpp"
 
 namespace quintet {
@@ -63,7 +69,16 @@ const char* kPlanUsage =
     "  --link-gbs B           link bandwidth per rank, GB/s (default: measured and cached, else 10)\n"
     "  --latency-us L         per-message latency (default: measured and cached, else 5)\n"
     "  --measure              measure the link now (mpirun -n 2 quintet peak --links) and cache it\n"
-    "  --runtime-mib M        a rank's resident set besides the model (default: calibrated)\n";
+    "  --runtime-mib M        a rank's resident set besides the model (default: calibrated)\n"
+    "from a scaling law (docs/scaling-laws.md, \"Reading quintet plan --budget\"):\n"
+    "  --budget FLOPS         the compute-optimal N, D and loss (with its interval) of C = 6 N D\n"
+    "                         FLOPs under --law; the family's shape nearest to N is planned, and\n"
+    "                         each layout's row gets the days its D tokens take\n"
+    "  --target-loss L        instead of --budget: the smallest budget whose optimum reaches L\n"
+    "  --law LAW.json         a law from quintet laws --json\n"
+    "  --family RULE          the shapes to pick from: [widths=W1,W2,...] [aspect=A] [head_dim=H]\n"
+    "                         [ffn_ratio=R] [q_per_kv=G] (default: the law's rule, else the deck's\n"
+    "                         own ratios; without widths every width of whole heads is a candidate)\n";
 
 double parse_number(const std::string& key, const std::string& v) {
     char* end = nullptr;
@@ -81,13 +96,6 @@ int parse_count(const std::string& key, const std::string& v, long lo, long hi) 
         throw ConfigError("plan: " + key + " = '" + v + "': expected an integer in [" + std::to_string(lo) + ", " +
                           std::to_string(hi) + "]");
     return int(x);
-}
-
-// This executable's path, for launching it under mpirun.
-std::string self_exe() {
-    char buf[4096];
-    const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-    return n > 0 ? std::string(buf, size_t(n)) : "quintet";
 }
 
 // Runs `mpirun -n 2 quintet peak --links` and parses its last line.
@@ -130,6 +138,16 @@ std::string bytes(double v) {
                   v, units[i]);
     return b;
 }
+// Wall-clock time of a run: "3.2 days", "5.1 hours", "12 min".
+std::string days(double s) {
+    char b[32];
+    if (!std::isfinite(s)) return "-";
+    if (s >= 86400) std::snprintf(b, sizeof b, "%.3g days", s / 86400);
+    else if (s >= 3600) std::snprintf(b, sizeof b, "%.3g hours", s / 3600);
+    else std::snprintf(b, sizeof b, "%.3g min", s / 60);
+    return b;
+}
+
 std::string seconds(double s) {
     char b[32];
     if (!std::isfinite(s)) return "-";
@@ -139,6 +157,93 @@ std::string seconds(double s) {
     else if (s >= 1e-3) std::snprintf(b, sizeof b, "%.3g ms", s * 1e3);
     else std::snprintf(b, sizeof b, "%.3g us", s * 1e6);
     return b;
+}
+
+// --budget / --target-loss: the law's compute-optimal allocation and the family's nearest shape.
+struct BudgetChoice {
+    double flops = 0, n = 0, d = 0, loss = 0, loss_lo = NAN, loss_hi = NAN;
+    Shape shape;
+    double shape_n = 0, shape_d = 0, shape_loss = 0;
+    std::string params, family;  // how N is counted; where the shapes came from
+};
+
+BudgetChoice choose_budget(const LawFile& law, double budget, double target_loss, const std::string& family_arg,
+                           const Deck& deck, const std::string& law_path) {
+    BudgetChoice b;
+    b.params = law.params.empty() ? "active" : law.params;
+    if (b.params != "total" && b.params != "non_embedding" && b.params != "active")
+        throw ConfigError("plan: --law " + law_path + ": params = '" + b.params + "' (expected total, non_embedding or active)");
+    if (target_loss > 0) {
+        b.flops = law_budget_for_loss(law.p, target_loss);
+        if (!std::isfinite(b.flops))
+            throw ConfigError("plan: --target-loss " + std::to_string(target_loss) + ": at or below the law's irreducible loss E = " +
+                              std::to_string(law.p.E) + " (no budget reaches it)");
+    } else b.flops = budget;
+    b.n = law_n_opt(law.p, b.flops), b.d = law_d_opt(law.p, b.flops), b.loss = law_loss(law.p, b.n, b.d);
+    // The loss's interval: each bootstrap law's prediction at the central allocation.
+    std::vector<double> losses;
+    for (const auto& x : law.samples) losses.push_back(law_loss({x[0], x[1], x[2], x[3], x[4]}, b.n, b.d));
+    if (losses.size() >= 2) std::tie(b.loss_lo, b.loss_hi) = percentile_interval(losses, law.confidence);
+    // The family: --family, else the law's rule (its widths left out: the plan's N is not the study's),
+    // else the deck's own ratios.
+    FamilyRule rule;
+    std::vector<Shape> shapes;
+    if (!family_arg.empty()) {
+        rule = parse_family(family_arg, "plan: --family");
+        b.family = "--family " + family_arg;
+        shapes = family_candidates(rule, deck);
+    } else if (!law.family.empty() && law.family.find("widths=") != std::string::npos) {
+        rule = parse_family(law.family, "plan: the law's family");
+        rule.widths.clear();
+        std::string ratios;  // the rule without its study's widths
+        for (const auto& item : split_list(law.family, ' '))
+            if (item.rfind("widths=", 0) != 0) ratios += (ratios.empty() ? "" : " ") + item;
+        b.family = "the law's family rule at any width (" + (ratios.empty() ? "the deck's ratios" : ratios) + ")";
+        shapes = family_candidates(rule, deck);
+    } else {
+        b.family = "the deck's shape ratios at every width";
+        shapes = family_candidates(rule, deck);
+    }
+    double best = INFINITY;
+    for (const Shape& s : shapes) {
+        Deck d = deck;
+        for (const auto& [k, v] : s.keys)
+            for (auto& o : deck_options(d))
+                if (o.key == k) o.set(v);
+        const double n = count_params(d.model).of(b.params);
+        const double dist = std::fabs(std::log(n / b.n));
+        if (dist < best) best = dist, b.shape = s, b.shape_n = n;
+        // Enumerated widths ascend and N grows with them: past N_opt and getting farther, stop.
+        if (rule.widths.empty() && n > b.n && dist > best) break;
+    }
+    if (!std::isfinite(best)) throw ConfigError("plan: the family has no shape to choose from");
+    b.shape_d = b.flops / (6.0 * b.shape_n);
+    b.shape_loss = law_loss(law.p, b.shape_n, b.shape_d);
+    return b;
+}
+
+std::string budget_json(const BudgetChoice& b, const std::vector<PlanRow>& rows) {
+    using nlohmann::ordered_json;
+    auto num = [](double v) { return std::isfinite(v) ? ordered_json(v) : ordered_json(nullptr); };
+    ordered_json shape = ordered_json::object();
+    for (const auto& [k, v] : b.shape.keys) {
+        char* end = nullptr;
+        const long x = std::strtol(v.c_str(), &end, 10);
+        shape[k] = *end ? ordered_json(v) : ordered_json(x);
+    }
+    ordered_json j;
+    j["budget"] = {{"flops", b.flops},          {"N", b.n},
+                   {"D", b.d},                  {"loss", b.loss},
+                   {"loss_ci", {num(b.loss_lo), num(b.loss_hi)}},
+                   {"shape", shape},            {"shape_N", b.shape_n},
+                   {"shape_D", b.shape_d},      {"shape_loss", b.shape_loss},
+                   {"params", b.params}};
+    ordered_json layouts = ordered_json::parse(plan_json(rows));
+    for (size_t i = 0; i < rows.size() && i < layouts.size(); ++i)
+        layouts[i]["days"] = rows[i].valid && rows[i].tokens_per_s > 0 ? ordered_json(b.shape_d / rows[i].tokens_per_s / 86400.0)
+                                                                       : ordered_json(nullptr);
+    j["layouts"] = layouts;
+    return j.dump(1) + "\n";
 }
 
 }  // namespace
@@ -152,7 +257,8 @@ int plan_main(int argc, char** argv) {
     PlanSweep sweep;
     MachineModel mm;
     mm.cores = host_cores();
-    double device_gib = 0, runtime_mib = -1;
+    double device_gib = 0, runtime_mib = -1, budget = 0, target_loss = 0;
+    std::string law_path, family_arg;
     bool have_matmul = false, have_link = false, have_latency = false;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i], v;
@@ -205,6 +311,10 @@ int plan_main(int argc, char** argv) {
         else if (is("--link-gbs")) mm.link_gbs = parse_number("--link-gbs", value("--link-gbs")), have_link = true;
         else if (is("--latency-us")) mm.link_latency_s = parse_number("--latency-us", value("--latency-us")) * 1e-6, have_latency = true;
         else if (is("--runtime-mib")) runtime_mib = parse_number("--runtime-mib", value("--runtime-mib"));
+        else if (is("--budget")) budget = parse_number("--budget", value("--budget"));
+        else if (is("--target-loss")) target_loss = parse_number("--target-loss", value("--target-loss"));
+        else if (is("--law")) law_path = value("--law");
+        else if (is("--family")) family_arg = value("--family");
         else if (a.rfind("--", 0) == 0 && a.find('.') != std::string::npos) overrides.push_back(a);
         else if (a.rfind("--", 0) == 0) throw ConfigError("plan: unknown option '" + a + "' (see quintet plan --help)");
         else if (deck_path.empty()) deck_path = a;
@@ -212,6 +322,15 @@ int plan_main(int argc, char** argv) {
     }
     if (deck_path.empty()) throw ConfigError(std::string("plan: no DECK given\n") + kPlanUsage);
     if (world == 0) throw ConfigError("plan: --world N is required (the number of ranks to plan for)");
+    if (budget > 0 && target_loss > 0) throw ConfigError("plan: --budget and --target-loss: give one (a budget, or the loss to reach)");
+    const bool from_law = budget > 0 || target_loss > 0;
+    if (from_law && law_path.empty())
+        throw ConfigError(std::string("plan: ") + (budget > 0 ? "--budget" : "--target-loss") + " needs --law LAW.json (from quintet laws --json)");
+    if (!from_law && (!law_path.empty() || !family_arg.empty()))
+        throw ConfigError(std::string("plan: ") + (law_path.empty() ? "--family" : "--law") + " is used with --budget or --target-loss");
+    LawFile law;
+    if (from_law) law = read_law_file(law_path);
+    if (!family_arg.empty()) parse_family(family_arg, "plan: --family");  // a bad rule stops before any work
     PlanTarget target;
     target.hardware = hardware_load(hardware_name);
     if (!overlap_list.empty()) target.framework = parse_overlap(overlap_list, target.framework);
@@ -245,14 +364,11 @@ int plan_main(int argc, char** argv) {
     if (target.hardware.host) {
         mm.runtime_base_bytes = runtime_mib >= 0 ? runtime_mib * 1048576 : runtime_base_estimate();
         if (!have_matmul) {
-            double g = 0;
-            if (!read_sgemm_cache(&g)) {
-                auto be = make_cpu_backend(1);
-                g = cpu_measure_sgemm_gflops(*be, 1024, 5);
-                write_sgemm_cache(g);
-                notes += "sgemm measured now (1 thread): " + std::to_string(g) + " GFLOP/s; ";
-            }
-            mm.matmul_gflops_per_core = g;
+            std::string from;
+            mm.matmul_gflops_per_core = host_sgemm_gflops_per_core(&from);
+            char b[64];
+            std::snprintf(b, sizeof b, "sgemm %.4g GFLOP/s per core: ", mm.matmul_gflops_per_core);
+            notes += b + from + "; ";
         }
         LinkFigures link;
         if (measure) {
@@ -267,12 +383,36 @@ int plan_main(int argc, char** argv) {
         }
         target.machine = mm;
     }
+    BudgetChoice choice;
+    if (from_law) {
+        choice = choose_budget(law, budget, target_loss, family_arg, deck, law_path);
+        for (const auto& [k, v] : choice.shape.keys)
+            for (auto& o : deck_options(deck))
+                if (o.key == k) o.set(v);
+    }
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<PlanRow> rows = plan_all(deck, world, target, sweep, only);
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rows.empty()) {
+        // The --parallel.KEY=V restrictions leave no (tp, cp, dp, pp, ep) of this world size.
+        std::string given, divs;
+        for (const auto& [key, v] : {std::pair<const char*, int>{"tp", only.tp}, {"cp", only.cp}, {"pp", only.pp},
+                                     {"dp", only.dp}, {"ep", only.ep}})
+            if (v) given += std::string(given.empty() ? "" : ", ") + "parallel." + key + " = " + std::to_string(v);
+        for (int d = 1; d <= world && divs.size() < 80; ++d)
+            if (world % d == 0) divs += (divs.empty() ? "" : ", ") + std::to_string(d);
+        throw ConfigError("plan: no layout of " + std::to_string(world) + " ranks has " + given +
+                          ": tp x cp x pp x dp must be " + std::to_string(world) + " (each a divisor of it: " + divs +
+                          (divs.size() >= 80 ? ", ..." : "") + "), ep must divide dp x cp, and ep > 1 needs moe.experts > 0");
+    }
+    const bool none_valid = !rows.front().valid;  // sorted: valid rows first
+    const std::string no_valid = "plan: none of the " + std::to_string(rows.size()) + " layouts of " +
+                                 std::to_string(world) + " ranks is valid for this deck (" +
+                                 (json ? "each row's reason is in the JSON" : "the reasons are listed above") + ")";
     if (json) {
         if (top > 0 && size_t(top) < rows.size()) rows.resize(size_t(top));
-        std::cout << plan_json(rows);
+        std::cout << (from_law ? budget_json(choice, rows) : plan_json(rows)) << std::flush;  // before the error on stderr
+        if (none_valid) throw ConfigError(no_valid);
         return 0;
     }
     const Hardware& hw = target.hardware;
@@ -286,8 +426,8 @@ int plan_main(int argc, char** argv) {
                     si(hw.peak_tflops(deck.train.precision == "bf16") * 1e12).c_str(), bytes(hw.memory_bytes()).c_str(),
                     si(hw.memory_gbs * 1e9, "B").c_str(), hw.devices_per_node, si(hw.link_gbs * 1e9, "B").c_str(),
                     si(hw.network_gbs * 1e9, "B").c_str());
-    size_t valid = 0, fitting = 0;
-    for (const auto& r : rows) valid += r.valid, fitting += r.valid && r.fits;
+    size_t valid = 0, fitting = 0, ties = 0;
+    for (const auto& r : rows) valid += r.valid, fitting += r.valid && r.fits, ties += r.tie;
     const PlanRow* any = nullptr;
     for (const auto& r : rows)
         if (r.valid) { any = &r; break; }
@@ -296,11 +436,26 @@ int plan_main(int argc, char** argv) {
                     "planned in %.2f s\n", si(any->params_total).c_str(), si(any->params_active).c_str(),
                     si(deck.data.seq_len).c_str(), rows.size(), valid, fitting, took);
     if (!notes.empty()) std::printf("note: %s\n", notes.c_str());
+    if (from_law) {
+        const BudgetChoice& b = choice;
+        std::printf("\n");
+        if (target_loss > 0)
+            std::printf("target loss %.4g: the smallest budget whose compute-optimal model reaches it is C = %.4g FLOPs\n",
+                        target_loss, b.flops);
+        std::printf("law %s (N = %s parameters), budget C = %.4g FLOPs (C = 6 N D):\n", law_path.c_str(), b.params.c_str(),
+                    b.flops);
+        std::printf("  compute-optimal: N = %s, D = %s tokens, loss %.4f", si(b.n).c_str(), si(b.d).c_str(), b.loss);
+        if (std::isfinite(b.loss_lo))
+            std::printf(" (%.0f%% interval %.4f to %.4f, over the law's bootstrap fits)", 100 * law.confidence, b.loss_lo, b.loss_hi);
+        std::printf("\n  nearest shape of %s:\n    %s\n", b.family.c_str(), b.shape.text().c_str());
+        std::printf("    N = %s, trained on D = C / 6N = %s tokens: predicted loss %.4f; the layouts below are this "
+                    "model's, days = D / tokens per second\n", si(b.shape_n).c_str(), si(b.shape_d).c_str(), b.shape_loss);
+    }
     const size_t show = top == 0 ? rows.size() : size_t(top < 0 ? 20 : top);
-    std::printf("\n%4s %4s %5s %4s %4s %4s %5s %4s %-9s %6s | %9s %9s %9s %9s %9s %9s %9s | %5s %8s %8s %8s %8s %8s | %6s %8s %8s %7s %5s\n",
+    std::printf("\n%4s %4s %5s %4s %4s %4s %5s %4s %-9s %6s | %9s %9s %9s %9s %9s %9s %9s | %5s %8s %8s %8s %8s %8s | %6s %8s %8s %7s %5s%s\n",
                 "tp", "cp", "dp", "pp", "ep", "mbs", "mb", "zero", "recompute", "gbs", "params", "grads", "optim", "activ",
                 "buffers", "runtime", "total", "links", "tp s", "cp s", "dp s", "ep s", "pp s", "bubble", "step", "tokens/s",
-                "TFLOP/s", "MFU");
+                "TFLOP/s", "MFU", from_law ? "  wall clock" : "");
     size_t shown = 0, invalid = 0;
     for (const auto& r : rows) {
         if (!r.valid) {
@@ -312,7 +467,7 @@ int plan_main(int argc, char** argv) {
         const MemoryBytes& m = r.memory;
         std::string links;
         for (const auto& l : r.link) links += l == "nvlink" ? 'N' : l == "network" ? 'W' : l == "host" ? 'h' : '-';
-        std::printf("%4d %4d %5d %4d %4d %4d %5d %4d %-9s %6s | %9s %9s %9s %9s %9s %9s %9s | %5s %8s %8s %8s %8s %8s | %6.3f %8s %8s %7s %4.1f%%%s\n",
+        std::printf("%4d %4d %5d %4d %4d %4d %5d %4d %-9s %6s | %9s %9s %9s %9s %9s %9s %9s | %5s %8s %8s %8s %8s %8s | %6.3f %8s %8s %7s %4.1f%%%s",
                     r.tp, r.cp, r.dp, r.pp, r.ep, r.micro_batch_size, r.microbatches, r.zero, r.recompute.c_str(),
                     si(double(r.global_batch)).c_str(), bytes(m.params).c_str(), bytes(m.grads).c_str(),
                     bytes(m.optimizer).c_str(), bytes(m.activations).c_str(), bytes(m.buffers).c_str(),
@@ -320,10 +475,16 @@ int plan_main(int argc, char** argv) {
                     seconds(r.comm_s.cp).c_str(), seconds(r.comm_s.dp).c_str(), seconds(r.comm_s.ep).c_str(),
                     seconds(r.comm_s.pp).c_str(), r.bubble, seconds(r.step_time_s).c_str(), si(r.tokens_per_s).c_str(),
                     si(r.tflops_per_device).c_str(), r.mfu * 100,
-                    r.fits ? "" : hw.host ? "  (does not fit --device-memory)" : "  (does not fit the device's memory)");
+                    from_law ? ("  " + days(choice.shape_d / r.tokens_per_s)).c_str() : "");
+        if (!r.fits) std::printf("%s", hw.host ? "  (does not fit --device-memory)" : "  (does not fit the device's memory)");
+        else if (r.tie && ties > 1) std::printf("  tie");
+        std::printf("\n");
     }
     std::printf("(memory of the largest rank; links: the link each of tp, cp, dp, ep, pp crosses: N NVLink, W network, "
                 "h this host, - none; comm: exposed seconds per step on each axis)\n");
+    if (ties > 1)
+        std::printf("tie: %zu layouts are predicted within %.1f%% of the fastest, the planner's validated error "
+                    "(docs/planner.md): their order is not a prediction\n", ties, 100 * plan_error(target));
     if (valid > shown) std::printf("%zu more valid layout(s) not shown (--top K, --top 0 for all)\n", valid - shown);
     if (invalid) {
         // The reasons, most frequent first, with one example each.
@@ -345,6 +506,10 @@ int plan_main(int argc, char** argv) {
                         r.tp, r.cp, r.dp, r.pp, r.ep, r.micro_batch_size, r.microbatches, r.zero, r.recompute.c_str(),
                         r.reason.c_str());
         }
+    }
+    if (none_valid) {
+        std::fflush(stdout);  // the reasons before the error on stderr
+        throw ConfigError(no_valid);
     }
     return 0;
 }

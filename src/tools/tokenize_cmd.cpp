@@ -94,7 +94,7 @@ int tokenize_main(int argc, char** argv) {
         "tiktoken: the pre-tokenizer, cl100k_base | o200k_base | gpt2 | llama3 | a regex (default: FILE's stem)")(
         "tokenizer-specials", po::value(&specials)->value_name("S"),
         "tiktoken: special tokens, a preset name, none, or TEXT=ID,... (default: the pattern's)")(
-        "checkpoint", po::value(&checkpoint)->value_name("CKPT"), "the tokenizer a checkpoint was trained with")(
+        "checkpoint", po::value(&checkpoint)->value_name("CKPT"), "the tokenizer a checkpoint was trained with (a file, or a run folder / its checkpoints/ folder / latest)")(
         "data", po::value(&data)->value_name("FILE"), "the tokenizer of a token file (quintet prepare)")(
         "whole", "the whole input is one text (one output line)")(
         "decode", "ids -> text")("special", "match special-token text in the input")(
@@ -130,8 +130,11 @@ int tokenize_main(int argc, char** argv) {
     } else if (vm.count("data")) {
         tok = token_file_read_tokenizer(data);
     } else {
-        const CheckpointMeta meta = checkpoint_read_meta(checkpoint);
         std::string note;
+        checkpoint = checkpoint_resolve(checkpoint, "quintet tokenize: --checkpoint", &note);
+        if (!note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
+        note.clear();
+        const CheckpointMeta meta = checkpoint_read_meta(checkpoint);
         tok = checkpoint_tokenizer(checkpoint, meta, "", note);
         if (!note.empty()) std::fprintf(stderr, "quintet tokenize: %s\n", note.c_str());
     }

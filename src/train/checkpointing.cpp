@@ -108,6 +108,7 @@ WeightsSource resolve_weights_source(Deck& deck, const MpiCommunicator& comm) {
     }
     const CheckpointMeta meta = checkpoint_read_meta(src.path);
     src.deck = meta.deck;
+    src.blend = meta.blend;
     const Deck theirs = deck_parse_text(meta.deck);
     src.trained_context = meta.trained_context > 0 ? meta.trained_context : theirs.data.seq_len;
     if (rope.scaling == "yarn" && rope.original_max_position == 0)
@@ -147,8 +148,14 @@ std::string verdict(const DeckChange& c, bool resume) {
     if (k == "model.vocab_size" && !resume) return "allowed: vocabulary extension, the new rows start as the mean of the trained ones";
     if (in("model") || in("moe")) return "";
     if (in("parallel")) return "allowed: a checkpoint loads into any layout";
-    if (in("init")) return "ignored: the weights come from the checkpoint";
+    // init.scheme and the base shape also set the parameter groups' learning rates and (mup) the
+    // forward's multipliers, which report_changes checks on their own.
+    if (in("init")) return "the weights come from the checkpoint; the parameter groups as this run says";
+    if (in("groups")) return resume ? "allowed: takes effect from the resumed step" : "allowed";
     if (in("rope")) return "allowed: the positions are encoded as this run says";
+    if (k == "data.path" && resume)
+        return "allowed: the new sources' weights from the resumed step, each source continuing from the sample it "
+               "had reached";
     if (in("train") || in("eval") || in("data"))
         return resume ? "allowed: takes effect from the resumed step" : "allowed";
     return "";  // checkpoint.*, output.*: not reported (see below)
@@ -173,6 +180,20 @@ std::vector<std::string> report_changes(const WeightsSource& source, const Deck&
         if (why.empty()) refused.push_back(line);
         else lines.push_back(line + " (" + why + ")");
     }
+    // µP's forward multipliers (the logits', the attention scale's) are part of the model the
+    // weights were trained as: another base shape is another model.
+    if (theirs.model.logit_mult != deck.model.logit_mult || theirs.model.attn_mult != deck.model.attn_mult) {
+        std::ostringstream o;
+        o << "the µP forward multipliers (init.scheme, init.base_width, init.base_head_dim): logits x"
+          << theirs.model.logit_mult << ", attention scale x" << theirs.model.attn_mult << " -> logits x"
+          << deck.model.logit_mult << ", attention scale x" << deck.model.attn_mult;
+        refused.push_back(o.str());
+    }
+    const std::string before = groups_text(summarise_groups(theirs.model, theirs.init, theirs.groups));
+    const std::string after = groups_text(summarise_groups(deck.model, deck.init, deck.groups));
+    if (before != after && refused.empty())
+        lines.push_back("parameter groups (" + std::string(source.resume ? "from the resumed step" : "from step 0") +
+                        "), before:\n" + before + "now:\n" + after.substr(0, after.size() - 1));
     if (!refused.empty()) {
         std::string list;
         for (const auto& r : refused) list += "\n  " + r;
@@ -407,6 +428,8 @@ void Checkpointing::save(int64_t step, int64_t tokens_seen, const RunState& stat
     meta.tokenizer = tokenizer_;
     meta.spike_window = state.spike_window;
     meta.skips_in_row = state.skips_in_row;
+    meta.param_groups = groups_text(summarise_groups(deck.model, deck.init, deck.groups));
+    meta.blend = blend_;
     // The metrics history up to this step beside the checkpoint, complete before it is: a resume
     // rebuilds an unreadable metrics.h5 from it. Copied now; made durable by the writer.
     std::string metrics_tmp;

@@ -1,5 +1,6 @@
 #include "quintet/train/evaluator.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "quintet/core/error.hpp"
@@ -7,7 +8,8 @@
 
 namespace quintet {
 
-Evaluator::Evaluator(RankModel& model, const Sampler& sampler) : model_(model), sampler_(sampler) {
+Evaluator::Evaluator(RankModel& model, const Sampler& sampler, bool each_token_once)
+    : model_(model), sampler_(sampler), each_token_once_(each_token_once) {
     const Deck& deck = model.deck();
     const auto& dc = deck.data;
     for (int v = 0; v < int(sampler_.val_sources().size()); ++v) {
@@ -20,19 +22,42 @@ Evaluator::Evaluator(RankModel& model, const Sampler& sampler) : model_(model), 
             config_fail("data.val_path", dc.val_path, "source '" + src.spec + "' has only " + std::to_string(src.len) +
                                                           " tokens; need at least seq_len + 1");
         }
-        if (sampler_.val_batches(v, dc.micro_batch_size, deck.eval.batches) < 1)
+        const int64_t whole = sampler_.val_batches(v, dc.micro_batch_size, 0);
+        if (deck.eval.batches == 0 && whole < 1)
             config_fail("eval.batches", "0", "validation source '" + src.spec + "' holds fewer than micro_batch_size = " +
                                                  std::to_string(dc.micro_batch_size) + " whole samples; give eval.batches > 0");
+        if (deck.eval.batches > whole) {
+            // Batches past the split's whole ones wrap around it: tokens counted twice.
+            const std::string what = "eval.batches = " + std::to_string(deck.eval.batches) + " batches of " +
+                                     std::to_string(dc.micro_batch_size) + " x " + std::to_string(dc.seq_len) +
+                                     " tokens, but the validation split of '" + src.spec + "' (" +
+                                     std::to_string(src.len) + " tokens) holds " + std::to_string(whole) + " whole batch" +
+                                     (whole == 1 ? "" : "es");
+            if (each_token_once_ && whole < 1)
+                config_fail("eval.batches", std::to_string(deck.eval.batches),
+                            what + ": it cannot be evaluated at this data.seq_len and data.micro_batch_size");
+            notes_.push_back(each_token_once_
+                                 ? what + ": evaluating those " + std::to_string(whole) +
+                                       " (each token once) instead of " + std::to_string(deck.eval.batches)
+                                 : what + ": the samples past them wrap around the split, so the validation loss counts "
+                                          "tokens more than once; lower eval.batches to " +
+                                       std::to_string(std::max<int64_t>(whole, 1)) + " or less to count each once");
+        }
     }
     ids_.resize(size_t(dc.micro_batch_size) * dc.seq_len);
     tgt_.resize(ids_.size());
 }
 
+int64_t Evaluator::batches(int v) const {
+    const auto& d = model_.deck();
+    const int64_t asked = sampler_.val_batches(v, d.data.micro_batch_size, d.eval.batches);
+    return each_token_once_ ? std::min(asked, sampler_.val_batches(v, d.data.micro_batch_size, 0)) : asked;
+}
+
 int64_t Evaluator::tokens() const {
     const auto& d = model_.deck();
     int64_t n = 0;
-    for (int v = 0; v < int(sampler_.val_sources().size()); ++v)
-        n += sampler_.val_batches(v, d.data.micro_batch_size, d.eval.batches);
+    for (int v = 0; v < int(sampler_.val_sources().size()); ++v) n += batches(v);
     return n * d.data.micro_batch_size * d.data.seq_len;
 }
 
@@ -54,7 +79,7 @@ double Evaluator::evaluate(std::vector<double>* by_position, std::vector<double>
         // Under expert parallelism the replicas of an ep group exchange tokens in every forward, and
         // under ZeRO-3 they gather each unit's parameters together, so each runs as many forwards as
         // the busiest one (a replica without a batch of its own repeats batch 0 and counts nothing).
-        const int64_t nb = sampler_.val_batches(v, mbs, deck.eval.batches), rounds = (nb + dp - 1) / dp;
+        const int64_t nb = batches(v), rounds = (nb + dp - 1) / dp;
         total_batches += double(nb);
         for (int64_t round = 0; round < rounds; ++round) {
             // A stop signal ends a long evaluation too (agreed on by every rank each round).
@@ -86,7 +111,7 @@ double Evaluator::evaluate(std::vector<double>* by_position, std::vector<double>
         per_source->resize(size_t(nv));
         for (int v = 0; v < nv; ++v)
             (*per_source)[size_t(v)] =
-                sums[size_t(v)] / (double(sampler_.val_batches(v, mbs, deck.eval.batches)) * mbs * T);
+                sums[size_t(v)] / (double(batches(v)) * mbs * T);
     }
     double sum = 0;
     for (double x : sums) sum += x;

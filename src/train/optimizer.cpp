@@ -3,10 +3,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include "quintet/core/error.hpp"
+
 namespace quintet {
 
-AdamW::AdamW(const ParamTable& table, Backend& be, const GradientSync& sync, const TrainConfig& cfg)
-    : table_(table), be_(be), sync_(sync), cfg_(cfg) {
+AdamW::AdamW(const ParamTable& table, Backend& be, const GradientSync& sync, const TrainConfig& cfg,
+             std::vector<TensorRule> rules)
+    : table_(table), be_(be), sync_(sync), cfg_(cfg), rules_(std::move(rules)) {
+    QUINTET_CHECK(rules_.empty() || rules_.size() == table_.specs.size(), "AdamW: one rule per tensor");
     if (const ZeroState* z = sync_.sharded()) state_ = z->layout().trainable;  // by piece.at
     for (int r = 0; r < kNumRegions && !sync_.sharded(); ++r) {
         const DataParallel* dp = sync_.region(r);
@@ -119,21 +123,31 @@ void AdamW::clip(float* grads, double norm) {
     }
 }
 
+void AdamW::step_range(size_t i, float* p, const float* g, float* m, float* v, size_t n, double lr, double bc1,
+                       double bc2) const {
+    const ParamSpec& spec = table_.specs[i];
+    // A group's multipliers scale its learning rate and, as in PyTorch's parameter groups, the
+    // decoupled decay lr * wd with it. Multiplier 1 is the plain step, bit for bit.
+    double lr_i = lr, wd_i = cfg_.weight_decay;
+    if (!rules_.empty()) lr_i *= rules_[i].lr_mult, wd_i *= rules_[i].wd_mult;
+    be_.adamw(p, g, m, v, n, float(lr_i), float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps),
+              spec.decay() ? float(wd_i) : 0.0f, float(bc1), float(bc2));
+}
+
 void AdamW::update(float* params, const float* grads, int64_t s, double lr) {
-    const auto& t = cfg_;
-    const double bc1 = 1.0 - std::pow(t.beta1, double(s + 1));
-    const double bc2 = 1.0 - std::pow(t.beta2, double(s + 1));
+    const double bc1 = 1.0 - std::pow(cfg_.beta1, double(s + 1));
+    const double bc2 = 1.0 - std::pow(cfg_.beta2, double(s + 1));
     if (ZeroState* z = sync_.sharded()) {  // this rank's slices, then (zero 2) every rank's into the arena
         for_each_owned(table_, *z, [&](const ZeroPiece& p, const ParamSpec& spec, size_t a, size_t b) {
             const size_t o = p.at + (a - p.owned.lo);
-            be_.adamw(z->param_at(p, a), z->grad_shard() + o, m_ + o, v_ + o, b - a, float(lr), float(t.beta1),
-                      float(t.beta2), float(t.eps), spec.decay() ? float(t.weight_decay) : 0.0f, float(bc1),
-                      float(bc2));
+            step_range(size_t(&spec - table_.specs.data()), z->param_at(p, a), z->grad_shard() + o, m_ + o, v_ + o,
+                       b - a, lr, bc1, bc2);
         });
         z->gather_updated();
         return;
     }
-    for (const auto& spec : table_.specs) {
+    for (size_t i = 0; i < table_.specs.size(); ++i) {
+        const ParamSpec& spec = table_.specs[i];
         if (!spec.trainable()) continue;
         const int r = int(spec.replicas);
         const Range u = updated(r);
@@ -141,8 +155,7 @@ void AdamW::update(float* params, const float* grads, int64_t s, double lr) {
         if (a >= b) continue;
         const size_t o = state_at_[r] + (a - u.lo);
         const float* g = sync_.zero() ? shards_[r] + (a - u.lo) : grads + a;
-        be_.adamw(params + a, g, m_ + o, v_ + o, b - a, float(lr), float(t.beta1), float(t.beta2),
-                  float(t.eps), spec.decay() ? float(t.weight_decay) : 0.0f, float(bc1), float(bc2));
+        step_range(i, params + a, g, m_ + o, v_ + o, b - a, lr, bc1, bc2);
     }
     if (sync_.zero())
         for (int r = 0; r < kNumRegions; ++r)

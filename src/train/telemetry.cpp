@@ -6,6 +6,7 @@
 
 #include "quintet/core/clock.hpp"
 #include "quintet/core/profile.hpp"
+#include "quintet/core/text.hpp"
 #include "quintet/io/checkpoint.hpp"
 #include "quintet/io/metrics_schema.hpp"
 #include "quintet/parallel/pipeline_schedule.hpp"
@@ -16,22 +17,6 @@ namespace quintet {
 namespace ms = metrics_schema;
 
 namespace {
-
-std::string human_time(double s) {
-    char buf[32];
-    if (s < 60) std::snprintf(buf, sizeof buf, "%.0fs", s);
-    else if (s < 3600) std::snprintf(buf, sizeof buf, "%dm%02ds", int(s) / 60, int(s) % 60);
-    else std::snprintf(buf, sizeof buf, "%dh%02dm", int(s) / 3600, (int(s) % 3600) / 60);
-    return buf;
-}
-
-std::string human_rate(double x) {
-    char buf[32];
-    if (x >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", x / 1e6);
-    else if (x >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", x / 1e3);
-    else std::snprintf(buf, sizeof buf, "%.0f", x);
-    return buf;
-}
 
 constexpr int kMemoryColumns = int(ms::kMemoryCategories.size());
 
@@ -48,7 +33,8 @@ Telemetry::Telemetry(RankModel& model, std::string deck_text)
         // MFU's denominator: the FMA peak of the cores the job runs on (cached per host).
         HostPeak hp;
         peak_flops_ = job_fma_peak_flops(grid.world(), be.threads(), &hp);
-        peak_what_ = "FMA peak, " + hp.isa + ", " + hp.source;
+        peak_what_ = "FMA peak, " + hp.isa + ", " + hp.describe();
+        host_cores_used_ = hp.gflops_per_core > 0 ? peak_flops_ / (hp.gflops_per_core * 1e9) : 0;
         // The achieved share of the measured matmul rate, the second column: every rank's sgemm
         // at once (so shared cores are not counted twice); 1024^3, best of 5, and per node the
         // best seen on this host (job_sgemm_flops): short runs read 30% low on a busy machine.
@@ -98,6 +84,19 @@ void Telemetry::begin(int64_t start_step, const std::string& resumed_from) {
             line += buf;
         }
         log(line);
+        // The parameter groups: what init.scheme (and [groups]) make of each tensor's learning rate,
+        // decay and init.
+        const MupShape mup = mup_shape(deck_.model, deck_.init);
+        std::snprintf(buf, sizeof buf, "parameter groups (init.scheme = %s", deck_.init.scheme.c_str());
+        std::string groups = buf;
+        if (deck_.init.scheme == "mup") {
+            std::snprintf(buf, sizeof buf, ", width x%.4g, ffn x%.4g, logits x%.4g, attention scale x%.4g", mup.width,
+                          mup.ffn, deck_.model.logit_mult, deck_.model.attn_mult);
+            groups += buf;
+        }
+        std::string table_text = groups_text(summarise_groups(deck_.model, deck_.init, deck_.groups));
+        if (!table_text.empty() && table_text.back() == '\n') table_text.pop_back();
+        log(groups + "):\n" + table_text);
         metrics_ = std::make_unique<MetricsFile>(deck_.output.run_dir, deck_text_, start_step,
                                                  resumed_from.empty() ? "" : checkpoint_metrics_path(resumed_from));
         for (const auto& w : metrics_->warnings) log("warning: " + w);
@@ -226,19 +225,27 @@ void Telemetry::record_step(int64_t s, const StepStats& st, bool skipped, bool s
         std::snprintf(b, sizeof b, "%.4g", x / 1e9);
         return std::string(b);
     };
+    // The cached figures of this host are then marked, so the next run (or plan) measures them
+    // again (rank 0; the caches are per host).
+    const bool host = host_cores_used_ > 0 && grid.rank() == 0;
     if (achieved > matmul_flops_) {
-        if (!raised_matmul_)
+        if (!raised_matmul_) {
             log("note: step " + std::to_string(s) + " reached " + gflops(achieved) +
                 " GFLOP/s, above the sgemm rate measured at the start (" + gflops(matmul_flops_) +
                 "): that measurement was low (a busy machine); \"of sgemm\" reads against the fastest step from now on");
+            if (host) sgemm_note_achieved(achieved / 1e9 / host_cores_used_);
+        }
         raised_matmul_ = true;
         matmul_flops_ = achieved;
     }
     if (achieved > peak_flops_) {
-        if (!raised_peak_)
+        if (!raised_peak_) {
             log("note: step " + std::to_string(s) + " reached " + gflops(achieved) + " GFLOP/s, above the peak MFU " +
                 "is measured against (" + gflops(peak_flops_) + ", " + peak_what_ +
-                "): that figure is too low; MFU reads against the fastest step from now on");
+                "): that figure is too low; MFU reads against the fastest step from now on" +
+                (host ? "; the cached peak is raised and will be measured again by the next run" : ""));
+            if (host) host_peak_note_achieved(achieved / peak_flops_);
+        }
         raised_peak_ = true;
         peak_flops_ = achieved;
     }
@@ -279,6 +286,11 @@ void Telemetry::record_step(int64_t s, const StepStats& st, bool skipped, bool s
                                        {ms::kEpCombine, st.ep_combine.seconds},
                                        {ms::kEpBytes, st.ep_dispatch.bytes + st.ep_combine.bytes},
                                        {ms::kEpBytesAll, st.ep_bytes_all}, {ms::kEpBytesTheory, st.ep_bytes_theory}});
+        if (deck_.train.probe_rms) {
+            std::vector<std::pair<std::string, double>> probe;
+            for (int k = 0; k < kNumProbeKinds; ++k) probe.emplace_back(kProbeNames[size_t(k)], st.probe_rms[size_t(k)]);
+            metrics_->append(ms::kProbe, probe);
+        }
         std::vector<std::pair<std::string, double>> row;
         for (int i = 0; i < pp; ++i) {
             row.emplace_back("stage" + std::to_string(i) + "_idle_fraction", idle_[size_t(i)]);
@@ -305,8 +317,8 @@ void Telemetry::record_step(int64_t s, const StepStats& st, bool skipped, bool s
         std::snprintf(buf, sizeof buf,
                       "step %6lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | MFU %.1f%% | "
                       "%.0f%% of sgemm%s | %s elapsed | ETA %s",
-                      (long long)s, (long long)steps, st.loss, st.lr, st.grad_norm, human_rate(tps).c_str(),
-                      100.0 * mfu, 100.0 * mfu_matmul, imb, human_time(el).c_str(), human_time(eta).c_str());
+                      (long long)s, (long long)steps, st.loss, st.lr, st.grad_norm, human_count(tps).c_str(),
+                      100.0 * mfu, 100.0 * mfu_matmul, imb, human_seconds(el).c_str(), human_seconds(eta).c_str());
         log(buf);
     }
 }

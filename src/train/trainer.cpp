@@ -2,10 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "quintet/core/clock.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/core/profile.hpp"
+#include "quintet/data/dataset.hpp"
+#include "quintet/deck/deck.hpp"
+#include "quintet/io/metrics.hpp"
+#include "quintet/io/metrics_schema.hpp"
 #include "quintet/train/lr_schedule.hpp"
 #include "quintet/train/signals.hpp"
 
@@ -18,7 +23,8 @@ Trainer::Trainer(RankModel& model, const std::string& deck_text, const DataSet& 
       grads_(be_.alloc(model.zero() ? 1 : model.table().total)),
       sync_(std::make_unique<GradientSync>(model.table(), be_, model.comms(), model.tp(), deck_.parallel.bucket_mb,
                                            deck_.parallel.zero == 1, deck_.parallel.overlap_dp, model.zero())),
-      opt_(std::make_unique<AdamW>(model.table(), be_, *sync_, deck_.train)),
+      opt_(std::make_unique<AdamW>(model.table(), be_, *sync_, deck_.train,
+                                   tensor_rules(model.table(), deck_.model, deck_.init, deck_.groups))),
       sampler_(data, deck_.data, uint64_t(deck_.train.seed)),
       faults_(grid_.rank()),
       telemetry_(model, deck_text),
@@ -29,7 +35,10 @@ Trainer::Trainer(RankModel& model, const std::string& deck_text, const DataSet& 
                  [this](const std::string& l) { telemetry_.log(l); }),
       spikes_(deck_.train, deck_.output.run_dir, grid_.rank(), skips_, [this](const std::string& l) { telemetry_.log(l); }),
       lock_(lock) {
-    if (deck_.eval.every > 0) eval_.emplace(model, sampler_);
+    if (deck_.eval.every > 0) {
+        eval_.emplace(model, sampler_);
+        for (const std::string& n : eval_->notes()) telemetry_.log("warning: " + n);
+    }
     // This replica's samples of every step are read a step ahead (the samples [g0, g0 + m) of step()).
     {
         const int64_t mbs = deck_.data.micro_batch_size, m = deck_.parallel.microbatches;
@@ -94,9 +103,19 @@ StepStats Trainer::step(int64_t s, bool locate) {
             sampler_.train_sample(s, (g0 + mb) * mbs + j, gb, ids + size_t(j) * T, tgt + size_t(j) * T);
     };
     const float grad_scale = float(1.0 / (double(gb) * T));
+    // train.probe_rms: the layer outputs' squares over the step's forwards, summed over every rank.
+    RmsProbe probe;
+    if (deck_.train.probe_rms)
+        for (auto& c : model_.chunks()) c->set_probe(&probe);
     PipelineExecutor::Result r =
         model_.executor().run(params, grads_, grad_scale, data, locate || scaled ? nullptr : sync_->hook());
     if (scaled && !zero) be_.scale(grads_, model_.table().total, fault.grad_factor);
+    if (deck_.train.probe_rms) {
+        for (auto& c : model_.chunks()) c->set_probe(nullptr);
+        grid_.world().all_reduce_sum(probe.sumsq.data(), probe.sumsq.size());
+        grid_.world().all_reduce_sum(probe.count.data(), probe.count.size());
+        for (int k = 0; k < kNumProbeKinds; ++k) st.probe_rms[size_t(k)] = probe.rms(ProbeKind(k));
+    }
     const double t1 = now_s();
     if (locate && !zero) st.origin = locate_nonfinite(model_.table(), be_, grads_, r.ce_sum + r.aux_sum, grid_.world());
     // 2. Gradients summed over their replica groups (tp/kv/tied partials, then dp x cp / edp).
@@ -224,6 +243,85 @@ RunState Trainer::run_state() const {
     return r;
 }
 
+void Trainer::set_up_blend() {
+    const WeightsSource& src = checkpoints_.source();
+    const std::vector<Source>& sources = sampler_.train_sources();
+    const std::vector<double> now = sampler_.deck_weights();
+    const int64_t G = global_batch(), n0 = start_step_ * G, T = deck_.data.seq_len;
+    std::vector<BlendSegment> segs{{0, now}};
+    std::string change;
+    if (src.resume && sources.size() > 1) {
+        std::vector<BlendSegment> before = blend_segments_parse(src.blend);
+        if (before.empty()) {  // a checkpoint older than stored blends: its deck's weights from sample 0
+            before = {{0, now}};
+            const Deck theirs = deck_parse_text(src.deck);
+            if (theirs.data.path != deck_.data.path) {
+                const auto list = parse_source_list("data.path", theirs.data.path);
+                if (list.size() == sources.size() && list[0].first >= 0) {
+                    double sum = 0;
+                    for (const auto& [w, spec] : list) sum += w;
+                    before[0].weights.clear();
+                    for (const auto& [w, spec] : list) before[0].weights.push_back(w / sum);
+                }
+            }
+        }
+        if (before.back().weights.size() != now.size()) {
+            change = "the training sources changed (" + std::to_string(before.back().weights.size()) + " then, " +
+                     std::to_string(now.size()) + " now): the blend starts again from each source's first sample";
+        } else {
+            segs = before;
+            double diff = 0;
+            for (size_t i = 0; i < now.size(); ++i) diff = std::max(diff, std::abs(now[i] - before.back().weights[i]));
+            if (diff > 1e-12 && n0 > before.back().start) {
+                Blend replay(before);
+                for (int64_t n = 0; n < n0; ++n) replay.next();
+                const std::vector<int64_t> at = replay.counts();
+                segs.push_back({n0, now});
+                char buf[160];
+                change = "the blend's weights change at step " + std::to_string(start_step_) + " (sample " +
+                         std::to_string(n0) + "):";
+                for (size_t i = 0; i < now.size(); ++i) {
+                    std::snprintf(buf, sizeof buf, "%s %s %.3f -> %.3f", i ? "," : "", sources[i].name.c_str(),
+                                  before.back().weights[i], now[i]);
+                    change += buf;
+                }
+                change += "; each source continues from the sample it had reached (";
+                for (size_t i = 0; i < now.size(); ++i)
+                    change += (i ? ", " : "") + sources[i].name + " " + std::to_string(at[i]);
+                change += "): no sample is repeated or skipped within an epoch";
+            }
+        }
+    }
+    sampler_.set_blend(segs);
+    checkpoints_.set_blend(blend_segments_text(segs));
+    if (!change.empty()) telemetry_.log("data: " + change);
+    if (MetricsFile* m = telemetry_.metrics()) m->set_attr(metrics_schema::kRuns, "blend", blend_segments_text(segs));
+    // What each source gives over the whole run (train.steps), from the rule itself.
+    const int64_t total = std::max<int64_t>(deck_.train.steps, 0) * G;
+    std::vector<int64_t> samples(sources.size(), 0);
+    if (sources.size() == 1) {
+        samples[0] = total;
+    } else if (total <= (int64_t(1) << 28)) {
+        Blend b(segs);
+        for (int64_t n = 0; n < total; ++n) b.next();
+        samples = b.counts();
+    } else {  // a very long run: the shares, to within a sample each
+        for (size_t i = 0; i < sources.size(); ++i) samples[i] = int64_t(double(total) * now[i]);
+    }
+    std::string line = "data: " + std::to_string(sources.size()) + " source(s), " + std::to_string(deck_.train.steps) +
+                       " steps x " + std::to_string(G) + " samples of " + std::to_string(T) + " tokens (" +
+                       deck_.data.order + "):";
+    char buf[200];
+    for (size_t i = 0; i < sources.size(); ++i) {
+        const int64_t whole = std::max<int64_t>(1, (sources[i].len - 1) / T);
+        std::snprintf(buf, sizeof buf, "%s %s weight %.3f, %lld tokens, %lld samples, %.2f epochs", i ? ";" : "",
+                      sources[i].name.c_str(), now[i], (long long)sources[i].len, (long long)samples[i],
+                      double(samples[i]) / double(whole));
+        line += buf;
+    }
+    telemetry_.log(line);
+}
+
 int Trainer::run_steps() {
     const auto& t = deck_.train;
     const int64_t tokens_per_step = global_batch() * deck_.data.seq_len;
@@ -247,6 +345,7 @@ int Trainer::run_steps() {
         return 0;
     }
     telemetry_.begin(start_step_, checkpoints_.source().resume ? checkpoints_.source().path : "");
+    set_up_blend();
     if (t.steps == 0 || start_step_ >= t.steps) {
         if (start_step_ == 0) checkpoints_.save(0, tokens_seen_, run_state(), telemetry_.metrics(), true);
         return 0;

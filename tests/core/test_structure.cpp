@@ -17,7 +17,7 @@ namespace {
 
 // Lowest first. A folder may include its own headers and those of every folder before it.
 const std::vector<std::string> kStack = {"core", "tokenizer", "kernels", "comm",  "parallel", "model",
-                                         "io",   "data",      "deck",    "interop", "perf", "train", "tools"};
+                                         "io",   "data",      "deck",    "interop", "perf", "train", "study", "tools"};
 
 int level(const std::string& folder) {
     const auto it = std::find(kStack.begin(), kStack.end(), folder);

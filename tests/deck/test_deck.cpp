@@ -124,6 +124,41 @@ TEST(Deck, DuplicateKeysWarmupAndValuesAsWritten) {
     EXPECT_EQ(deck_value(y, "train.lr"), "0.0003") << "a key not given reads as the deck prints it";
 }
 
+// parallel.schedule = zbv runs two chunks per stage and nothing else: virtual_stages defaults to
+// 2 there (a value given still holds, and is checked).
+TEST(Deck, ZbvDefaultsToTwoVirtualStages) {
+    Deck d = deck_load("", {"--parallel.schedule=zbv", "--parallel.pp=2", "--parallel.microbatches=4"});
+    EXPECT_EQ(d.parallel.virtual_stages, 2);
+    d.model.vocab_size = 256;
+    EXPECT_EQ(error_of([&] { deck_validate(d, 2, false); }), "");
+    const fs::path p = write_deck("[parallel]\nschedule = zbv\npp = 2\n");
+    EXPECT_EQ(deck_load(p.string(), {}).parallel.virtual_stages, 2);
+    fs::remove(p);
+    Deck three = deck_load("", {"--parallel.schedule=zbv", "--parallel.pp=2", "--parallel.virtual_stages=3"});
+    EXPECT_EQ(three.parallel.virtual_stages, 3);
+    three.model.vocab_size = 256;
+    EXPECT_NE(error_of([&] { deck_validate(three, 2, false); }).find("must be 2 with parallel.schedule = zbv"),
+              std::string::npos);
+    EXPECT_EQ(deck_load("", {"--parallel.schedule=interleaved"}).parallel.virtual_stages, 1);
+}
+
+// An empty value on the command line (--data.val_path=) is a value, as in a deck file: a path
+// key takes it, a number refuses it by name; the last override of a key holds.
+TEST(Deck, AnEmptyValueOnTheCommandLine) {
+    const fs::path p = write_deck("[data]\nval_path = val.h5\n");
+    EXPECT_EQ(deck_load(p.string(), {}).data.val_path, "val.h5");
+    Deck d = deck_load(p.string(), {"--data.val_path="});
+    EXPECT_EQ(d.data.val_path, "");
+    EXPECT_EQ(d.given.at("data.val_path"), "");
+    EXPECT_EQ(deck_load(p.string(), {"--data.val_path=", "--data.val_path=b.h5"}).data.val_path, "b.h5");
+    EXPECT_EQ(deck_load(p.string(), {"--data.val_path=b.h5", "--data.val_path="}).data.val_path, "");
+    fs::remove(p);
+    EXPECT_NE(error_of([] { deck_load("", {"--train.steps="}); }).find("deck key 'train.steps' = '': expected an integer"),
+              std::string::npos);
+    EXPECT_NE(error_of([] { deck_load("", {"--train.bogus="}); }).find("'train.bogus': unknown key in [train]"),
+              std::string::npos);
+}
+
 TEST(Deck, ResolvedTextRoundTrips) {
     Deck d = deck_load("", {"--model.d_model=96", "--rope.factor=2.5", "--output.run_dir=runs/x y"});
     std::string text = deck_to_text(d);

@@ -103,7 +103,14 @@ TEST_F(GgufExport, BadOptionsAreExit2AndWriteNothing) {
     EXPECT_EQ(r.status, 2) << r.output;
     EXPECT_NE(r.output.find("--force"), std::string::npos) << r.output;
     EXPECT_EQ(read_file(out), "precious");
-    ASSERT_EQ(export_gguf(ckpt, out, "--force").status, 0);
+    // --force replaces only a GGUF quintet wrote (docs/interop.md, "Where the output goes").
+    r = export_gguf(ckpt, out, "--force");
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("it is not a GGUF file"), std::string::npos) << r.output;
+    EXPECT_EQ(read_file(out), "precious");
+    fs::remove(out);
+    ASSERT_EQ(export_gguf(ckpt, out).status, 0);
+    ASSERT_EQ(export_gguf(ckpt, out, "--force --dtype f16").status, 0);
     EXPECT_EQ(read_file(out).substr(0, 4), "GGUF");
 }
 

@@ -11,9 +11,11 @@
 // ctest: labels=interop timeout=600 launches_mpirun
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -168,6 +170,21 @@ TEST_F(HfRoundTrip, MlaMoeShardedIsBitIdentical) {
     EXPECT_TRUE(fs::exists(dir / "hf/model.safetensors.index.json"));
 }
 
+// µP's forward multipliers (logits x 1/m, attention scale x sqrt(base/head dim)) are folded into
+// the exported weights (the tied head untied): PyTorch's plain Llama computes the same model.
+TEST_F(HfRoundTrip, MupExportComputesTheSameModel) {
+    const std::string mup = "--init.scheme=mup --init.base_width=16 --init.base_head_dim=4 ";
+    for (const std::string& tied : {std::string("--model.tie_embeddings=true"), std::string(kMla)}) {
+        const std::string ckpt = train(tied == kMla ? "mla" : "tied", mup + tied);
+        const fs::path hf = dir / (tied == kMla ? "hf_mla" : "hf_tied");
+        const auto r = run_quintet(0, "export --checkpoint " + ckpt + " --format hf --output " + hf.string());
+        ASSERT_EQ(r.status, 0) << r.output;
+        const std::string config = read_file(hf / "config.json");
+        EXPECT_NE(config.find("\"tie_word_embeddings\": false"), std::string::npos) << config;
+        torch_reads(ckpt, hf, 32, tied == kMla ? "muP MLA + MoE" : "muP tied GQA");
+    }
+}
+
 // Tied embeddings and YaRN (config.json's rope_scaling), evaluated past the original context.
 TEST_F(HfRoundTrip, TiedYarnIsReadByPyTorch) {
     const std::string ckpt =
@@ -225,6 +242,126 @@ TEST_F(HfRoundTrip, BadInputIsExit2AndWritesNothing) {
     EXPECT_NE(r.output.find(second + "', named by"), std::string::npos) << r.output;
     EXPECT_FALSE(fs::exists(out)) << "a refused import wrote its output";
     EXPECT_FALSE(fs::exists(out.string() + ".import"));
+}
+
+// A copy of the export `hf` as `name` with config.json's `key` set to `value` (JSON text).
+fs::path with_config(const fs::path& dir, const fs::path& hf, const std::string& name, const std::string& key,
+                     const std::string& value) {
+    const fs::path to = dir / name;
+    fs::remove_all(to);
+    fs::copy(hf, to, fs::copy_options::recursive);
+    auto cfg = nlohmann::ordered_json::parse(read_file(to / "config.json"));
+    cfg[key] = nlohmann::ordered_json::parse(value);
+    write_file(to / "config.json", cfg.dump(2));
+    return to;
+}
+
+// A safetensors file's header and data, to edit one and write them back.
+struct Safetensors {
+    nlohmann::ordered_json header;
+    std::string data;
+    explicit Safetensors(const fs::path& p) {
+        const std::string b = read_file(p);
+        uint64_t n = 0;
+        std::memcpy(&n, b.data(), 8);
+        header = nlohmann::ordered_json::parse(b.substr(8, n));
+        data = b.substr(8 + n);
+    }
+    void write(const fs::path& p) const {
+        std::string h = header.dump();
+        h.resize((h.size() + 7) / 8 * 8, ' ');
+        std::string head(8, '\0');
+        const uint64_t n = h.size();
+        std::memcpy(head.data(), &n, 8);
+        write_file(p, head + h + data);
+    }
+};
+
+// Config values quintet cannot honour are refused at import (exit 2, the config.json key named),
+// not later in eval, generate or train: integers beyond 32 bits (read in 64 and range-checked,
+// not truncated), a layer count the tensors do not have (at once, without allocating for it),
+// and the deck's own checks (an epsilon of 0, a negative RoPE base).
+TEST_F(HfRoundTrip, ImportRefusesConfigValuesBeforeAnyWork) {
+    const std::string ckpt = train("run", "");
+    const fs::path hf = dir / "hf", out = dir / "imported.h5";
+    ASSERT_EQ(run_quintet(0, "export --checkpoint " + ckpt + " --format hf --output " + hf.string()).status, 0);
+    auto import = [&](const fs::path& in) {
+        return run_quintet(0, "import --format hf --input " + in.string() + " --output " + out.string());
+    };
+    struct Case {
+        const char* key;
+        const char* value;
+        const char* says;
+    } cases[] = {
+        {"vocab_size", "4294967552", "vocab_size = 4294967552: expected an integer in [1, 2147483647]"},
+        {"hidden_size", "1000000000000", "hidden_size = 1000000000000: expected an integer in [1, 2147483647]"},
+        {"num_attention_heads", "-4", "num_attention_heads = -4: expected an integer in [1, 2147483647]"},
+        {"intermediate_size", "64.5", "intermediate_size = 64.5: expected an integer"},
+        {"rms_norm_eps", "\"small\"", "rms_norm_eps = \"small\": expected a finite number"},
+        {"num_hidden_layers", "1000000", "num_hidden_layers = 1000000 is not supported (the safetensors hold 2 layers"},
+        {"num_hidden_layers", "1000000000", "num_hidden_layers = 1000000000 is not supported (the safetensors hold 2"},
+        {"rms_norm_eps", "0", "(rms_norm_eps) makes a model quintet refuses: deck key 'model.norm_eps' = '0'"},
+        {"rope_theta", "-5", "(rope_theta) makes a model quintet refuses: deck key 'rope.theta' = '-5'"},
+    };
+    for (const Case& c : cases) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const auto r = import(with_config(dir, hf, "bad", c.key, c.value));
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        EXPECT_EQ(r.status, 2) << c.key << " = " << c.value << "\n" << r.output;
+        EXPECT_NE(r.output.find(c.says), std::string::npos) << r.output;
+        EXPECT_LT(s, 20.0) << c.key << " = " << c.value << " took " << s << " s";
+        EXPECT_FALSE(fs::exists(out)) << c.key << " = " << c.value << ": a refused import wrote its output";
+    }
+}
+
+// A tensor holding NaN or an infinity, and two tensors whose bytes overlap, are refused naming
+// the tensor.
+TEST_F(HfRoundTrip, ImportRefusesNonFiniteAndOverlappingTensors) {
+    const std::string ckpt = train("run", "");
+    const fs::path hf = dir / "hf", out = dir / "imported.h5";
+    ASSERT_EQ(run_quintet(0, "export --checkpoint " + ckpt + " --format hf --output " + hf.string()).status, 0);
+    auto import = [&](const fs::path& in) {
+        return run_quintet(0, "import --format hf --input " + in.string() + " --output " + out.string());
+    };
+    for (const std::string value : {"nan", "inf"}) {
+        const fs::path bad = with_config(dir, hf, "nonfinite", "vocab_size", "256");
+        Safetensors st(bad / "model.safetensors");
+        const size_t at = st.header["model.layers.1.mlp.up_proj.weight"]["data_offsets"][0].get<size_t>() + 4 * 70;
+        const float x = value == "nan" ? NAN : INFINITY;
+        std::memcpy(st.data.data() + at, &x, 4);
+        st.write(bad / "model.safetensors");
+        const auto r = import(bad);
+        EXPECT_EQ(r.status, 2) << r.output;
+        EXPECT_NE(r.output.find("tensor model.layers.1.mlp.up_proj.weight holds " +
+                                std::string(value == "nan" ? "NaN" : "an infinity") + " (element [2, 6])"),
+                  std::string::npos) << r.output;
+    }
+    // model.norm.weight made to share the bytes of layer 0's input norm (same shape).
+    const fs::path overlap = with_config(dir, hf, "overlap", "vocab_size", "256");
+    Safetensors st(overlap / "model.safetensors");
+    st.header["model.norm.weight"]["data_offsets"] = st.header["model.layers.0.input_layernorm.weight"]["data_offsets"];
+    st.write(overlap / "model.safetensors");
+    const auto r = import(overlap);
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("overlaps tensor"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("model.norm.weight"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("model.layers.0.input_layernorm.weight"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(out));
+}
+
+// The deck's checks across keys run at import too: top-k 9 of 4 experts.
+TEST_F(HfRoundTrip, ImportRunsTheDecksOwnChecks) {
+    const std::string ckpt = train("run", kMla);
+    const fs::path hf = dir / "hf", out = dir / "imported.h5";
+    ASSERT_EQ(run_quintet(0, "export --checkpoint " + ckpt + " --format hf --output " + hf.string()).status, 0);
+    const auto r = run_quintet(0, "import --format hf --input " +
+                                      with_config(dir, hf, "topk", "num_experts_per_tok", "9").string() + " --output " +
+                                      out.string());
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("(num_experts_per_tok) makes a model quintet refuses: deck key 'moe.top_k' = '9': must be "
+                            "at most moe.experts = 4"),
+              std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(out));
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -93,10 +94,17 @@ protected:
         auto r = run_shell("cd '" + dir.string() + "' && node '" + (kSource / "tests/tokenizer/reference.mjs").string() +
                            "' '" + nm.string() + "' '" + dir.string() + "' '" + corpus.string() + "' 2>&1");
         ASSERT_EQ(r.status, 0) << r.output;
+        // The reference cases whose tokenizers GGUF can carry (a pre-tokenizer llama.cpp has); the
+        // other real tokenizer.json files of reference.mjs (byte fallback, DeepSeek-V3's three
+        // Splits, NFKC) are refused by the GGUF export, as docs/interop.md says.
+        const std::set<std::string> exportable = {"tiktoken_cl100k_base", "tiktoken_o200k_base", "tiktoken_gpt2",
+                                                  "hf_gpt2", "hf_cl100k_base", "hf_llama3", "tiktoken_llama3",
+                                                  "hf_qwen3"};
         for (const std::string& line : lines_of(read_file(dir / "cases"))) {
             std::istringstream in(line);
             Case c;
             in >> c.name >> c.spec >> c.pattern;
+            if (!exportable.count(c.name)) continue;
             cases.push_back(c);
         }
         r = run_shell("/usr/bin/python3 '" + (kSource / "tests/tokenizer/spm_reference.py").string() + "' '" +

@@ -14,6 +14,8 @@
 # d. `quintet study --submit slurm`: one job array per world size, then `--collect` gathers them.
 # e. scancel mid-run: quintet checkpoints, leaves run_dir/stopped, the script returns 0 (its
 #    "stopped cleanly" rule when mpirun returns its own 1) and does not requeue.
+# f. A [laws] study as a job array whose longer runs diverge (injected): --collect lists them
+#    as failed (exit 3, from run_dir/study_failed) and `quintet laws` leaves them out.
 #
 # Needs root to install and start Slurm (exit 77 = skipped otherwise), and python3-h5py.
 # QUINTET_KEEP_TMP=1 keeps the temporary folder (it is kept anyway when a check fails).
@@ -307,6 +309,57 @@ EOF
     fi
 }
 
+# f. A [laws] study as a job array: each (budget, shape) one task; the tasks longer than 40 steps
+# diverge (an injected NaN, exit 3), leave study_failed, are listed as failed by --collect and
+# left out by quintet laws. -------------------------------------------------------------------
+test_laws_array() {
+    t0=$SECONDS
+    cat >"$tmp/laws.deck" <<EOF
+[study]
+base = $tmp/tiny.deck
+dir = $tmp/laws
+[laws]
+budgets = 1e8, 6e8
+shapes = d_model=16 n_layers=1 n_heads=2; d_model=32 n_layers=2 n_heads=4
+warmup_fraction = 0.1
+EOF
+    local out rc=0 i ids n ok laws
+    out=$(QUINTET_INJECT_FAULT=rank=0,step=40,mode=nan "$QUINTET_BIN" study "$tmp/laws.deck" --submit slurm 2>&1) || rc=$?
+    echo "$out" | sed 's/^/     f. /'
+    ids=$(echo "$out" | sed -n 's/^study: submitted job array \([0-9]*\).*/\1/p' | tr '\n' ' ')
+    n=$(echo "$ids" | wc -w)
+    if ((rc != 0 || n != 1)); then
+        fail "f. quintet study (laws) --submit slurm: exit $rc, $n job array(s) (want 0, 1)"
+        return
+    fi
+    for ((i = 0; i < 900; i++)); do  # up to 180 s for 4 runs
+        [[ -z $(squeue -h -j "${ids// /}" 2>/dev/null) ]] && break
+        sleep 0.2
+    done
+    out=$("$QUINTET_BIN" study --collect "$tmp/laws" 2>&1) || rc=$?
+    echo "$out" | grep -v '^wrote' | sed 's/^/     f. /'
+    ok=$("$PY" - "$tmp/laws/study.h5" <<'PYEOF'
+import sys, h5py
+def text(s):
+    return s.decode() if isinstance(s, bytes) else s
+with h5py.File(sys.argv[1], "r") as f:
+    runs = f["runs"]
+    st = {n: (text(runs[n].attrs["status"]), int(runs[n].attrs["exit_status"]), int(runs[n].attrs["steps"])) for n in runs}
+good = all((s, rc) == (("done", 0) if steps <= 40 else ("failed", 3)) for s, rc, steps in st.values())
+failed = sum(s == "failed" for s, _, _ in st.values())
+print("ok" if len(st) == 4 and good and 0 < failed < 4 else f"runs {st}")
+PYEOF
+) || ok="unreadable study.h5"
+    laws=$("$QUINTET_BIN" laws "$tmp/laws" --bootstrap 0 2>&1) || true
+    if ((rc == 0)) && [[ $ok == ok ]] && grep -q 'failed (exit status 3)' <<<"$laws"; then
+        pass "f. a [laws] study as a job array: the diverged runs listed as failed (exit 3) in study.h5 and left out by quintet laws"
+    else
+        for f in "$tmp"/laws/slurm/*.out; do show "$f" 10; done
+        echo "$laws" | sed 's/^/     f. /'
+        fail "f. laws study --collect: exit $rc, $ok"
+    fi
+}
+
 # e. scancel: SIGTERM to every process of the job (the batch script, mpirun, the ranks) --------
 test_scancel() {
     t0=$SECONDS
@@ -349,6 +402,7 @@ test_sbatch_wait
 test_requeue
 test_srun_pmix
 test_study_array
+test_laws_array
 test_scancel
 
 echo "test_slurm: $failures failure(s), $((SECONDS - t_start)) s in all"

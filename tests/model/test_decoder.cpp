@@ -78,9 +78,8 @@ void check(bool yarn, bool tied, const std::string& attention = "mha", bool full
         const int next = int(std::max_element(z->begin(), z->end()) - z->begin());
         // The uncached forward over the whole prefix at once (per-head K|V as in training): its
         // last row's argmax.
-        ModelChunk pre(*be, m, rope, table, stage_chunks(m.n_layers, 1, 1, 0, {})[0], tp, 1, t);
-        auto fresh = pre.make_caches(t, true);
-        const std::vector<float>& logits = pre.forward_cached(params.data(), seq.data(), 0, fresh);
+        Decoder pre(*be, m, rope, t, table, params, t, true);
+        const std::vector<float>& logits = pre.prefill(seq.data(), t);
         const int want = int(std::max_element(logits.begin(), logits.end()) - logits.begin());
         ASSERT_EQ(next, want) << "position " << t;
         seq.push_back(next);

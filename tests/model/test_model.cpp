@@ -83,11 +83,13 @@ void random_tokens(int N, std::vector<int32_t>& ids, std::vector<int32_t>& tgt) 
 // cut): it is measured for every tensor and allowed for. A tensor whose round-off is not below a
 // fifth of its largest gradient fails (an expert's is only left out of the count of checked ones).
 // split: the chunk runs its backward in two parts (B, then W), as the zero-bubble schedules do.
-void check_model_gradient(bool tied, bool yarn, const std::string& kind = "mha", bool split = false) {
+// mup: the forward's µP multipliers (logits x 0.5, attention scale x 0.7) set.
+void check_model_gradient(bool tied, bool yarn, const std::string& kind = "mha", bool split = false, bool mup = false) {
     const bool moe = kind.rfind("moe", 0) == 0;
     const float h = moe ? 1e-3f : 1e-2f;
     const double tol = moe ? 3e-2 : 2e-2, min_grad = moe ? 1e-5 : 1e-4;
     Tiny c(tied, yarn, kind);
+    if (mup) c.m.logit_mult = 0.5, c.m.attn_mult = 0.7;
     auto be = make_cpu_backend(1);
     ParamTable table = make_param_table(c.m);
     const int B = 2, T = 9, N = B * T;
@@ -148,6 +150,12 @@ TEST(Model, GradientMatchesFiniteDifferencesTiedWithYarn) { check_model_gradient
 // MLA: every tensor (q_a, q_a_layernorm, q_b or q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b,
 // o_proj) against central differences, with and without query compression and YaRN.
 TEST(Model, MlaGradientMatchesFiniteDifferences) { check_model_gradient(false, false, "mla"); }
+// µP's logits multiplier (the head's GEMMs' alpha, forward and both backward products) and
+// attention-scale multiplier, tied and untied, MHA and MLA.
+TEST(Model, MupMultipliersGradientMatchesFiniteDifferences) {
+    check_model_gradient(false, false, "mha", false, true);
+    check_model_gradient(true, true, "mla", true, true);
+}
 TEST(Model, MlaGradientMatchesFiniteDifferencesPlainQueryWithYarn) { check_model_gradient(true, true, "mla_q"); }
 // MoE: router, k of E SwiGLU experts, a shared expert and the aux loss; aux-free on one layer.
 TEST(Model, MoeGradientMatchesFiniteDifferences) { check_model_gradient(false, false, "moe"); }

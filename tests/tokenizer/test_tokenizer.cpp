@@ -426,7 +426,7 @@ TEST_F(TokenFileTest, BadFilesAreConfigErrors) {
 
 TEST_F(TokenFileTest, FailedWriteLeavesNoFile) {
     std::string p = path("no_such_dir/out.h5");
-    EXPECT_THROW(quintet::token_file_write(p, {1, 2}, Tokenizer{}), quintet::RankError);
+    EXPECT_THROW(quintet::token_file_write(p, {1, 2}, Tokenizer{}), quintet::IoError);
     EXPECT_FALSE(fs::exists(p));
     EXPECT_FALSE(fs::exists(p + ".tmp"));
 }

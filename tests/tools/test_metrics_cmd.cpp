@@ -92,4 +92,23 @@ TEST_F(MetricsCmd, CsvAndJsonLinesOfEveryGroup) {
     EXPECT_EQ(missing.status, 2);
 }
 
+// --group data labels each training source's column with the name the file stores for it
+// (/data/source_samples' "sources"), not its index.
+TEST_F(MetricsCmd, DataColumnsAreNamedByTheirSources) {
+    make_token_file(dir / "prose.h5", 6000, 256, 11);
+    make_token_file(dir / "code.h5", 6000, 256, 12);
+    const RunResult r = train(1, "blend", "--parallel.microbatches=1 --moe.experts=0 '--data.path=0.7 " +
+                                              (dir / "prose.h5").string() + ", 0.3 " + (dir / "code.h5").string() + "'");
+    ASSERT_EQ(r.status, 0) << r.output;
+    RunResult csv = run_quintet(0, "metrics " + (dir / "blend").string() + " --group data");
+    ASSERT_EQ(csv.status, 0) << csv.output;
+    auto l = lines(csv.output);
+    ASSERT_EQ(l.size(), 5u) << csv.output;
+    EXPECT_EQ(l[0], "step,source_samples.prose,source_samples.code") << csv.output;
+    RunResult js = run_quintet(0, "metrics " + (dir / "blend").string() + " --group data --jsonl");
+    ASSERT_EQ(js.status, 0) << js.output;
+    EXPECT_NE(js.output.find("\"source_samples.prose\": "), std::string::npos) << js.output;
+    EXPECT_NE(js.output.find("\"source_samples.code\": "), std::string::npos) << js.output;
+}
+
 }  // namespace

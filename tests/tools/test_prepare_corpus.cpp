@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <thread>
 
 #include "quintet/io/token_data.hpp"
 #include "support/run_support.hpp"
@@ -42,7 +43,7 @@ std::string json_escape(const std::string& s) {
 std::vector<uint32_t> all_tokens(const fs::path& dir) {
     std::vector<fs::path> files;
     for (const auto& e : fs::directory_iterator(dir))
-        if (e.path().extension() == ".h5") files.push_back(e.path());
+        if (e.path().extension() == ".h5" && e.path().filename() != "tokenizer.h5") files.push_back(e.path());
     std::sort(files.begin(), files.end());
     std::vector<uint32_t> out;
     for (const auto& f : files) {
@@ -85,7 +86,8 @@ TEST_F(PrepareCorpus, ShardsDoNotDependOnRanks) {
         if (ranks == 1) {
             ref = t, names = here;
             EXPECT_GT(names.size(), 3u);
-            EXPECT_EQ(quintet::token_file_info(out + "/" + names[0]).n_tokens, 5000);
+            EXPECT_EQ(quintet::token_file_info(out + "/shard_000000.h5").n_tokens, 5000);
+            EXPECT_TRUE(std::count(names.begin(), names.end(), "manifest.json")) << "no manifest";
             continue;
         }
         EXPECT_EQ(here, names) << ranks << " ranks";  // no temporary files left either
@@ -100,7 +102,7 @@ TEST_F(PrepareCorpus, ShardsDoNotDependOnRanks) {
     // An output directory that already holds shards is refused.
     const RunResult again = run_quintet(0, "prepare --input " + (dir / "in").string() + common + " --output " + out);
     EXPECT_EQ(again.status, 2) << again.output;
-    EXPECT_NE(again.output.find("already holds token files"), std::string::npos) << again.output;
+    EXPECT_NE(again.output.find("already holds a complete corpus"), std::string::npos) << again.output;
 }
 
 TEST_F(PrepareCorpus, PlainTextAsInOneFileMode) {
@@ -148,6 +150,27 @@ TEST_F(PrepareCorpus, MalformedLineIsNamed) {
                            "' --jsonl-key text --tokenizer byte --output " + (dir / "x.h5").string());
     EXPECT_EQ(r.status, 2) << r.output;
     EXPECT_NE(r.output.find("matches no files"), std::string::npos) << r.output;
+}
+
+}  // namespace
+
+namespace {
+
+// Under mpirun each rank encodes on its share of the node's cores (not every core each), unless
+// told: OMP_NUM_THREADS or --threads.
+TEST_F(PrepareCorpus, RanksUseTheirShareOfTheCores) {
+    const int cores = int(std::thread::hardware_concurrency());
+    const std::string base = std::string("env -u OMP_NUM_THREADS ") + QUINTET_MPIEXEC +
+                             " --oversubscribe --allow-run-as-root --bind-to none -n 2 " + QUINTET_BINARY +
+                             " prepare --input " + (dir / "in").string() + " --jsonl-key text --tokenizer byte " +
+                             "--shard-tokens 5000 --output ";
+    RunResult r = run_shell(base + (dir / "share").string());
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("2 rank(s) x " + std::to_string(std::max(1, cores / 2)) + " thread(s)"), std::string::npos)
+        << r.output;
+    r = run_shell(base + (dir / "three").string() + " --threads 3");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("2 rank(s) x 3 thread(s)"), std::string::npos) << r.output;
 }
 
 }  // namespace

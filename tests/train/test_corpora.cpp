@@ -83,8 +83,9 @@ struct Corpora : ::testing::Test {
         blend = "0.7 " + (dir / "web").string() + "/, 0.3 " + (dir / "code.h5").string();
     }
     RunResult train(int ranks, const std::string& name, const std::string& extra) {
+        // The "web" directory is made by hand, shard by shard, without a manifest: used as it is.
         return run_quintet(ranks, "train " + deck.string() + " '--data.path=" + blend + "' --output.run_dir=" +
-                                      (dir / name).string() + " " + extra);
+                                      (dir / name).string() + " --data.allow_incomplete=true " + extra);
     }
 };
 

@@ -391,7 +391,8 @@ TEST_F(Fixture, BadInputsFailCleanlyBeforeAnyWork) {
         {2, "--parallel.pp=2 --parallel.schedule=interleaved --parallel.virtual_stages=2 --parallel.microbatches=3",
          {"parallel.microbatches", "3", "interleaved"}},
         {2, "--parallel.pp=2 --parallel.pp_layers=1,2", {"parallel.pp_layers", "1,2"}},
-        {2, "--parallel.pp=2 --parallel.schedule=zbv", {"parallel.virtual_stages", "1", "zbv"}},
+        {2, "--parallel.pp=2 --parallel.schedule=zbv --parallel.virtual_stages=1", {"parallel.virtual_stages", "1", "zbv"}},
+        {2, "--parallel.pp=2 --parallel.schedule=zbv", {"model.n_layers", "2", "2 * parallel.pp = 4"}},
         {1, "--parallel.zero=4", {"parallel.zero", "4", "[0, 3]"}},
         {2, "--parallel.pp=2 --parallel.schedule=zbv --parallel.virtual_stages=2 --parallel.zero=3 "
             "--model.tie_embeddings=true --model.n_layers=4", {"parallel.zero", "3", "tie_embeddings"}},

@@ -152,6 +152,15 @@ TEST_F(ExpertParallel, AuxFreeOnALayerSubsetMatchesOneRank) {
     }
 }
 
+// µP with MLA (q compression) and MoE: the router's and the experts' multipliers, MLA's
+// attention-scale multiplier and the logits' 1/m, identical on every layout.
+TEST_F(ExpertParallel, MupWithMlaMatchesOneRank) {
+    compare("--init.scheme=mup --init.base_width=16 --init.base_ffn=16 --init.base_head_dim=4 --model.attention=mla "
+            "--model.n_kv_heads=0 --model.kv_lora_rank=16 --model.q_lora_rank=24 --model.qk_nope_dim=8 "
+            "--model.qk_rope_dim=4 --model.v_head_dim=8",
+            {kLayouts[0], kLayouts[3], kLayouts[4], kLayouts[14]});
+}
+
 TEST_F(ExpertParallel, Bf16FollowsOneRank) {
     // Loads to 2% of the 40960 choices: bf16 rounding flips near-tied choices, 1.1% of them on
     // ep2 x tp2+SP after the vectorised exp (under 1% before); the loss agrees to 2e-3 regardless.

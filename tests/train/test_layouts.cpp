@@ -91,6 +91,22 @@ TEST_F(Layouts, TensorParallelMhaAndTiedHead) {
     });
 }
 
+// µP (init.scheme = mup, width multiplier 2 against a base of 16, tied head): its per-group
+// learning rates, the logits' 1/m and an attention-scale multiplier are the same on every layout.
+// At multiplier 1 it is the scaled scheme, bit for bit.
+TEST_F(Layouts, MupMatchesSingleRankAndIsScaledAtMultiplierOne) {
+    const std::string mup = "--init.scheme=mup --init.base_width=16 --init.base_head_dim=4 --model.tie_embeddings=true";
+    compare(mup, {
+        {2, "--parallel.tp=2 --parallel.sequence_parallel=true --parallel.microbatches=8"},
+        {2, "--parallel.pp=2 --parallel.microbatches=8 --parallel.schedule=zb_h1"},
+        {4, "--parallel.tp=2 --parallel.microbatches=4 --parallel.zero=3"},  // dp=2
+    });
+    ASSERT_EQ(train(1, "mup_one", "--init.scheme=mup --parallel.microbatches=8").status, 0);
+    ASSERT_EQ(train(1, "scaled_one", "--init.scheme=scaled --parallel.microbatches=8").status, 0);
+    EXPECT_EQ(losses("mup_one"), losses("scaled_one")) << "init.scheme = mup at width multiplier 1 is not scaled";
+    EXPECT_NE(losses("mup_one"), losses("ref")) << "the multiplier-1 run should differ from the mup run above";
+}
+
 TEST_F(Layouts, PipelineParallelMatchesSingleRank) {
     compare("", {
         {2, "--parallel.pp=2 --parallel.microbatches=8"},

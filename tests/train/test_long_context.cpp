@@ -108,6 +108,71 @@ TEST_F(LongContext, EvalReproducesTheRunsEvalOnAnyLayoutAndWritesNothing) {
     EXPECT_NE(bad.output.find("seq_lenn"), std::string::npos) << bad.output;
 }
 
+// `quintet eval` reported tokens=16384 from a 3.8k-token split by wrapping around it. Each
+// validation token is evaluated at most once: eval.batches past the split's whole batches is
+// capped (a note names both numbers), tokens= is what was evaluated, and the loss is that of the
+// whole batches; a split without one whole batch is refused. Training keeps its batches and warns.
+TEST_F(LongContext, EvalCountsEachValidationTokenOnce) {
+    // 20000 tokens, val_fraction 0.1: a split of 2000, so 62 samples of 33 tokens, 31 batches of 2.
+    auto r = train(1, "run", "--eval.batches=100");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("warning: eval.batches = 100 batches of 2 x 32 tokens, but the validation split of"),
+              std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("holds 31 whole batches: the samples past them wrap around"), std::string::npos) << r.output;
+    const std::string ck = (dir / "run/checkpoints/step_00000006.h5").string();
+    auto capped = eval(1, ck, "--eval.batches=100");
+    ASSERT_EQ(capped.status, 0) << capped.output;
+    EXPECT_NE(capped.output.find("quintet eval: note: eval.batches = 100 batches of 2 x 32 tokens"), std::string::npos)
+        << capped.output;
+    EXPECT_NE(capped.output.find("holds 31 whole batches: evaluating those 31 (each token once) instead of 100"),
+              std::string::npos) << capped.output;
+    EXPECT_NE(last_line(capped.output).find("seq_len=32 tokens=1984"), std::string::npos) << capped.output;
+    auto exact = eval(2, ck, "--eval.batches=31");
+    ASSERT_EQ(exact.status, 0) << exact.output;
+    EXPECT_EQ(exact.output.find("note: eval.batches"), std::string::npos) << exact.output;
+    EXPECT_NEAR(val_loss(capped.output), val_loss(exact.output), 1e-6 * val_loss(exact.output));
+    // Longer samples: 3 of 513 tokens, one batch of 2.
+    auto longer = eval(1, ck, "--data.seq_len=512 --eval.batches=5");
+    ASSERT_EQ(longer.status, 0) << longer.output;
+    EXPECT_NE(longer.output.find("holds 1 whole batch: evaluating those 1"), std::string::npos) << longer.output;
+    EXPECT_NE(last_line(longer.output).find("seq_len=512 tokens=1024"), std::string::npos) << longer.output;
+    // One sample of 1025 tokens: not a whole batch of 2.
+    auto none = eval(1, ck, "--data.seq_len=1024 --eval.batches=2");
+    EXPECT_EQ(none.status, 2) << none.output;
+    EXPECT_NE(none.output.find("eval.batches = 2 batches of 2 x 1024 tokens, but the validation split of"),
+              std::string::npos) << none.output;
+    EXPECT_NE(none.output.find("holds 0 whole batches: it cannot be evaluated"), std::string::npos) << none.output;
+}
+
+// `quintet generate` warns, as train and eval do, when prompt + new tokens run past the context
+// the weights were trained at without a scaling rule, or past what YaRN extends it to.
+TEST_F(LongContext, GenerateWarnsPastTheTrainedContext) {
+    auto r = train(1, "run", "");
+    ASSERT_EQ(r.status, 0) << r.output;
+    const std::string ck = (dir / "run/checkpoints/step_00000006.h5").string();
+    auto gen = [&](const std::string& ckpt, int tokens) {
+        return run_quintet(0, "generate --checkpoint " + ckpt + " --prompt-ids '1 2 3 4' --temperature 0 --tokens " +
+                                  std::to_string(tokens));
+    };
+    auto within = gen(ck, 28);  // 4 + 28 = 32 positions: the trained context
+    ASSERT_EQ(within.status, 0) << within.output;
+    EXPECT_EQ(within.output.find("warning"), std::string::npos) << within.output;
+    auto past = gen(ck, 40);
+    ASSERT_EQ(past.status, 0) << past.output;
+    EXPECT_NE(past.output.find("generate: warning: the prompt (4 tokens) and --tokens 40 reach position 44, past the "
+                               "context its weights were trained at (32) of checkpoint"), std::string::npos)
+        << past.output;
+    EXPECT_NE(past.output.find("rope.scaling = none"), std::string::npos) << past.output;
+    // With YaRN (factor 2 over the 32 trained): 64 positions are within, 70 past.
+    r = train(1, "yarn", "--checkpoint.init_from=" + ck + " --rope.scaling=yarn --rope.factor=2 --train.steps=1 --train.warmup=0");
+    ASSERT_EQ(r.status, 0) << r.output;
+    const std::string yk = (dir / "yarn/checkpoints/step_00000001.h5").string();
+    EXPECT_EQ(gen(yk, 60).output.find("warning: the prompt"), std::string::npos);
+    auto far = gen(yk, 66);
+    EXPECT_NE(far.output.find("reach position 70, past the context YaRN extends it to (64)"), std::string::npos)
+        << far.output;
+}
+
 TEST_F(LongContext, InitFromLoadsWeightsOnlyAcrossLayoutAndSeqLen) {
     auto a = train(2, "short", "--parallel.microbatches=2");
     ASSERT_EQ(a.status, 0) << a.output;

@@ -33,6 +33,12 @@ struct IoError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
+// A transient fault every rank agreed on (an interrupted or failed `quintet prepare` that cleaned
+// up after itself): exit status 4, printed once by rank 0, ended without MPI_Abort.
+struct FaultError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
 // "deck key 'model.n_heads' = 7: must be divisible by parallel.tp = 2"
 [[noreturn]] void config_fail(const std::string& key, const std::string& value,
                               const std::string& valid);

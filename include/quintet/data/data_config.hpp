@@ -14,6 +14,7 @@ struct DataConfig {
     double val_fraction = 0.05;
     bool document_mask = false;  // attention stays inside a document (documents end at eos_id)
     int eos_id = -1;             // -1: the token file's eos_id attribute
+    bool allow_incomplete = false;  // use a directory without a complete, agreeing manifest as it is
 };
 
 }  // namespace quintet

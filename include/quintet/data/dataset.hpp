@@ -21,7 +21,12 @@ struct TokenShard {
     int64_t n_tokens = 0;
     int width = 2;             // bytes per token on disk
     int64_t file_offset = -1;  // of a contiguous /tokens (read with pread); -1 = through HDF5
+    std::string checksum;      // of /tokens, from the corpus's manifest; "" = none known
 };
+
+// Reads every token of a shard: each id < vocab_size and, where the shard has one, the checksum of
+// its manifest. "" when it holds, else what is wrong (naming the shard).
+std::string shard_verify(const TokenShard& shard, int vocab_size);
 
 struct Source {
     std::string spec;          // as written in the deck (without its weight)
@@ -38,9 +43,12 @@ struct Source {
 // an empty item, a bad or negative weight, weights on some items only, or weights all zero.
 std::vector<std::pair<double, std::string>> parse_source_list(const std::string& key, const std::string& value);
 
-// The files of one source spec: the file itself, a directory's *.h5 (sorted), or a glob's matches
-// (sorted). ConfigError naming `key` and the spec when nothing is there.
-std::vector<std::string> expand_source(const std::string& key, const std::string& spec);
+// The files of one source spec: the file itself, a directory's shards (those its manifest lists,
+// in order; without a manifest, under allow_incomplete, its *.h5 sorted), or a glob's matches
+// (sorted; a corpus's tokenizer.h5 left out). ConfigError naming `key` and the spec when nothing is
+// there, or when a directory has no complete manifest that agrees with its files and
+// allow_incomplete is false.
+std::vector<std::string> expand_source(const std::string& key, const std::string& spec, bool allow_incomplete = true);
 
 struct DataSet {
     Tokenizer tokenizer;       // the same in every shard (checked)
@@ -51,7 +59,8 @@ struct DataSet {
     int64_t train_tokens() const;
 };
 
-// Reads every shard's header of data.path (and data.val_path) and cuts the splits: without
+// Reads every shard's header of data.path (and data.val_path) -- for a corpus with a manifest,
+// the manifest alone and each shard's size -- and cuts the splits: without
 // val_path each source's last floor(n * val_fraction) tokens are its validation split; with it
 // the train sources are used whole and val_path's sources are the validation sets. ConfigError
 // (exit status 2) for a missing shard, an empty source, a glob that matches nothing, bad weights,

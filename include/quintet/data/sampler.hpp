@@ -31,10 +31,21 @@ namespace quintet {
 // smallest power of two >= n, cycle-walked back into range). O(1) memory.
 uint64_t permute_index(uint64_t x, uint64_t n, uint64_t key);
 
+// A blend's weights from sample `start` on (docs/data.md, "Blends on resume"). A run whose weights
+// change on resume has several: from each start the deficits count from the samples each source
+// had there, so every source continues from its current sample.
+struct BlendSegment {
+    int64_t start = 0;
+    std::vector<double> weights;  // normalised
+};
+std::string blend_segments_text(const std::vector<BlendSegment>& segments);  // "start w0 w1 ...\n" per segment
+std::vector<BlendSegment> blend_segments_parse(const std::string& text);     // {} when malformed
+
 // The blending rule: the source of each sample in turn, and the count of every source so far.
 class Blend {
 public:
     explicit Blend(std::vector<double> weights);  // normalised here
+    explicit Blend(std::vector<BlendSegment> segments);  // the first starts at 0
     // Moves to sample n (restarting from 0 when n is behind) and returns the source of sample n,
     // counting it; counts() are then the samples of each source among the first n + 1.
     int next();
@@ -44,8 +55,10 @@ public:
     const std::vector<double>& weights() const { return w_; }
 
 private:
-    std::vector<double> w_;
-    std::vector<int64_t> c_;
+    std::vector<BlendSegment> seg_;
+    size_t at_ = 0;              // the segment of sample n_
+    std::vector<double> w_;      // its weights
+    std::vector<int64_t> c_, base_;  // counts so far; at the segment's start
     int64_t n_ = 0;
 };
 
@@ -77,6 +90,10 @@ public:
     }
     // Samples of each training source among the first n of the run.
     const std::vector<int64_t>& source_samples(int64_t n);
+    // The blend's segments (one unless its weights changed on a resume), and this deck's weights.
+    void set_blend(const std::vector<BlendSegment>& segments);
+    const std::vector<BlendSegment>& blend() const { return segments_; }
+    std::vector<double> deck_weights() const;
 
     const std::vector<Source>& train_sources() const { return data_.train; }
     const std::vector<Source>& val_sources() const { return data_.val; }
@@ -107,6 +124,7 @@ private:
     int T_;
     std::string order_;
     uint64_t seed_, random_key_, shuffle_key_;
+    std::vector<BlendSegment> segments_;
     Blend plan_blend_, count_blend_;
     std::vector<int64_t> one_source_{0};  // source_samples of a single source, without allocating
     int64_t plan_step_[2] = {-1, -1}, plan_gb_[2] = {0, 0};

@@ -25,6 +25,10 @@ std::vector<DeckOption> deck_options(Deck& deck);
 // Throws ConfigError on unknown keys, unparsable or out-of-range values.
 Deck deck_load(const std::string& deck_path, const std::vector<std::string>& overrides);
 
+// Defaults that follow from another key: parallel.schedule = zbv makes parallel.virtual_stages 2
+// unless it was given. deck_load applies it; a command that sets keys itself calls it.
+void deck_schedule_defaults(Deck& deck, bool virtual_stages_given);
+
 // Cross-key checks that need the world size (layout) and features not built yet.
 // vocab_size must already be set from the data file. check_host_memory: refuse a model whose
 // weights and optimizer state cannot fit this machine (the planner plans for other machines).

@@ -7,6 +7,7 @@
 
 #include "quintet/data/data_config.hpp"
 #include "quintet/model/config.hpp"
+#include "quintet/model/param_groups.hpp"
 
 namespace quintet {
 
@@ -44,6 +45,7 @@ struct TrainConfig {
     std::string on_spike = "none";      // none | skip | rerun: a loss or gradient norm far above its window
     int spike_window = 128;             // accepted steps the spike statistics cover (and the warm-up)
     double spike_sigma = 6;             // a spike is above mean + spike_sigma x std of the window
+    bool probe_rms = false;             // /probe/<kind>: the RMS of each kind of layer output per step
 };
 
 struct EvalConfig {
@@ -76,6 +78,7 @@ struct Deck {
     DataConfig data;
     TrainConfig train;
     InitConfig init;
+    GroupOverrides groups;  // [groups]: the parameter groups' multipliers (negative = the scheme's)
     EvalConfig eval;
     CheckpointConfig checkpoint;
     OutputConfig output;

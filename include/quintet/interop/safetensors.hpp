@@ -18,13 +18,19 @@ namespace quintet {
 std::vector<std::string> safetensors_write(const std::string& dir, const std::vector<NamedTensor>& tensors,
                                            const std::string& dtype, uint64_t max_shard_bytes);
 
-// Every tensor of a Hugging Face directory (model.safetensors, or the shards its index names),
-// converted to float32 (F32, BF16 and F16 are read), with the dtype it had. ConfigError naming
-// the file and the problem (missing shard, malformed header, offsets outside the file).
-struct LoadedTensor {
-    NamedTensor t;
-    std::string dtype;  // as stored: F32, BF16, F16
+// Every tensor of a Hugging Face directory (model.safetensors, or the shards its index names) as
+// its header describes it, the data not read: name, dtype (F32, BF16, F16), shape and where its
+// bytes lie. ConfigError naming the file and the tensor for a missing shard, a malformed header,
+// another dtype, offsets that do not fit the shape or the file, two tensors whose bytes overlap,
+// or a tensor in two files.
+struct SafetensorsEntry {
+    std::string name, dtype, file;
+    int rows = 0, cols = 1, ndim = 2;  // [out, in]; vectors: [n, 1], ndim 1
+    uint64_t begin = 0, end = 0;       // byte range in `file`
 };
-std::vector<LoadedTensor> safetensors_read_dir(const std::string& dir);
+std::vector<SafetensorsEntry> safetensors_index(const std::string& dir);
+// One tensor's values as float32; ConfigError naming the tensor and the element when one is NaN
+// or infinite.
+NamedTensor safetensors_load(const SafetensorsEntry& e);
 
 }  // namespace quintet

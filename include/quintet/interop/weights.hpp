@@ -11,6 +11,7 @@
 
 #include "quintet/deck/deck.hpp"
 #include "quintet/model/config.hpp"
+#include "quintet/tokenizer/byte_alphabet.hpp"  // byte_level_text, for the exporters
 #include "quintet/tokenizer/tokenizer.hpp"
 
 namespace quintet {
@@ -37,15 +38,18 @@ struct ExportModel {
 // `tok` as its tokenizer. ConfigError (exit 2) when the file is not a usable checkpoint.
 ExportModel export_model_read(const std::string& path, const Tokenizer& tok);
 
+// µP's forward multipliers (ModelConfig::logit_mult, attn_mult) folded into the weights -- the LM
+// head scaled (a tied one untied first), every query projection scaled -- so that the exported
+// model is a plain one that computes the same function (export_model_read does it).
+void fold_forward_multipliers(ExportModel& m);
+
 // Rows [row0, row0 + d) of a [rows, cols] matrix hold one head's rotary part in quintet's
 // rotate-half order (pair i = rows i and i + d/2). Reorders them in place to the interleaved
 // order (pair i = rows 2i and 2i + 1) that llama.cpp's rotation and Hugging Face DeepSeek use;
 // `inverse` undoes it.
 void rope_rows_interleave(NamedTensor& t, int row0, int d, bool inverse = false);
 
-// `bytes` in GPT-2's byte-to-unicode alphabet (each byte one printable character), the form
-// byte-level BPE vocabularies take in tokenizer.json and GGUF.
-std::string byte_level_text(const std::string& bytes);
+
 
 // IEEE half precision, round to nearest even (overflow to infinity); and back.
 uint16_t float_to_f16(float f);
@@ -56,11 +60,9 @@ size_t dtype_bytes(const std::string& dtype);
 // Appends `n` floats converted to `dtype`, little-endian.
 void dtype_append(std::string& out, const float* x, size_t n, const std::string& dtype);
 
-// Writes `path` through `write(tmp)` into "<path>.tmp" and renames it when write returns; on an
-// exception the temporary is removed and the exception passes on, so `path` is never half-written.
+// Writes `path` through `write(tmp)` into a fresh "<path>.tmp-XXXXXX" and renames it when write
+// returns; on an exception that temporary is removed and the exception passes on, so `path` is
+// never half-written. Where `path` may go: interop/output_path.hpp.
 void write_atomically(const std::string& path, const std::function<void(const std::string& tmp)>& write);
-
-// ConfigError unless `path` may be written: it does not exist, or `force`. `what` names the option.
-void check_output_path(const std::string& path, bool force, const std::string& what);
 
 }  // namespace quintet

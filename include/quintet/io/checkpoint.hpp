@@ -38,6 +38,12 @@ struct CheckpointMeta {
     // The tokenizer of the data the weights were trained on (group /tokenizer, the same as in the
     // token file, io/tokenizer_store.hpp); empty in checkpoints from before it travelled with them.
     TokenizerState tokenizer;
+    // The parameter groups' multipliers the run trained with (model/param_groups.hpp groups_text);
+    // empty in checkpoints older than the attribute.
+    std::string param_groups;
+    // The data blend's segments (data/sampler.hpp, blend_segments_text): "" in checkpoints older
+    // than the attribute (the deck's weights from sample 0).
+    std::string blend;
     // The run state (/train_state; empty and 0 in checkpoints older than it): the spike window,
     // [n][2] row-major, and the skipped steps in a row at the checkpoint.
     std::vector<double> spike_window;
@@ -78,6 +84,12 @@ std::string checkpoint_metrics_path(const std::string& checkpoint);
 
 // The path named by run_dir/checkpoints/latest, or "" when there is none.
 std::string checkpoint_latest(const std::string& run_dir);
+
+// The checkpoint file a command's `--checkpoint` names (`what`, e.g. "eval: --checkpoint"): a file
+// as it is; a run folder, its checkpoints/ folder (a trailing slash or not) or the `latest` file
+// in it: the checkpoint `latest` names. *note (when given) says which file a folder or `latest`
+// resolved to. ConfigError for a folder without `latest`, or a `latest` naming a missing file.
+std::string checkpoint_resolve(const std::string& given, const std::string& what, std::string* note = nullptr);
 
 // "" when `path` opens, every tensor reads in full and matches its stored checksum (checkpoints
 // from before the checksums: every tensor reads); else why not, e.g. "tensor /params/x does not

@@ -59,6 +59,12 @@ inline Handle type(hid_t id) { return Handle(id, H5Tclose); }
 // Throws RankError("<what>: <context>") when id < 0.
 hid_t check(hid_t id, const std::string& what);
 
+// Creation property lists with HDF5's object time tracking off, for every file, group and dataset
+// quintet creates: the same data written twice gives the same bytes (checksums of outputs hold).
+Handle file_create_plist();
+Handle group_create_plist();
+Handle dataset_create_plist();
+
 void write_attr_string(hid_t obj, const std::string& name, const std::string& value);
 void write_attr_i64(hid_t obj, const std::string& name, int64_t value);
 void write_attr_f64(hid_t obj, const std::string& name, double value);
@@ -69,6 +75,8 @@ std::vector<double> read_f64(hid_t loc, const std::string& path, std::vector<hsi
 bool has_attr(hid_t obj, const std::string& name);
 std::string read_attr_string(hid_t obj, const std::string& name);
 int64_t read_attr_i64(hid_t obj, const std::string& name);
+double read_attr_f64(hid_t obj, const std::string& name);
+std::vector<std::string> child_names(hid_t loc, const std::string& group);  // the links in a group, by name
 bool exists(hid_t loc, const std::string& path);  // every link along the path exists
 hid_t create_groups(hid_t file, const std::string& path);  // mkdir -p of groups; returns the last
 std::vector<hsize_t> dataset_shape(hid_t dset);

@@ -18,8 +18,9 @@ inline constexpr const char* kMoe = "/moe";
 inline constexpr const char* kMemory = "/memory";       // <category>_bytes [step, rank]
 inline constexpr const char* kData = "/data";           // source_samples [step, source]
 inline constexpr const char* kCheckpoint = "/checkpoint";  // one row per checkpoint written, its own step column
-inline constexpr std::array<const char*, 9> kStepGroups = {kTrain, kEval, kTiming, kTimingOp, kPipeline, kMoe, kMemory,
-                                                           kData, kCheckpoint};
+inline constexpr const char* kProbe = "/probe";         // train.probe_rms: <kind> (model/probe.hpp)
+inline constexpr std::array<const char*, 10> kStepGroups = {kTrain, kEval, kTiming, kTimingOp, kPipeline, kMoe, kMemory,
+                                                            kData, kProbe, kCheckpoint};
 
 // /data/source_samples [step, source]: samples drawn so far from each training source; its
 // attribute `sources` names them, comma-separated. /eval/<source>/loss: each validation source's

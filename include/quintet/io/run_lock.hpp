@@ -13,12 +13,15 @@ namespace quintet {
 
 class RunLock {
 public:
-    // collective over comm. warning: set when a stale lock was taken over.
-    RunLock(const std::string& run_dir, const MpiCommunicator& comm, double stale_after_s, std::string* warning);
+    // collective over comm. warning: set when a stale lock was taken over. `what` names the folder's
+    // owner in the refusal (default "output.run_dir '<run_dir>'").
+    RunLock(const std::string& run_dir, const MpiCommunicator& comm, double stale_after_s, std::string* warning,
+            const std::string& what = "");
     ~RunLock();  // releases (rank 0)
     RunLock(const RunLock&) = delete;
     RunLock& operator=(const RunLock&) = delete;
     void touch() const;  // rank 0: refresh the lock's time (the holder is alive)
+    void remove_folder_when_released() { created_ = true; }  // the folder goes too if it is empty then
 
 private:
     std::string path_, dir_;

@@ -6,6 +6,8 @@
 //   /tokenizer             the tokenizer's group (io/tokenizer_store.hpp)
 //   attributes on /        format_version (int64 = 2), vocab_size (int64), tokenizer (its kind),
 //   (or on /tokens)        eos_id, bos_id (optional: the tokens that end / begin each document)
+// Format 3 is a corpus shard (docs/data.md, "The manifest"): no /tokenizer group but attributes
+// tokenizer_file and tokenizer_fingerprint naming the corpus's one tokenizer file beside it.
 // Format 1 (before the tokenizer group): tokenizer "byte" or "bpe", /tokenizer/merges; its bpe
 // is read with the format-1 split it was made with, so old data keeps its meaning.
 #pragma once
@@ -18,7 +20,8 @@
 
 namespace quintet {
 
-inline constexpr int64_t kTokenFileFormatVersion = 2;
+inline constexpr int64_t kTokenFileFormatVersion = 2;  // a token file that carries its tokenizer
+inline constexpr int64_t kShardFormatVersion = 3;      // a corpus shard: its tokenizer by reference
 
 struct TokenFile {
     std::vector<uint32_t> tokens;  // [n_tokens], every id < vocab_size
@@ -29,28 +32,42 @@ struct TokenFile {
     int64_t format_version = 0;    // of the file as read
 };
 
-// Writes `path` + ".tmp" and renames it over `path`, so a failed write never leaves a half file.
-// Throws RankError (naming the path) if the file cannot be written. eos_id / bos_id >= 0 are
-// recorded as attributes (the tokens that end / begin each document).
-void token_file_write(const std::string& path, const std::vector<uint32_t>& tokens,
-                      const Tokenizer& tok, int eos_id = -1, int bos_id = -1);
-
 // A token file written piece by piece (bounded memory): create with the final token count, write
-// ranges in any order, then commit, which writes the tokenizer and renames `path`.tmp to `path`.
-// Destroyed without commit, the partial file is removed. RankError naming the path on failure.
+// ranges in order, then commit, which flushes, closes and renames `path`.tmp to `path`. Destroyed
+// without commit, the partial file is removed. An IoError naming the path on a failed write (a
+// full disk). With `tokenizer_file` empty the file carries its tokenizer (format 2); otherwise it
+// is a corpus shard (format 3) naming the tokenizer file beside it (attributes tokenizer_file and
+// tokenizer_fingerprint). Files are written without HDF5 object times: the same tokens give the
+// same bytes.
 class TokenFileWriter {
 public:
-    TokenFileWriter(const std::string& path, int64_t n_tokens, const Tokenizer& tok, int eos_id = -1, int bos_id = -1);
+    TokenFileWriter(const std::string& path, int64_t n_tokens, const Tokenizer& tok, int eos_id = -1, int bos_id = -1,
+                    const std::string& tokenizer_file = "");
     ~TokenFileWriter();
     TokenFileWriter(const TokenFileWriter&) = delete;
     TokenFileWriter& operator=(const TokenFileWriter&) = delete;
     void write(int64_t at, const uint32_t* ids, int64_t n);
     void commit();
+    // After commit: the file's size, the byte offset of /tokens, the checksum of /tokens as stored.
+    int64_t bytes() const;
+    int64_t offset() const;
+    uint64_t checksum() const;
 
 private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };
+
+// A whole token file at once, through TokenFileWriter (format 2: the tokenizer inside).
+void token_file_write(const std::string& path, const std::vector<uint32_t>& tokens,
+                      const Tokenizer& tok, int eos_id = -1, int bos_id = -1);
+
+// A corpus's tokenizer, stored once (DIR/tokenizer.h5): the /tokenizer group and attributes
+// vocab_size, tokenizer (its kind) and tokenizer_fingerprint. Written atomically (IoError on
+// failure). Read back (once per process and path) checking that its fingerprint is `fingerprint`
+// (hex; "" = any): ConfigError naming the file otherwise.
+void corpus_tokenizer_write(const std::string& path, const Tokenizer& tok);
+Tokenizer corpus_tokenizer_read(const std::string& path, const std::string& fingerprint);
 
 // Reads and fully validates a token file. Throws ConfigError naming the path and the problem:
 // missing file, not HDF5 / corrupt, no or malformed /tokens, missing attributes, fewer than

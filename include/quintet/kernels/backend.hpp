@@ -201,4 +201,21 @@ struct FmaPeak {
 };
 FmaPeak cpu_measure_fma_peak(int threads);
 
+// The most fp32 FMA work one core of this CPU can do by its own figures: the lanes of the widest
+// vector ISA it reports (CPUID: 16 for AVX-512, 8 for AVX2+FMA, 4 for SSE) x 2 FMA units (the most
+// any x86 core issues per cycle) x 2 flops x the highest clock the kernel reports -- cpufreq's
+// cpuinfo_max_freq or CPUID leaf 0x16's maximum (times 1.3: some drivers report the clock without
+// boost), else the brand string's or /proc/cpuinfo's clock (a base or current clock, as a
+// virtual machine shows it: times 2 for turbo). An upper bound, not an estimate: a measurement
+// above it is an error (a clock that jumped), and a cached figure above it is not used.
+struct FmaCeiling {
+    double gflops_per_core = 0;  // 0: no clock is reported (then nothing is bounded)
+    double ghz = 0;              // the clock as reported
+    double allowance = 1;        // the factor on it (boost or turbo not included in the report)
+    int lanes = 1, fma_units = 2;
+    std::string clock_from;      // where the clock was read
+    std::string describe() const;  // "2 FMA units x 16 lanes x 2 flops x 2.30 GHz (/proc/cpuinfo) x 2 (turbo)"
+};
+FmaCeiling cpu_fma_ceiling();
+
 }  // namespace quintet

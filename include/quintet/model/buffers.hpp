@@ -36,6 +36,24 @@ struct Mat {
 // train.precision = bf16, else fp32).
 enum class Elem : uint8_t { f32, bf16, i32, act };
 
+// A buffer's name and element type, shared by its declaration and its use: a kind names each of
+// its buffers once (`constexpr F32Buf kLse{"attention.lse"};`), declares it with that constant
+// and takes its view with it, so a misspelt name or another element type does not compile.
+template <Elem E>
+struct Buf {
+    std::string_view name;
+};
+using F32Buf = Buf<Elem::f32>;
+using Bf16Buf = Buf<Elem::bf16>;
+using I32Buf = Buf<Elem::i32>;
+using ActBuf = Buf<Elem::act>;
+// What a view of each element type is.
+template <Elem E> struct BufView;
+template <> struct BufView<Elem::f32> { using type = float*; };
+template <> struct BufView<Elem::bf16> { using type = bf16_bits*; };
+template <> struct BufView<Elem::i32> { using type = int32_t*; };
+template <> struct BufView<Elem::act> { using type = Act; };
+
 struct BufferSpec {
     std::string name;
     size_t n = 0;  // elements
@@ -81,12 +99,18 @@ struct BufferDecl {
     // output and of its log-sum-exp. The expert exchange: floats of its staging.
     size_t ring_kv = 0, ring_out = 0, ring_lse = 0, exchange = 0;
 
-    void save(std::string name, size_t n, Elem e = Elem::f32, bool b_only = false) {
-        saved.push_back({std::move(name), n, e, b_only, {}});
+    template <Elem E>
+    void per_slot(Buf<E> b, size_t n, bool b_only = false) {
+        saved.push_back({std::string(b.name), n, E, b_only, {}});
     }
-    void scratch(std::string name, size_t n, Elem e = Elem::f32) { shared.push_back({std::move(name), n, e, false, {}}); }
-    void defer(std::string name, size_t n, Elem e = Elem::act, std::vector<std::string> over = {}) {
-        deferred.push_back({std::move(name), n, e, false, std::move(over)});
+    template <Elem E>
+    void scratch(Buf<E> b, size_t n) {
+        shared.push_back({std::string(b.name), n, E, false, {}});
+    }
+    // `over`: the b_only saved buffers of the layer it may live in (BufferSpec::over).
+    template <Elem E>
+    void defer(Buf<E> b, size_t n, const std::vector<std::string_view>& over = {}) {
+        deferred.push_back({std::string(b.name), n, E, false, {over.begin(), over.end()}});
     }
     void operands(size_t n) { operand = n > operand ? n : operand; }
 };
@@ -117,10 +141,13 @@ class BufferViews {
 public:
     BufferViews() = default;
     BufferViews(const std::vector<BufferSpec>& list, void* base, bool bf16);
-    float* f32(std::string_view name) const;
-    bf16_bits* bf16(std::string_view name) const;
-    int32_t* i32(std::string_view name) const;
-    Act act(std::string_view name) const;  // a buffer declared Elem::act
+    // The view of a declared buffer (fails when it was not declared with this type).
+    template <Elem E>
+    typename BufView<E>::type operator[](Buf<E> b) const {
+        void* p = find(b.name, E).p;
+        if constexpr (E == Elem::act) return bf16_ ? Act{nullptr, static_cast<bf16_bits*>(p)} : Act{static_cast<float*>(p), nullptr};
+        else return static_cast<typename BufView<E>::type>(p);
+    }
     bool has(std::string_view name) const;
     void* address(std::string_view name) const;
     // A view at a given place (a deferred buffer living in a saved one).

@@ -50,6 +50,11 @@ struct ModelConfig {
     int kv_lora_rank = 0, q_lora_rank = 0, qk_nope_dim = 0, qk_rope_dim = 0, v_head_dim = 0;
     MoeConfig moe;       // the [moe] section (which layers are MoE, and how)
     int vocab_size = 0;  // V: model.vocab_size, or (0) the token file's
+    // The forward's two µP multipliers (init.scheme = mup; model/param_groups.hpp), derived from
+    // the [init] section when a deck is read, not deck keys: the output logits are multiplied by
+    // logit_mult (1 / the width multiplier) and the attention score scale by attn_mult
+    // (sqrt(base head dim / head dim), so the scale is sqrt(base)/d instead of 1/sqrt(d)). 1 otherwise.
+    double logit_mult = 1.0, attn_mult = 1.0;
     int head_dim() const { return d_model / n_heads; }  // HD
     // F: the SwiGLU width, model.ffn_dim or by default 8/3 d_model rounded up to a multiple of 64.
     int ffn_width() const { return ffn_dim > 0 ? ffn_dim : ((8 * d_model / 3 + 63) / 64) * 64; }
@@ -67,10 +72,15 @@ struct RopeConfig {
 };
 
 
-// Parameter initialisation (the [init] section; docs/math.md §0 "Initialisation" and §2).
+// Parameter initialisation and parametrisation (the [init] section; docs/math.md §0
+// "Initialisation" and "µP").
 struct InitConfig {
-    std::string scheme = "scaled";  // normal | scaled | fan_in
+    std::string scheme = "scaled";  // normal | scaled | fan_in | mup
     double std = 0.02;
+    // mup: the base shape the hyperparameters were tuned at. 0 = the model's own (multiplier 1).
+    int base_width = 0;      // d_model of the base model
+    int base_ffn = 0;        // its SwiGLU (and experts') width; 0 = scales with the width
+    int base_head_dim = 0;   // its q.k head dim; 0 = this model's (the score scale unchanged)
 };
 
 // Whether layer `layer` has a MoE feed-forward block: moe.experts > 0 and moe.layers names it.

@@ -1,6 +1,6 @@
-// Incremental decoding with a KV cache (quintet generate): the training model's own blocks
-// (ModelChunk::forward_cached) on one new token at a time, each attention block keeping its
-// cache object, so a token costs one row of every matmul and one attention row over the cache.
+// Incremental decoding with a KV cache (quintet generate): the training model's own chunk and
+// blocks on one new token at a time, each attention block keeping its cache object
+// (model/kv_cache.hpp), so a token costs one row of every matmul and one attention row over the cache.
 // Single process, the whole model (tp = pp = 1, host memory); a test checks it against the
 // training forward on the same tokens.
 #pragma once
@@ -41,8 +41,9 @@ private:
     int train_seq_len_, max_len_;
     ModelChunk chunk_;
     const float* params_;
-    std::vector<float> prefill_logits_;
+    std::vector<float> logits_;  // [V] the last call's
     std::vector<std::unique_ptr<KvCache>> caches_;
+    void run(ModelChunk& c, const int32_t* ids, int pos0, std::vector<float>& out);
 };
 
 }  // namespace quintet

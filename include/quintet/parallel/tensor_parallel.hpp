@@ -1,9 +1,7 @@
 // Tensor parallelism (Megatron-style), the communication half: the conjugate operators that
-// column- and row-parallel layers need, over the tp communicator. The maths half lives in the
-// blocks: BlockContext::gathered and BlockContext::row_parallel_residual (model/block.cpp) call
-// these at each block's entry and exit, the blocks' backwards (model/mha.cpp, mla.cpp,
-// swiglu.cpp) likewise, and ModelChunk (model/transformer.cpp) for the vocab-parallel
-// embedding and LM head.
+// column- and row-parallel layers need, over the tp communicator. The maths half is the linear
+// layers (model/linear.hpp: ColumnLinear, RowLinear, VocabHead), which call these at their edges,
+// and ModelChunk (model/transformer.cpp) for the vocab-parallel embedding.
 // docs/parallelism.md derives where each sits.
 //   f: identity forward, all-reduce backward     (entering a column-parallel block)
 //   g: all-reduce forward, identity backward     (leaving a row-parallel block)

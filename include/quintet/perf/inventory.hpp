@@ -104,7 +104,7 @@ std::vector<int> chunk_slots(const std::string& kind, int pp, int stage, int m, 
 // edp, buffers 1) -- the arena's floats in `arena`; the pieces themselves are not listed.
 ZeroLayout zero_sizes(const std::vector<ModelInventory::Unit>& units, const double group[kNumRegions], double* arena);
 
-// A chunk's activation buffers (model/transformer.hpp chunk_buffers), cached by what they depend
+// A chunk's activation buffers (model/slot_store.hpp chunk_buffers), cached by what they depend
 // on: the buffer shape, the chunk's layer counts of each kind and whether it is first / last.
 class BufferCache {
 public:

@@ -70,7 +70,14 @@ struct PlanRow {
     double params_total = 0, params_active = 0;  // of the whole model; active: what a token multiplies
     double flops_per_step = 0;   // model FLOPs of the global batch (docs/math.md §1: 6·N_active·tokens + attention)
     double tflops_per_device = 0, mfu = 0;  // flops_per_step / (world · step time), and over the device's peak
+    // Predicted within the planner's validated error (plan_error) of the first row (the fastest
+    // that fits): the order among such rows is not a prediction.
+    bool tie = false;
 };
+
+// The planner's error, as validated (docs/planner.md): on GPU hardware the largest of the 33
+// published runs of §8 (12.4%, so 0.125); on this host the largest of §4's calibration (9%, so 0.10).
+double plan_error(const PlanTarget& target);
 
 // The deck with its [parallel] section set for `world` ranks: checks it (deck_validate, without
 // this machine's memory check) and predicts. deck.model.vocab_size must be set.

@@ -1,11 +1,11 @@
-// Hugging Face tokenizer.json with a byte-level BPE model (GPT-2, Llama 3, Qwen 2 style): the NFC
-// normalizer (through ICU), the pre-tokenizer (ByteLevel, Split with a regex, a Sequence of
-// them), the vocabulary and merges in the byte-to-unicode alphabet, "ignore_merges", and the
-// added tokens. Encodes as the tokenizers library does: added tokens that are not special are
-// cut out of the text first; each segment is normalized, pre-tokenized, and each piece merges
-// the pair that comes first in the merges list (the leftmost on a tie).
-// Not read: other normalizers (a file with one is refused), post-processors (quintet adds
-// special tokens only when asked), other models (WordPiece, Unigram: spm: for SentencePiece).
+// Hugging Face tokenizer.json with a BPE model: byte-level (GPT-2, Llama 3, Qwen, DeepSeek-V3) or
+// character-level with byte fallback (Llama 2, Mistral, Gemma); the normalizers NFC, NFKC,
+// Prepend, Replace; the pre-tokenizers ByteLevel, Split (every behaviour), Metaspace, Sequences of
+// them; "ignore_merges"; the added tokens; a character-level model's decoder. Encodes as the
+// tokenizers library does: added tokens that are not special are cut out of the text first; each
+// segment is normalized, pre-tokenized, and each piece merges the pair that comes first in the
+// merges list (the leftmost on a tie). Anything else is refused with its JSON path; post-processors
+// are not read (quintet adds special tokens only when asked).
 #pragma once
 #include <string>
 

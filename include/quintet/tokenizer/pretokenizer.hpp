@@ -39,8 +39,9 @@ public:
     // of `text` (lookbehind before `begin`, lookahead and `$` past `end`), so a text can be
     // split in several calls, or in parts cut where no piece crosses (tokenizer_cut).
     // Throws std::logic_error if a match crosses `end` (a cut where a piece crosses).
+    // `matched` (when given) gets, for each piece, whether it is a match (else unmatched text).
     size_t split(std::string_view text, size_t begin, size_t end, std::vector<size_t>& ends,
-                 size_t max_pieces) const;
+                 size_t max_pieces, std::vector<char>* matched = nullptr) const;
 
 private:
     struct Code;

@@ -22,10 +22,13 @@ int links_main(MPI_Comm world);            // tools/misc_cmd.cpp: `peak --links`
 // Commands that run without MPI (no MPI_Init: they launch mpirun or sbatch themselves).
 int plan_main(int argc, char** argv);      // tools/plan_cmd.cpp: the layout planner
 int study_main(int argc, char** argv);     // tools/study_cmd.cpp: scaling studies
+int laws_main(int argc, char** argv);      // tools/laws_cmd.cpp: fit a scaling law to a study's runs
+int mup_check_main(int argc, char** argv); // tools/mup_check_cmd.cpp: µP's coordinate check
 int plot_main(int argc, char** argv);      // tools/plot_cmd.cpp: metrics.h5 to PNG
 int metrics_main(int argc, char** argv);   // tools/metrics_cmd.cpp: metrics.h5 as CSV / JSON Lines
 int schedule_main(int argc, char** argv);  // tools/schedule_cmd.cpp: pipeline timeline; rank 0 only, no MPI
 int tokenize_main(int argc, char** argv);  // tools/tokenize_cmd.cpp: text <-> ids; no MPI
+int data_main(int argc, char** argv);      // tools/data_cmd.cpp: verify, inspect, stats of corpora; no MPI
 
 // The tokenizer a checkpoint's weights were trained with (tools/tokenize_cmd.cpp): its own
 // (CheckpointMeta::tokenizer), else -- a checkpoint from before tokenizers travelled with them --

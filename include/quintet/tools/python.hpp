@@ -1,7 +1,10 @@
-// The project's Python scripts (plots) run from the C++ commands: which interpreter, which file.
+// The project's Python scripts (plots) run from the C++ commands: which interpreter runs them.
+// (Starting processes and finding scripts/NAME: core/process.hpp.)
 #pragma once
 #include <string>
 #include <vector>
+
+#include "quintet/core/process.hpp"
 
 namespace quintet {
 
@@ -9,16 +12,6 @@ namespace quintet {
 // python3-matplotlib), else python3 on PATH. Throws ConfigError naming what was tried (and the
 // package to install) when none does -- another python3 first on PATH is skipped, not used.
 std::string plotting_python();
-
-// scripts/NAME: $QUINTET_SCRIPTS_DIR, else beside the executable (build/ -> ../scripts,
-// bin/ -> ../share/quintet), else the source tree it was built from.
-std::string project_script(const std::string& name);
-
-// Runs args[0] (found on PATH) with args and returns its exit status (127: could not start).
-// log: stdin from /dev/null, stdout and stderr appended to it; else quiet: both to /dev/null;
-// else ours. env_add: "NAME=value" entries added to our environment.
-int run_process(const std::vector<std::string>& args, const std::string& log = "", bool quiet = false,
-                const std::vector<std::string>& env_add = {});
 
 // Runs PYTHON SCRIPT ARGS... and returns its exit status (its output goes to ours).
 int run_python(const std::string& script, const std::vector<std::string>& args);

@@ -32,6 +32,7 @@ struct WeightsSource {
     bool resume = false;          // continue that run (else weights only)
     int64_t trained_context = 0;  // of the source checkpoint (0: none)
     std::string deck;             // the source checkpoint's resolved deck
+    std::string blend;            // its data blend's segments ("" = its deck's weights from sample 0)
     std::vector<std::string> warnings;
     std::vector<std::string> changes;  // the deck keys that differ from the checkpoint's (report_changes)
 };
@@ -87,6 +88,7 @@ public:
     const WeightsSource& source() const { return source_; }
     // The staging buffer of checkpoint.async (0 when blocking), accounted as buffers memory.
     double staging_bytes() const { return double(staging_.size()) * sizeof(float); }
+    void set_blend(std::string text) { blend_ = std::move(text); }  // stored in every checkpoint
 
 private:
     struct InFlight;
@@ -105,7 +107,7 @@ private:
     RankModel& model_;
     const GradientSync& sync_;
     AdamW& opt_;
-    std::string deck_text_;
+    std::string deck_text_, blend_;
     TokenizerState tokenizer_;
     WeightsSource source_;
     const FaultInjection& faults_;

@@ -9,6 +9,7 @@
 #include "quintet/comm/communicator.hpp"
 #include "quintet/io/checkpoint.hpp"
 #include "quintet/kernels/backend.hpp"
+#include "quintet/model/param_groups.hpp"
 #include "quintet/model/params.hpp"
 #include "quintet/train/grad_sync.hpp"
 #include "quintet/deck/train_config.hpp"
@@ -17,7 +18,10 @@ namespace quintet {
 
 class AdamW {
 public:
-    AdamW(const ParamTable& table, Backend& be, const GradientSync& sync, const TrainConfig& cfg);
+    // rules: each tensor's (table.specs order) learning-rate and weight-decay multipliers
+    // (model/param_groups.hpp); empty = 1 everywhere.
+    AdamW(const ParamTable& table, Backend& be, const GradientSync& sync, const TrainConfig& cfg,
+          std::vector<TensorRule> rules = {});
     ~AdamW();
     AdamW(const AdamW&) = delete;
     AdamW& operator=(const AdamW&) = delete;
@@ -53,10 +57,14 @@ private:
     // The range of region r this rank updates (its ZeRO shard, or the whole region) and the
     // index of its first element in the moments.
     Range updated(int r) const;
+    // The AdamW step of [a, b) of tensor i at learning rate lr (its multipliers applied).
+    void step_range(size_t i, float* p, const float* g, float* m, float* v, size_t n, double lr, double bc1,
+                    double bc2) const;
     const ParamTable& table_;
     Backend& be_;
     const GradientSync& sync_;
     TrainConfig cfg_;
+    std::vector<TensorRule> rules_;
     float *m_ = nullptr, *v_ = nullptr;
     size_t state_ = 0;
     size_t state_at_[kNumRegions] = {0, 0, 0};

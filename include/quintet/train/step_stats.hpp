@@ -1,7 +1,10 @@
 // What one optimizer step reports: the numbers Trainer::step produces and the telemetry, the
 // non-finite policy and the tests read.
 #pragma once
+#include <array>
 #include <limits>
+
+#include "quintet/model/probe.hpp"
 #include <string>
 
 #include "quintet/comm/comm_counters.hpp"
@@ -21,6 +24,7 @@ struct StepStats {
     double ep_bytes_all = 0, ep_bytes_theory = 0;
     // A non-finite loss or gradient norm: the update was not applied. `what` names it; with
     // step(s, true) `origin` names the first rank and tensor where it appeared.
+    std::array<double, kNumProbeKinds> probe_rms{};  // train.probe_rms: each kind's RMS over the step (all ranks)
     bool nonfinite = false;
     std::string what, origin;
     // The spike policy (train/spikes): the loss and gradient norm every rank judged (world rank

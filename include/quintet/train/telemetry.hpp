@@ -80,6 +80,9 @@ private:
     // rate of all ranks (the progress line's "of sgemm"): the best seen on this host, and this
     // run's own measurement.
     double peak_flops_ = 0, matmul_flops_ = 0, sgemm_measured_ = 0;
+    // The job's cores as MFU counts them (peak_flops_ / one core's peak), 0 under train.peak_tflops:
+    // a step's rate per core, against the cached figures (host_peak.hpp).
+    double host_cores_used_ = 0;
     double grads_bytes_ = 0, optimizer_bytes_ = 0, checkpoint_bytes_ = 0;
     bool raised_matmul_ = false, raised_peak_ = false;  // a denominator was below a step's rate (said once)
     std::string peak_what_;

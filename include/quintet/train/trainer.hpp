@@ -45,6 +45,9 @@ public:
 private:
     int run_steps();
     RunState run_state() const;  // what a checkpoint keeps of the run besides the tensors
+    // The blend's segments: the checkpoint's, and a new one from the resumed step when the deck's
+    // weights differ; logged with what each source gives over the run, recorded in /runs.
+    void set_up_blend();
     int64_t global_batch() const;  // samples per step
     std::string zero_nonfinite(double local_loss) const;  // this rank's finding under ZeRO-2/3
 

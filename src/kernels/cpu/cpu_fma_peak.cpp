@@ -6,6 +6,7 @@
 // unit the CPU reports at run time (AVX-512, AVX2+FMA, else scalar), so a portable build still
 // measures the host's own peak. Values stay finite: a = 1 - 2^-20 shrinks the accumulators
 // towards b / (1 - a), never to a denormal.
+#include <cpuid.h>
 #include <immintrin.h>
 #include <pthread.h>
 #include <sched.h>
@@ -13,6 +14,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 #include <vector>
 
@@ -106,6 +111,81 @@ FmaPeak cpu_measure_fma_peak(int threads) {
     r.gflops = best;
     r.threads = threads;
     return r;
+}
+
+namespace {
+
+// The highest cpuinfo_max_freq (kHz) of any CPU, in GHz; 0 without cpufreq (most virtual machines).
+double cpufreq_max_ghz() {
+    double best = 0;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator("/sys/devices/system/cpu", ec)) {
+        std::ifstream f(e.path() / "cpufreq/cpuinfo_max_freq");
+        double khz = 0;
+        if (f >> khz) best = std::max(best, khz / 1e6);
+    }
+    return best;
+}
+
+// CPUID leaf 0x16 (Intel since Skylake): the maximum frequency in MHz, as GHz; 0 when absent.
+double cpuid_max_ghz() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_max(0, nullptr) < 0x16) return 0;
+    __cpuid_count(0x16, 0, a, b, c, d);
+    return b > 0 ? b / 1000.0 : 0;
+}
+
+// The brand string's "@ 2.30GHz" (Intel names its base clock there); 0 when absent.
+double brand_ghz() {
+    unsigned r[12] = {0};
+    if (__get_cpuid_max(0x80000000, nullptr) < 0x80000004) return 0;
+    for (unsigned i = 0; i < 3; ++i) __cpuid(0x80000002 + i, r[4 * i], r[4 * i + 1], r[4 * i + 2], r[4 * i + 3]);
+    const std::string brand(reinterpret_cast<const char*>(r), sizeof r);
+    const size_t at = brand.find('@');
+    double ghz = 0;
+    if (at != std::string::npos && std::sscanf(brand.c_str() + at + 1, " %lfGHz", &ghz) == 1) return ghz;
+    return 0;
+}
+
+// The highest "cpu MHz" of /proc/cpuinfo (the current clock; a virtual machine's nominal one), GHz.
+double proc_cpuinfo_ghz() {
+    std::ifstream f("/proc/cpuinfo");
+    std::string line;
+    double best = 0;
+    while (std::getline(f, line))
+        if (line.rfind("cpu MHz", 0) == 0) {
+            const size_t colon = line.find(':');
+            if (colon != std::string::npos) best = std::max(best, std::atof(line.c_str() + colon + 1) / 1000.0);
+        }
+    return best;
+}
+
+}  // namespace
+
+FmaCeiling cpu_fma_ceiling() {
+    FmaCeiling c;
+    __builtin_cpu_init();
+    c.lanes = __builtin_cpu_supports("avx512f") ? 16 : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 8 : 4;
+    if (const double g = cpufreq_max_ghz(); g > 0) {
+        c.ghz = g, c.allowance = 1.3, c.clock_from = "cpufreq cpuinfo_max_freq";
+    } else if (const double g2 = cpuid_max_ghz(); g2 > 0) {
+        c.ghz = g2, c.allowance = 1.3, c.clock_from = "CPUID leaf 0x16";
+    } else {
+        // A base or current clock only: the larger of the two, with room for turbo.
+        const double b = brand_ghz(), p = proc_cpuinfo_ghz();
+        c.ghz = std::max(b, p), c.allowance = 2;
+        c.clock_from = b >= p ? "the CPU's brand string" : "/proc/cpuinfo";
+    }
+    c.gflops_per_core = c.ghz * c.allowance * c.fma_units * c.lanes * 2;
+    return c;
+}
+
+std::string FmaCeiling::describe() const {
+    if (gflops_per_core <= 0) return "no clock reported: not bounded";
+    char b[256];
+    std::snprintf(b, sizeof b, "%d FMA units x %d lanes x 2 flops x %.2f GHz (%s) x %.1f (%s)", fma_units, lanes, ghz,
+                  clock_from.c_str(), allowance, allowance > 1.5 ? "turbo" : "boost");
+    return b;
 }
 
 }  // namespace quintet

@@ -4,7 +4,8 @@
 // ignored targets and ids, determinism of the reductions). The launch configurations come from
 // the same helpers the real launchers use; cuBLAS, CUB and the CUDA API are not emulated (the
 // embedding's radix sort is std::stable_sort here). Runs in every CUDA build, GPU or not.
-#include "emulate.hpp"  // first: defines the CUDA keywords for the kernel headers
+// ctest: labels=unit requires=cuda
+#include "emulate/emulate.hpp"  // first: defines the CUDA keywords for the kernel headers
 
 #include <gtest/gtest.h>
 
@@ -16,14 +17,14 @@
 #include <string>
 #include <vector>
 
-#include "../attention_kernels.cuh"
-#include "../elementwise_kernels.cuh"
-#include "../embedding_kernels.cuh"
-#include "../moe_kernels.cuh"
-#include "../reduce_kernels.cuh"
-#include "../rmsnorm_kernels.cuh"
-#include "../rope_kernels.cuh"
-#include "../xent_kernels.cuh"
+#include "attention_kernels.cuh"
+#include "elementwise_kernels.cuh"
+#include "embedding_kernels.cuh"
+#include "moe_kernels.cuh"
+#include "reduce_kernels.cuh"
+#include "rmsnorm_kernels.cuh"
+#include "rope_kernels.cuh"
+#include "xent_kernels.cuh"
 #include "quintet/kernels/backend.hpp"
 #include "quintet/model/rope.hpp"
 #include "support/attention_ref.hpp"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `quintet generate` against llama.cpp on the same model (issue 31 item 7): a step-0 checkpoint of
+# `quintet generate` against llama.cpp on the same model: a step-0 checkpoint of
 # inputs/bench_medium.deck (GQA, exported as llama) and of inputs/bench_mla.deck (MLA, exported as
 # deepseek2), f32 GGUF, greedy decoding of NEW tokens after a PROMPT-token prompt, THREADS threads
 # for both. quintet runs the prompt through its KV-cache decoder one token at a time; llama.cpp

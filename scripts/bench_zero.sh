@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# ZeRO levels and pipeline schedules, measured (docs/benchmarks.md, "ZeRO-2/3 and the
-# zero-bubble schedules"):
+# ZeRO levels and pipeline schedules, measured (docs/benchmarks.md, "ZeRO-2/3" and "The
+# zero-bubble schedules at pp 4"):
 #   memory: per-rank bytes by category at parallel.zero = 0, 1, 2, 3 for dp 2, 4, 8, the
 #           planner's prediction beside the trainer's own accounting (the largest rank);
 #   zero cost: tokens/s of zero 3 against zero 1 at dp 2, parallel.overlap_dp on and off;

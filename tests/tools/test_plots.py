@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Smoke test of scripts/plot_metrics.py and scripts/plot_study.py (exit status 0 = pass).
+"""Smoke test of scripts/plot_metrics.py, plot_study.py and plot_mup_lr.py (exit status 0 = pass).
 
 Builds, in a temporary directory, synthetic files of the layouts the C++ writes:
   * two run dirs with metrics.h5 (/train/*, /eval/*, /train/mfu_matmul, /moe/expert_load
@@ -25,6 +25,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLOT_METRICS = os.path.join(ROOT, "scripts", "plot_metrics.py")
 PLOT_STUDY = os.path.join(ROOT, "scripts", "plot_study.py")
+PLOT_MUP_LR = os.path.join(ROOT, "scripts", "plot_mup_lr.py")
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MIN_PNG_BYTES = 5000
@@ -199,6 +200,58 @@ def test_plot_study(tmp):
     check(rc == 0 and "usage" in out, "plot_study --help exits 0")
 
 
+def test_plot_mup_lr(tmp):
+    """A learning-rate sweep over two widths and two schemes with a known optimum per curve: a
+    parabola in log10(lr) whose minimum sits at 10**c, plus one diverged (NaN) run and one
+    failed run. The script must find each optimum inside its bracket and write CSV/JSON/PNG."""
+    import json
+    study = os.path.join(tmp, "mup_study")
+    os.makedirs(study, exist_ok=True)
+    lrs = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
+    # scaled at width 256: the optimum below the grid, so the best point is its edge
+    centre = {("scaled", 64): -2.3, ("scaled", 256): -3.3, ("mup", 64): -2.3, ("mup", 256): -2.2}
+    with h5py.File(os.path.join(study, "study.h5"), "w") as f:
+        f.attrs.update(scaling="none", study="", base_deck="mup_sweep.deck")
+        for (scheme, d), c in centre.items():
+            for lr in lrs:
+                name = f"{scheme}_{d}_{lr:g}"
+                g = f.create_group(f"/runs/{name}")
+                g.attrs.update(status="done", deck=f"[model]\nd_model = {d}\n[train]\nlr = {lr:g}\n"
+                                                   f"[init]\nscheme = {scheme}  # comment\n")
+                loss = 2.0 + 0.3 * (np.log10(lr) - c) ** 2
+                if scheme == "mup" and lr == 1e-1:
+                    loss = float("nan")
+                os.makedirs(os.path.join(study, "runs", name), exist_ok=True)
+                with h5py.File(os.path.join(study, "runs", name, "metrics.h5"), "w") as m:
+                    m["/eval/step"] = np.array([10, 20], dtype=np.int64)
+                    m["/eval/loss"] = np.array([3.0, loss])
+        g = f.create_group("/runs/failed_one")
+        g.attrs.update(status="failed", deck="")
+    prefix = os.path.join(tmp, "sweep")
+    rc, out, err = run(PLOT_MUP_LR, study, prefix)
+    check(rc == 0, f"plot_mup_lr exits 0 (rc={rc}, stderr={err.strip()!r})")
+    check("failed_one" in err, "plot_mup_lr lists the failed run on stderr")
+    check_png(prefix + ".png")
+    with open(prefix + ".csv") as f:
+        rows = f.read().splitlines()
+    check(len(rows) == 1 + 20 and "inf" in "".join(rows), "CSV: a row per run, the diverged one as inf")
+    with open(prefix + ".json") as f:
+        summary = json.load(f)
+    edge = summary["scaled"]["256"]
+    check(edge["at_grid_edge"] and edge["fitted_lr"] is None and edge["grid_best_lr"] == 1e-3,
+          "an optimum beyond the grid is reported at the edge, not fitted")
+    del centre[("scaled", 256)]
+    for (scheme, d), c in centre.items():
+        o = summary[scheme][str(d)]
+        fitted = o["fitted_lr"]
+        check(fitted is not None and abs(np.log10(fitted) - c) < 1e-6,
+              f"{scheme} width {d}: the parabola's optimum is 10**{c} (got {fitted})")
+        lo, hi = o["bracket"]
+        check(lo < 10 ** c < hi, f"{scheme} width {d}: the optimum lies in its bracket {lo}..{hi}")
+    rc, _, err = run(PLOT_MUP_LR, os.path.join(tmp, "no_study"), prefix)
+    check(rc == 2 and "study.h5" in err, f"plot_mup_lr on a missing study: exit 2 (rc={rc})")
+
+
 def main():
     keep = sys.argv[2] if len(sys.argv) > 2 and sys.argv[1] == "--keep" else None
     if keep:
@@ -206,11 +259,13 @@ def main():
         tmp = tempfile.mkdtemp(dir=keep)
         test_plot_metrics(tmp)
         test_plot_study(tmp)
+        test_plot_mup_lr(tmp)
         print(f"kept {tmp}")
     else:
         with tempfile.TemporaryDirectory() as tmp:
             test_plot_metrics(tmp)
             test_plot_study(tmp)
+            test_plot_mup_lr(tmp)
     print(f"{len(failures)} failure(s)" if failures else "all passed")
     return 1 if failures else 0
 

@@ -14,6 +14,11 @@ directory's basename (made unique with parent directories, then a counter, when 
     tokens/s          /train/tokens_per_s against /train/step
     MFU (%)           /train/mfu * 100, and /train/mfu_matmul * 100 as a dashed line
                       ("of matmul rate") when that dataset exists
+    compute per rank  /ranks/compute_s [step, rank], one panel per run with more than one rank:
+                        each rank's compute seconds per step (its step time less its waits),
+                        a line per rank up to 16 ranks, else the median, the min-max band and
+                        the slowest rank's line; the slowest rank is labelled (the straggler
+                        report's figure, docs/observability.md)
     expert load       /moe/expert_load [step, layer, expert]:
                         * "expert load imbalance": max/mean expert load of the last layer
                           against /train/step, one line per MoE run (1 = perfectly balanced);
@@ -68,7 +73,7 @@ def read_run(run_dir):
         with h5py.File(path, "r") as f:
             names = ["/train/step", "/train/loss", "/train/lr", "/train/grad_norm",
                      "/train/tokens_per_s", "/train/mfu", "/train/mfu_matmul",
-                     "/eval/step", "/eval/loss", "/moe/expert_load",
+                     "/eval/step", "/eval/loss", "/moe/expert_load", "/ranks/compute_s",
                      "/runs/start_step", "/runs/tp", "/runs/cp", "/runs/dp", "/runs/pp", "/runs/ep"]
             data = {name: read_dataset(f, name) for name in names}
     except (OSError, KeyError, ValueError, TypeError, RuntimeError) as e:
@@ -222,6 +227,28 @@ def moe_heatmap_panel(fig, ax, label, run):
     return True
 
 
+def rank_compute_panel(ax, label, run):
+    """Each rank's compute seconds per step (/ranks/compute_s [step, rank]) of one run."""
+    compute = run["/ranks/compute_s"]
+    n = min(len(compute), len(run["/train/step"]))
+    steps, compute = run["/train/step"][:n], compute[:n]
+    ranks = compute.shape[1]
+    means = np.nanmean(compute, axis=0)
+    slow = int(np.nanargmax(means))
+    if ranks <= 16:
+        for r in range(ranks):
+            ax.plot(steps, compute[:, r], linewidth=2.0 if r == slow else 0.9,
+                    label=f"rank {r}" if r == slow or ranks <= 8 else None)
+    else:
+        ax.fill_between(steps, np.nanmin(compute, axis=1), np.nanmax(compute, axis=1),
+                        color="0.8", label="min-max of the ranks")
+        ax.plot(steps, np.nanmedian(compute, axis=1), color="0.3", label="median rank")
+        ax.plot(steps, compute[:, slow], color="C3", linewidth=1.5, label=f"rank {slow} (slowest)")
+    decorate(ax, f"compute per rank\n{label}", "seconds per step")
+    ax.legend(fontsize=7, title=f"slowest: rank {slow}", title_fontsize=7)
+    return True
+
+
 def decorate(ax, title, ylabel):
     """Title, labels and grid; the runs' legend is the figure's, above the panels."""
     ax.set_title(title)
@@ -254,6 +281,11 @@ def panel_makers(runs):
         ("moe", lambda fig, ax: moe_imbalance_panel(ax, runs)),
     ]
     for label, run, _ in runs:
+        compute = run.get("/ranks/compute_s")
+        if compute is not None and compute.ndim == 2 and compute.shape[1] > 1 and "/train/step" in run:
+            makers.append((f"ranks {label}",
+                           lambda fig, ax, label=label, run=run: rank_compute_panel(ax, label, run)))
+    for label, run, _ in runs:
         load = run.get("/moe/expert_load")
         if load is not None and load.ndim == 3:
             makers.append((f"heat {label}",
@@ -263,7 +295,7 @@ def panel_makers(runs):
 
 def has_data(name, runs):
     """Whether a panel would draw anything, decided before the grid is laid out."""
-    if name.startswith("heat "):
+    if name.startswith("heat ") or name.startswith("ranks "):
         return True
     keys = {"loss": ["/train/loss"], "eval": ["/eval/loss"], "lr": ["/train/lr"],
             "grad": ["/train/grad_norm"], "tps": ["/train/tokens_per_s"],

@@ -111,6 +111,9 @@ DECK_DEFAULTS = {
     "model.qk_nope_dim": "0", "model.qk_rope_dim": "0", "model.v_head_dim": "0",
     "rope.theta": "10000", "rope.scaling": "none", "rope.factor": "1",
     "rope.original_max_position": "0", "rope.beta_fast": "32", "rope.beta_slow": "1",
+    "rope.mscale": "1", "rope.mscale_all_dim": "1",
+    "moe.scoring": "softmax", "moe.topk_method": "greedy", "moe.groups": "1", "moe.group_top_k": "1",
+    "moe.routed_scaling": "1",
     "moe.experts": "0", "moe.top_k": "2", "moe.shared_experts": "0", "moe.ffn_dim": "0",
     "moe.layers": "all", "moe.norm_topk": "true", "moe.balance": "aux_loss",
     "moe.aux_coef": "0.01", "moe.bias_rate": "0.001", "moe.capacity_factor": "0",
@@ -120,7 +123,7 @@ DECK_DEFAULTS = {
     "data.val_fraction": "0.05",
     "train.steps": "100", "train.lr": "3e-4", "train.lr_min": "3e-5", "train.warmup": "10",
     "train.weight_decay": "0.1", "train.beta1": "0.9", "train.beta2": "0.95", "train.eps": "1e-8",
-    "train.grad_clip": "1.0",
+    "train.grad_clip": "1.0", "model.mtp_depth": "0", "train.mtp_weight": "0.3",
 }
 
 
@@ -211,7 +214,9 @@ class ModelConfig:
                  kv_lora_rank=0, q_lora_rank=0, qk_nope_dim=0, qk_rope_dim=0, v_head_dim=0,
                  moe_experts=0, moe_top_k=2, moe_shared=0, moe_ffn_dim=0, moe_layers="all",
                  moe_norm_topk=True, moe_balance="aux_loss", moe_aux_coef=0.01,
-                 moe_bias_rate=0.001, moe_capacity_factor=0.0, moe_bias_update="sign"):
+                 moe_bias_rate=0.001, moe_capacity_factor=0.0, moe_bias_update="sign",
+                 mscale=1.0, mscale_all_dim=1.0, moe_scoring="softmax", moe_topk_method="greedy",
+                 moe_groups=1, moe_group_top_k=1, moe_routed_scaling=1.0):
         self.vocab = vocab
         self.d_model = d_model
         self.n_layers = n_layers
@@ -243,6 +248,17 @@ class ModelConfig:
             self.moe_bias_rate = moe_bias_rate
             self.moe_bias_update = moe_bias_update
             self.moe_capacity_factor = moe_capacity_factor
+            if moe_scoring not in ("softmax", "sigmoid"):
+                raise ValueError(f"moe.scoring = '{moe_scoring}' (softmax | sigmoid)")
+            if moe_topk_method not in ("greedy", "group_limited_greedy", "noaux_tc"):
+                raise ValueError(f"moe.topk_method = '{moe_topk_method}'")
+            if moe_experts % moe_groups or moe_group_top_k > moe_groups:
+                raise ValueError(f"moe.groups = {moe_groups}, moe.group_top_k = {moe_group_top_k}")
+            self.moe_scoring = moe_scoring
+            self.moe_topk_method = moe_topk_method
+            self.moe_groups = moe_groups
+            self.moe_group_top_k = moe_group_top_k
+            self.moe_routed_scaling = moe_routed_scaling
         self.norm_eps = norm_eps
         self.tie_embeddings = tie_embeddings
         self.theta = theta
@@ -251,6 +267,8 @@ class ModelConfig:
         self.original_max_position = original_max_position
         self.beta_fast = beta_fast
         self.beta_slow = beta_slow
+        self.mscale = mscale
+        self.mscale_all_dim = mscale_all_dim
         if attention not in ("mha", "mla"):
             raise ValueError(f"model.attention '{attention}' not supported (mha | mla)")
         self.attention = attention
@@ -285,13 +303,13 @@ class ModelConfig:
             raise ValueError(f"head_dim {self.head_dim} must be even for RoPE")
         self.rope_dim = self.head_dim
 
-    def yarn_mscale(self):
-        """mscale = 0.1 ln(s) + 1 under YaRN, else 1 (docs/math.md §4.4)."""
-        return 0.1 * math.log(self.factor) + 1.0 if self.scaling == "yarn" else 1.0
+    def yarn_m(self, c):
+        """m(c) = 0.1 c ln(s) + 1 under YaRN with s > 1, else 1 (docs/math.md §4.4)."""
+        return 0.1 * c * math.log(self.factor) + 1.0 if self.scaling == "yarn" and self.factor > 1 else 1.0
 
     def mla_softmax_scale(self):
-        """1/sqrt(qk_nope_dim + qk_rope_dim), times mscale^2 under YaRN (MLA only)."""
-        m = self.yarn_mscale()
+        """1/sqrt(qk_nope_dim + qk_rope_dim), times m(mscale_all_dim)^2 under YaRN (MLA only)."""
+        m = self.yarn_m(self.mscale_all_dim)
         return m * m / math.sqrt(self.qk_head_dim)
 
     def is_moe_layer(self, i):
@@ -354,7 +372,8 @@ def model_config_from_deck(deck, vocab):
         theta=deck.float("rope.theta"), scaling=deck.str("rope.scaling"),
         factor=deck.float("rope.factor"),
         original_max_position=deck.int("rope.original_max_position"),
-        beta_fast=deck.float("rope.beta_fast"), beta_slow=deck.float("rope.beta_slow"), **mla,
+        beta_fast=deck.float("rope.beta_fast"), beta_slow=deck.float("rope.beta_slow"),
+        mscale=deck.float("rope.mscale"), mscale_all_dim=deck.float("rope.mscale_all_dim"), **mla,
         **moe_kwargs_from_deck(deck))
 
 
@@ -368,13 +387,17 @@ def moe_kwargs_from_deck(deck):
                 moe_layers=deck.str("moe.layers"), moe_norm_topk=deck.bool("moe.norm_topk"),
                 moe_balance=deck.str("moe.balance"), moe_aux_coef=deck.float("moe.aux_coef"),
                 moe_bias_rate=deck.float("moe.bias_rate"), moe_bias_update=deck.str("moe.bias_update"),
-                moe_capacity_factor=deck.float("moe.capacity_factor"))
+                moe_capacity_factor=deck.float("moe.capacity_factor"),
+                moe_scoring=deck.str("moe.scoring"), moe_topk_method=deck.str("moe.topk_method"),
+                moe_groups=deck.int("moe.groups"), moe_group_top_k=deck.int("moe.group_top_k"),
+                moe_routed_scaling=deck.float("moe.routed_scaling"))
 
 
 def rope_tables(cfg, seq_len, dtype):
     """cos, sin [T, d/2] (rotate-half RoPE, optional YaRN), d = head_dim (MHA) or qk_rope_dim
-    (MLA). MHA folds YaRN's mscale into cos and sin (every q/k dimension is rotated, so this is
-    mscale^2 on the logits); MLA does not (its softmax scale carries mscale^2 instead)."""
+    (MLA). MHA folds YaRN's temperature into cos and sin: m(mscale) (every q/k dimension is
+    rotated, so this is m(mscale)^2 on the logits); MLA multiplies them by m(mscale) /
+    m(mscale_all_dim) and its softmax scale by m(mscale_all_dim)^2 (docs/math.md §4.4)."""
     import torch
     d = cfg.rope_dim
     i = torch.arange(d // 2, dtype=torch.float64)
@@ -391,13 +414,13 @@ def rope_tables(cfg, seq_len, dtype):
         span = (high - low) if high != low else 0.001
         ramp = ((i - low) / span).clamp(0.0, 1.0)
         inv_freq = (inv_freq / s) * ramp + inv_freq * (1.0 - ramp)
-        mscale = 0.1 * math.log(s) + 1.0
+        mscale = cfg.yarn_m(cfg.mscale)
+        if cfg.mla:
+            mscale = mscale / cfg.yarn_m(cfg.mscale_all_dim)
     elif cfg.scaling != "none":
         raise ValueError(f"rope.scaling '{cfg.scaling}' not supported (none | yarn)")
     pos = torch.arange(seq_len, dtype=torch.float64)
     angle = torch.outer(pos, inv_freq)
-    if cfg.mla:
-        return torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
     return (torch.cos(angle) * mscale).to(dtype), (torch.sin(angle) * mscale).to(dtype)
 
 
@@ -509,19 +532,32 @@ def build_model_class(bf16=False, exact_sums=False):
             return views
 
         def route(self, x, gate):
-            """x [N, d] -> p [N, E] (softmax of the router logits), idx [N, k] (chosen experts,
-            by p, or p + bias under aux_free; ties to the lower index), w [N, k] (the chosen
-            p, renormalised to sum 1 under norm_topk)."""
+            """x [N, d] -> p [N, E] (the balance loss's probabilities: the softmax scores, or the
+            sigmoid scores normalised to sum 1), idx [N, k] (chosen experts, by the scores, or
+            scores + bias under aux_free, among the groups the top-k method keeps; ties to the
+            lower index), w [N, k] (the chosen scores, renormalised to sum 1 under norm_topk,
+            times routed_scaling). docs/math.md §9."""
             cfg = self.cfg
-            p = torch.softmax(linear(x, gate), dim=-1)
+            z = linear(x, gate)
+            s = torch.sigmoid(z) if cfg.moe_scoring == "sigmoid" else torch.softmax(z, dim=-1)
             with torch.no_grad():
-                score = p + self.bias.to(p.dtype) if cfg.moe_balance == "aux_free" else p
+                c = s + self.bias.to(s.dtype) if cfg.moe_balance == "aux_free" else s
+                G = cfg.moe_groups
+                if cfg.moe_topk_method != "greedy" and G > 1:
+                    cg = c.view(c.shape[0], G, -1)
+                    top = torch.sort(cg, dim=-1, descending=True).values
+                    gs = top[..., 0] if cfg.moe_topk_method == "group_limited_greedy" else top[..., 0] + top[..., 1]
+                    keep = torch.sort(gs, dim=-1, descending=True, stable=True).indices[:, :cfg.moe_group_top_k]
+                    mask = torch.zeros_like(gs, dtype=torch.bool).scatter_(1, keep, True)
+                    c = cg.masked_fill(~mask[..., None], float("-inf")).view(c.shape)
                 # stable descending sort: equal scores keep index order -> lower index wins
-                idx = torch.sort(score, dim=-1, descending=True, stable=True).indices
+                idx = torch.sort(c, dim=-1, descending=True, stable=True).indices
                 idx = idx[:, :cfg.moe_top_k]
-            w = p.gather(1, idx)
+            w = s.gather(1, idx)
             if cfg.moe_norm_topk:
                 w = w / w.sum(dim=-1, keepdim=True)
+            w = w * cfg.moe_routed_scaling
+            p = s / s.sum(dim=-1, keepdim=True) if cfg.moe_scoring == "sigmoid" else s
             return p, idx, w
 
         def capacity(self, flat, w, N):
@@ -746,12 +782,18 @@ def build_model_class(bf16=False, exact_sums=False):
             self.lm_head = None if cfg.tie_embeddings else nn.Parameter(
                 torch.empty(cfg.vocab, cfg.d_model))
             self._rope_cache = {}
+            # Multi-token prediction (docs/math.md §11): module k is layer n_layers + k.
+            self.mtp = nn.ModuleList(MtpModule(cfg, layer_class, cfg.n_layers + k)
+                                     for k in range(getattr(cfg, "mtp_depth", 0)))
+            self.mtp_ce = []  # per module: the summed cross-entropy of the last forward with targets
 
         def hf_views(self, get=lambda p: p.data):
             views = {"model.embed_tokens.weight": get(self.embed)}
             for i, layer in enumerate(self.layers):
                 views.update(layer.hf_views(f"model.layers.{i}.", get))
             views["model.norm.weight"] = get(self.norm)
+            for k, md in enumerate(self.mtp):
+                views.update(md.hf_views(f"model.layers.{self.cfg.n_layers + k}.", get))
             if self.lm_head is not None:
                 views["lm_head.weight"] = get(self.lm_head)
             return views
@@ -785,8 +827,10 @@ def build_model_class(bf16=False, exact_sums=False):
                                          mask.repeat(rep, 1))
             return self._rope_cache[key]
 
-        def forward(self, tokens):
-            """tokens [B, T] int64 -> logits [B, T, V]"""
+        def forward(self, tokens, targets=None):
+            """tokens [B, T] int64 -> logits [B, T, V]. With targets [B, T] and MTP modules,
+            also each module's summed cross-entropy into self.mtp_ce: module k (1-based) at row
+            p embeds targets[p + k - 1] and predicts targets[p + k], for p + k < T."""
             T = tokens.shape[1]
             cos, sin, mask = self._tables(T, self.embed.dtype)
             x = F.embedding(tokens, self.embed)
@@ -794,7 +838,42 @@ def build_model_class(bf16=False, exact_sums=False):
                 x = layer(x, cos, sin, mask)
             x = rmsnorm(x, self.norm, self.cfg.norm_eps)
             head = self.embed if self.lm_head is None else self.lm_head
+            self.mtp_ce = []
+            if targets is not None and len(self.mtp):
+                h = x
+                for k, md in enumerate(self.mtp, start=1):
+                    n = T - k  # rows with a token to predict; causal: the later rows change none
+                    c, s_, m_ = self._tables(n, self.embed.dtype)
+                    h = md(h[:, :n], F.embedding(targets[:, k - 1:k - 1 + n], self.embed), c, s_, m_)
+                    logits = linear(rmsnorm(h, md.head_norm, self.cfg.norm_eps), head)
+                    self.mtp_ce.append(F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                       targets[:, k:k + n].reshape(-1), reduction="sum"))
             return linear(x, head)
+
+    class MtpModule(nn.Module):
+        """DeepSeek-V3's MTP module: [RMSNorm(e) | RMSNorm(h)] -> eh_proj (2C -> C) -> a decoder
+        layer -> (the shared head after shared_head.norm)."""
+        def __init__(self, cfg, layer_class, index):
+            super().__init__()
+            d = cfg.d_model
+            self.cfg = cfg
+            self.enorm = nn.Parameter(torch.ones(d))
+            self.hnorm = nn.Parameter(torch.ones(d))
+            self.eh = nn.Parameter(torch.empty(d, 2 * d))
+            self.layer = layer_class(cfg, index)
+            self.head_norm = nn.Parameter(torch.ones(d))
+
+        def hf_views(self, prefix, get):
+            views = {prefix + "enorm.weight": get(self.enorm), prefix + "hnorm.weight": get(self.hnorm),
+                     prefix + "eh_proj.weight": get(self.eh),
+                     prefix + "shared_head.norm.weight": get(self.head_norm)}
+            views.update(self.layer.hf_views(prefix, get))
+            return views
+
+        def forward(self, h, e, cos, sin, mask):
+            eps = self.cfg.norm_eps
+            u = linear(torch.cat([rmsnorm(e, self.enorm, eps), rmsnorm(h, self.hnorm, eps)], dim=-1), self.eh)
+            return self.layer(u, cos, sin, mask)
 
     return Decoder
 
@@ -1017,6 +1096,10 @@ def cmd_check(args):
         cfg = model_config_from_deck(deck, vocab)
         if cfg.scaling == "yarn" and cfg.original_max_position <= 0:
             cfg.original_max_position = deck.int("data.seq_len")
+        # DeepSeek-V3's multi-token prediction modules (docs/math.md §11; dense models here).
+        cfg.mtp_depth, cfg.mtp_weight = deck.int("model.mtp_depth"), deck.float("train.mtp_weight")
+        if cfg.mtp_depth and deck.int("moe.experts"):
+            sys.exit("check: model.mtp_depth with moe.experts is not implemented here")
 
         bf16 = kv.get("train.precision", "fp32") == "bf16"
         Decoder = build_model_class(bf16=bf16, exact_sums=args.exact_sums)
@@ -1114,6 +1197,7 @@ def cmd_check(args):
         denom = gb * T
         loss_sum = 0.0
         aux_sum = 0.0
+        mtp_sum = 0.0
         loads = [torch.zeros(cfg.moe_experts, dtype=torch.int64) for _ in model.moe_blocks]
         dropped = [0] * cfg.n_layers  # capacity-dropped choices per layer (dense layers: 0)
         # Gradient accumulation over chunks of micro_batch_size samples; the loss is the mean
@@ -1125,10 +1209,14 @@ def cmd_check(args):
             offs = ((s * gb + j) * T) % n_train
             idx = (offs[:, None] + span[None, :]) % n_train
             sample = train[idx]
-            logits = model(sample[:, :-1])
+            logits = model(sample[:, :-1], sample[:, 1:])
             ce = F.cross_entropy(logits.reshape(-1, vocab).to(dtype),
                                  sample[:, 1:].reshape(-1), reduction="sum")
-            if use_aux:
+            if model.mtp_ce:  # loss = main + mtp_weight / D x the modules' (docs/math.md §11)
+                mtp = sum(model.mtp_ce) * (cfg.mtp_weight / len(model.mtp_ce))
+                ((ce + mtp) / denom).backward()
+                mtp_sum += mtp.item()
+            elif use_aux:
                 aux = model.moe_aux()
                 (ce / denom + cfg.moe_aux_coef * aux / n_mb).backward()
                 aux_sum += aux.item()
@@ -1138,7 +1226,7 @@ def cmd_check(args):
                 ld += m.load
                 dropped[i] += m.dropped
             loss_sum += ce.item()
-        loss = loss_sum / denom
+        loss = (loss_sum + mtp_sum) / denom
         aux_mean = aux_sum / n_mb
         if use_aux:
             loss = loss + cfg.moe_aux_coef * aux_mean

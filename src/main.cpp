@@ -1,5 +1,5 @@
 // quintet: one MPI program, subcommands train | eval | prepare | generate | export | import | deck | peak | schedule,
-// and plan | study | laws | mup-check | plot | tokenize | data, which run without MPI. kSubcommands below is the one list: the
+// and plan | study | laws | mup-check | plot | trace | tokenize | data, which run without MPI. kSubcommands below is the one list: the
 // dispatch and the usage text are both made from it, so a new subcommand is one row.
 // Errors (exit statuses: docs/reliability.md): ConfigError (the same on every rank) ends the job
 // cleanly with status 2 after rank 0 prints it; any other failure prints "rank N: ..." and
@@ -89,6 +89,9 @@ constexpr Subcommand kSubcommands[] = {
     {"plot", nullptr, "RUN_DIR... [-o FILE.png]",
      "plot metrics.h5 of one or several runs", Runs::without_mpi,
      [](int c, char** v, MPI_Comm) { return quintet::plot_main(c, v); }},
+    {"trace", nullptr, "RUN_DIR [-o FILE.json]",
+     "merge a run's per-rank timelines (train.trace_steps) for Perfetto", Runs::without_mpi,
+     [](int c, char** v, MPI_Comm) { return quintet::trace_main(c, v); }},
     {"metrics", nullptr, "RUN_DIR [--csv|--jsonl] [--group G]",
      "a run's metrics as CSV or JSON Lines, for tools without HDF5", Runs::without_mpi,
      [](int c, char** v, MPI_Comm) { return quintet::metrics_main(c, v); }},

@@ -24,11 +24,15 @@ void check_mpi(int rc, const char* what, const char* file, int line) {
 namespace {
 // MPI counts are int: large buffers go in chunks.
 constexpr size_t kMaxCount = size_t(INT_MAX) / 2;
+// ZeRO-2/3's overlapped operations: their waits go on the timeline's zero track.
+constexpr const char* kZeroReduce = "reduce_scatter_sum (overlapped ZeRO gradient)";
+constexpr const char* kZeroGather = "all_gather (prefetched ZeRO-3 parameters)";
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, double deadline_s,
                                  std::shared_ptr<Watchdog> watchdog)
-    : Communicator(std::move(name), deadline_s), comm_(comm), watchdog_(std::move(watchdog)) {
+    : Communicator(std::move(name), deadline_s), comm_(comm), watchdog_(std::move(watchdog)),
+      track_(trace::track_of_group(this->name())) {
     QUINTET_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     QUINTET_MPI(MPI_Comm_rank(comm_, &rank_));
     QUINTET_MPI(MPI_Comm_size(comm_, &size_));
@@ -51,7 +55,7 @@ MpiCommunicator::~MpiCommunicator() {
         MPI_Comm_free(&comm_);
 }
 
-MpiCommunicator::Timed::Timed(const MpiCommunicator& comm, const char* op) : c(comm) {
+MpiCommunicator::Timed::Timed(const MpiCommunicator& comm, const char* op) : c(comm), wait(comm.track_, op) {
     ++c.seq_;
     if (c.watchdog_ && c.deadline() > 0)
         c.watchdog_->begin(op, &c.name(), c.rank_, c.size_, c.seq_, c.deadline(), &c.world_ranks_);
@@ -60,7 +64,9 @@ MpiCommunicator::Timed::~Timed() {
     if (c.watchdog_ && c.deadline() > 0) c.watchdog_->end();
 }
 
-void MpiCommunicator::complete(MPI_Request& req, const char* op, int peer) const {
+void MpiCommunicator::complete(MPI_Request& req, const char* op, int peer, const char* event,
+                               trace::Track track) const {
+    trace::Wait timeline(track, event, op == event ? nullptr : op);
     if (deadline() <= 0) {
         QUINTET_MPI(MPI_Wait(&req, MPI_STATUS_IGNORE));
         return;
@@ -159,7 +165,8 @@ int MpiCommunicator::iall_to_allv(const float* send, const int* sc, const int* s
     return int(h);
 }
 void MpiCommunicator::wait_all_to_allv(int h) const {
-    complete(exchanges_[size_t(h)], "all_to_allv (overlapped)");
+    static constexpr const char* kOp = "all_to_allv (overlapped)";
+    complete(exchanges_[size_t(h)], kOp, -1, kOp, track_);
 }
 void MpiCommunicator::broadcast(void* buf, size_t bytes, int root) const {
     QUINTET_CHECK(bytes <= size_t(INT_MAX), "broadcast of more than 2 GiB");
@@ -184,7 +191,22 @@ void MpiCommunicator::gather(const double* send, double* recv, size_t n, int roo
     QUINTET_MPI(MPI_Gather(send, int(n), MPI_DOUBLE, recv, int(n), MPI_DOUBLE, root, comm_));
 }
 
+std::vector<std::string> MpiCommunicator::gather_text(const std::string& mine, int root) const {
+    constexpr size_t kWidth = 256;
+    char send[kWidth] = {0};
+    std::snprintf(send, kWidth, "%s", mine.c_str());
+    std::vector<char> all(rank_ == root ? kWidth * size_t(size_) : 0);
+    {
+        Timed t(*this, "gather");
+        QUINTET_MPI(MPI_Gather(send, int(kWidth), MPI_CHAR, all.data(), int(kWidth), MPI_CHAR, root, comm_));
+    }
+    std::vector<std::string> out;
+    for (size_t r = 0; r < all.size() / kWidth; ++r) out.emplace_back(all.data() + r * kWidth);
+    return out;
+}
+
 void MpiCommunicator::barrier_asleep() const {
+    trace::Wait timeline(track_, "barrier (asleep)");
     ++seq_;
     MPI_Request req;
     QUINTET_MPI(MPI_Ibarrier(comm_, &req));
@@ -259,7 +281,7 @@ int MpiCommunicator::irecv(float* buf, size_t n, int peer, int tag) const {
     return h;
 }
 void MpiCommunicator::wait_recv(int h, const char* what) const {
-    complete(requests_[size_t(h)], what, peer_of_[size_t(h)]);
+    complete(requests_[size_t(h)], what, peer_of_[size_t(h)], "recv", track_);
 }
 int MpiCommunicator::isend(const float* buf, size_t n, int peer, int tag) const {
     QUINTET_CHECK(n <= size_t(INT_MAX), "isend of more than 2^31-1 floats");
@@ -275,7 +297,7 @@ bool MpiCommunicator::test(int h) const {
     return done != 0;
 }
 void MpiCommunicator::wait(int h) const {
-    complete(requests_[size_t(h)], "send", peer_of_[size_t(h)]);
+    complete(requests_[size_t(h)], "send", peer_of_[size_t(h)], "send", track_);
 }
 int MpiCommunicator::iall_reduce_sum(float* buf, size_t n) const {
     QUINTET_CHECK(n <= size_t(INT_MAX), "iall_reduce_sum: more than 2^31-1 floats in one bucket");
@@ -289,7 +311,7 @@ int MpiCommunicator::ireduce_scatter_sum(const float* send, float* recv, size_t 
     QUINTET_CHECK(count <= kMaxCount, "ireduce_scatter_sum count too large");
     ++seq_;
     reductions_.push_back(MPI_REQUEST_NULL);
-    reduction_ops_.push_back("reduce_scatter_sum (overlapped ZeRO gradient)");
+    reduction_ops_.push_back(kZeroReduce);
     QUINTET_MPI(MPI_Ireduce_scatter_block(send, recv, int(count), MPI_FLOAT, MPI_SUM, comm_, &reductions_.back()));
     return int(reductions_.size()) - 1;
 }
@@ -297,13 +319,14 @@ int MpiCommunicator::iall_gather(const float* send, float* recv, size_t count) c
     QUINTET_CHECK(count <= kMaxCount, "iall_gather count too large");
     ++seq_;
     reductions_.push_back(MPI_REQUEST_NULL);
-    reduction_ops_.push_back("all_gather (prefetched ZeRO-3 parameters)");
+    reduction_ops_.push_back(kZeroGather);
     QUINTET_MPI(MPI_Iallgather(send == recv + size_t(rank_) * count ? MPI_IN_PLACE : send, int(count), MPI_FLOAT,
                                recv, int(count), MPI_FLOAT, comm_, &reductions_.back()));
     return int(reductions_.size()) - 1;
 }
 void MpiCommunicator::wait_reduce(int h) const {
-    complete(reductions_[size_t(h)], reduction_ops_[size_t(h)]);
+    const char* op = reduction_ops_[size_t(h)];
+    complete(reductions_[size_t(h)], op, -1, op, op == kZeroReduce || op == kZeroGather ? trace::Track::zero : track_);
     for (MPI_Request r : reductions_)
         if (r != MPI_REQUEST_NULL) return;
     reductions_.clear();  // all done: handles restart at 0 (capacity kept: no allocation)

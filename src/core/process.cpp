@@ -103,4 +103,10 @@ std::string source_commit() {
     return "unknown";
 }
 
+std::string host_name() {
+    char h[256] = {0};
+    if (gethostname(h, sizeof h - 1) != 0 || !h[0]) return "?";
+    return h;
+}
+
 }  // namespace quintet

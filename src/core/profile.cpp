@@ -6,7 +6,6 @@
 namespace quintet::profile {
 
 namespace {
-bool g_on = false;
 // Slots by name pointer first (string literals), by text second; the main thread only.
 struct Slot {
     const char* key;
@@ -32,18 +31,35 @@ int slot_of(const char* name, bool by_text) {
 }
 }  // namespace
 
-void enable(bool on) { g_on = on; }
-bool enabled() { return g_on; }
+void enable(bool on) { detail::g_on = on; }
 
-void Scope::begin(const char* name, bool by_text) {
+const char* joined_name(const char* role, const char* suffix) {
+    struct Joined {
+        const char *role, *suffix, *name;
+    };
+    static std::vector<Joined> known;
+    for (const Joined& j : known)
+        if (j.role == role && j.suffix == suffix) return j.name;
+    known.push_back({role, suffix, trace::intern(std::string(role) + suffix)});
+    return known.back().name;
+}
+
+void Scope::begin(const char* name, bool by_text, bool traced) {
     active_ = true;
-    slot_ = slot_of(name, by_text);
-    parent_ = g_top;
-    g_top = this;
-    start_ns_ = now_ns();
+    if (detail::g_on) {
+        counted_ = true;
+        slot_ = slot_of(name, by_text);
+        parent_ = g_top;
+        g_top = this;
+        start_ns_ = now_ns();
+    }
+    if (traced && trace::recording() && std::strncmp(name, "comm.", 5) != 0)
+        event_ = trace::open(trace::Track::compute, by_text ? trace::intern(name) : name);
 }
 
 void Scope::end() {
+    if (event_ != ~size_t(0)) trace::close(event_);
+    if (!counted_) return;
     const int64_t total = now_ns() - start_ns_;
     Slot& s = g_slots[size_t(slot_)];
     s.ns += total - child_ns_;

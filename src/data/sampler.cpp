@@ -9,6 +9,7 @@
 #include "quintet/core/clock.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/core/rng.hpp"
+#include "quintet/core/trace.hpp"
 
 namespace quintet {
 
@@ -218,8 +219,11 @@ void Sampler::train_sample(int64_t s, int64_t j, int64_t gb, int32_t* ids, int32
         return;
     }
     const double t0 = now_s();
-    const Ref r = train_ref(s, j, gb);
-    reader_.read(data_.train[size_t(r.source)], r.offset, T_ + 1, scratch_.data(), reader_.width());
+    {
+        trace::Wait timeline(trace::Track::data, "read sample");
+        const Ref r = train_ref(s, j, gb);
+        reader_.read(data_.train[size_t(r.source)], r.offset, T_ + 1, scratch_.data(), reader_.width());
+    }
     wait_s_ += now_s() - t0;
     decode(scratch_.data(), ids, targets);
 }
@@ -288,10 +292,15 @@ void Sampler::submit(int64_t s) {
 Sampler::Slot& Sampler::ready_slot(int64_t s) {
     Slot& slot = slots_[s & 1];
     const double t0 = now_s();
-    if (slot.step != s) submit(s);
     {
         std::unique_lock<std::mutex> lock(m_);
-        cv_.wait(lock, [&] { return slot.ready; });
+        if (slot.step != s || !slot.ready) {  // waits only when the prefetch is not done (an event then)
+            lock.unlock();
+            trace::Wait timeline(trace::Track::data, "wait for the prefetch");
+            if (slot.step != s) submit(s);
+            lock.lock();
+            cv_.wait(lock, [&] { return slot.ready; });
+        }
     }
     wait_s_ += now_s() - t0;
     if (slot.error) std::rethrow_exception(slot.error);

@@ -3,6 +3,7 @@
 #include <boost/program_options.hpp>
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -54,15 +55,16 @@ DeckOption opt_i64(const std::string& key, int64_t* field, std::string help) {
 }
 
 DeckOption opt_double(const std::string& key, double* field, double lo, double hi, std::string help,
-                      bool lo_open = false) {
+                      bool lo_open = false, bool hi_open = false) {
     std::string valid = std::string("a number in ") + (lo_open ? "(" : "[") + fmt_double(lo) + ", " +
-                        fmt_double(hi) + "]";
+                        fmt_double(hi) + (hi_open ? ")" : "]");
     return {key, help + " (" + valid + ")",
             [=](const std::string& v) {
                 size_t pos = 0;
                 double x = 0;
                 try { x = std::stod(v, &pos); } catch (...) { pos = 0; }
-                if (pos == 0 || pos != v.size() || !std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo))
+                if (pos == 0 || pos != v.size() || !std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo) ||
+                    (hi_open && x == hi))
                     config_fail(key, v, "expected " + valid);
                 *field = x;
             },
@@ -121,6 +123,31 @@ DeckOption opt_counts(const std::string& key, std::vector<int>* field, std::stri
             }};
 }
 
+// A range of steps "A-B" (or one step "A"), 1 <= A <= B; empty = none (0-0). The run's end is
+// checked in deck_validate.
+DeckOption opt_steps(const std::string& key, int* from, int* to, std::string help) {
+    return {key, help + " (A-B with 1 <= A <= B, one step A, or empty for none)",
+            [=](const std::string& v) {
+                if (v.empty()) {
+                    *from = *to = 0;
+                    return;
+                }
+                long a = 0, b = 0;
+                char dash = 0, extra = 0;
+                const int n = std::sscanf(v.c_str(), "%ld%c%ld%c", &a, &dash, &b, &extra);
+                if (n == 1) b = a;
+                if (!(n == 1 || (n == 3 && dash == '-')) || a < 1 || b < a || b > (1L << 30) ||
+                    v.find_first_not_of("0123456789-") != std::string::npos)
+                    config_fail(key, v, "expected a range of steps A-B with 1 <= A <= B (e.g. 10-12), one step, or "
+                                        "empty for none");
+                *from = int(a), *to = int(b);
+            },
+            [=] {
+                return *from == 0 ? std::string() : *from == *to ? std::to_string(*from)
+                                                                 : std::to_string(*from) + "-" + std::to_string(*to);
+            }};
+}
+
 DeckOption opt_string(const std::string& key, std::string* field, std::string help) {
     return {key, help, [=](const std::string& v) { *field = v; }, [=] { return *field; }};
 }
@@ -173,6 +200,9 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("model.qk_nope_dim", &m.qk_nope_dim, 0, big, "MLA: per-head q/k dims without RoPE (> 0 with mla)"),
         opt_int("model.qk_rope_dim", &m.qk_rope_dim, 0, big, "MLA: per-head q/k dims with RoPE, one k_rope shared by the heads (even, > 0 with mla)"),
         opt_int("model.v_head_dim", &m.v_head_dim, 0, big, "MLA: per-head value dims (> 0 with mla)"),
+        opt_int("model.mtp_depth", &m.mtp_depth, 0, 64,
+                "multi-token prediction modules after the last decoder layer (DeepSeek-V3's MTP, HF "
+                "num_nextn_predict_layers): module k predicts the token k+1 ahead; 0 = none"),
         opt_double("rope.theta", &r.theta, 1, 1e12, "RoPE base", true),
         opt_enum("rope.scaling", &r.scaling, {"none", "yarn"}, "RoPE frequency scaling"),
         opt_double("rope.factor", &r.factor, 1, 1e6, "YaRN context extension factor s"),
@@ -181,6 +211,12 @@ std::vector<DeckOption> deck_options(Deck& d) {
                 "checkpoint the weights come from (init_from, resume), or data.seq_len from scratch"),
         opt_double("rope.beta_fast", &r.beta_fast, 0, 1e6, "YaRN: rotations above which a dim is left alone", true),
         opt_double("rope.beta_slow", &r.beta_slow, 0, 1e6, "YaRN: rotations below which a dim is fully interpolated", true),
+        opt_double("rope.mscale", &r.mscale, 0, 1e3,
+                   "YaRN attention temperature as DeepSeek defines it, with m(c) = 0.1 c ln(factor) + 1: cos and sin "
+                   "times m(rope.mscale) / m(rope.mscale_all_dim) (HF rope_scaling.mscale)"),
+        opt_double("rope.mscale_all_dim", &r.mscale_all_dim, 0, 1e3,
+                   "YaRN: the attention softmax scale times m(rope.mscale_all_dim)^2 (HF rope_scaling.mscale_all_dim; "
+                   "with model.attention = mha it cancels: the logits are times m(rope.mscale)^2)"),
         opt_bool("rope.document_positions", &r.document_positions,
                  "RoPE positions restart at each document of a packed sample (documents end at data.eos_id)"),
         opt_int("moe.experts", &e.experts, 0, 1 << 20, "routed experts E; 0 = dense FFN"),
@@ -188,7 +224,19 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("moe.shared_experts", &e.shared_experts, 0, 1 << 20, "always-on shared experts"),
         opt_int("moe.ffn_dim", &e.ffn_dim, 0, big, "hidden width of each expert; 0 = model.ffn_dim"),
         opt_layers("moe.layers", &e.layers, "layers with MoE"),
-        opt_bool("moe.norm_topk", &e.norm_topk, "renormalise the chosen weights to sum 1"),
+        opt_bool("moe.norm_topk", &e.norm_topk, "renormalise the chosen weights to sum 1 (HF norm_topk_prob)"),
+        opt_enum("moe.scoring", &e.scoring, {"softmax", "sigmoid"},
+                 "router scores: softmax over the experts (DeepSeek-V2) or a sigmoid per expert (DeepSeek-V3) "
+                 "(HF scoring_func)"),
+        opt_enum("moe.topk_method", &e.topk_method, {"greedy", "group_limited_greedy", "noaux_tc"},
+                 "top-k: greedy over all experts; or first the moe.group_top_k of moe.groups expert groups, ranked "
+                 "by their best score (group_limited_greedy, DeepSeek-V2) or by the sum of their two best biased "
+                 "scores (noaux_tc, DeepSeek-V3) (HF topk_method)"),
+        opt_int("moe.groups", &e.groups, 1, 64, "expert groups of the group-limited top-k; divides moe.experts (HF n_group)"),
+        opt_int("moe.group_top_k", &e.group_top_k, 1, 64,
+                "groups a token's experts may come from (HF topk_group)"),
+        opt_double("moe.routed_scaling", &e.routed_scaling, 0, 1e6,
+                   "the routed experts' weights are multiplied by this (HF routed_scaling_factor)", true),
         opt_enum("moe.balance", &e.balance, {"aux_loss", "aux_free", "none"}, "load balancing"),
         opt_double("moe.aux_coef", &e.aux_coef, 0, 1e3, "weight of the load-balancing loss"),
         opt_double("moe.bias_rate", &e.bias_rate, 0, 1e3, "aux-free bias update rate"),
@@ -256,6 +304,16 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_double("train.beta1", &t.beta1, 0, 0.999999, "AdamW beta1"),
         opt_double("train.beta2", &t.beta2, 0, 0.999999999, "AdamW beta2"),
         opt_double("train.eps", &t.eps, 0, 1, "AdamW epsilon", true),
+        opt_enum("train.optimizer", &t.optimizer, {"adamw", "muon"},
+                 "adamw for every tensor, or muon: orthogonalised momentum (Newton-Schulz) for the 2-D hidden and "
+                 "expert matrices, AdamW with the keys above for the embedding, the LM head, the norms and the router "
+                 "(docs/math.md, \"Muon\")"),
+        opt_double("train.muon_momentum", &t.muon_momentum, 0, 1, "muon: Nesterov momentum mu", false, true),
+        opt_int("train.muon_ns_steps", &t.muon_ns_steps, 1, 100, "muon: Newton-Schulz iterations"),
+        opt_double("train.muon_scale", &t.muon_scale, 0, 1e3,
+                   "muon: the update is lr * (muon_scale * sqrt(max(rows, cols)) * O + weight_decay * W), O the "
+                   "orthogonalised momentum; 0.2 matches AdamW's update RMS, so AdamW's lr and weight decay carry over",
+                   true),
         opt_double("train.grad_clip", &t.grad_clip, 0, 1e12, "global gradient-norm clip; 0 = off"),
         opt_i64("train.seed", &t.seed, "seed of initialisation and data order"),
         opt_enum("train.device", &t.device, {"cpu", "cuda"}, "compute device"),
@@ -278,10 +336,22 @@ std::vector<DeckOption> deck_options(Deck& d) {
                  "time every operation (GEMMs by role, attention, norms, RoPE, SwiGLU, loss, optimizer, "
                  "each axis's communication): /timing/op/<name> in metrics.h5 for every step, and a table at "
                  "the end over the steady state (the steps past the first two, as the tokens/s median)"),
+        opt_steps("train.trace_steps", &t.trace_from, &t.trace_to,
+                  "steps (as the progress line counts them) whose timeline every rank writes to "
+                  "run_dir/trace/rank<r>.json in the Trace Event format; `quintet trace RUN_DIR` merges them "
+                  "(docs/observability.md)"),
+        opt_double("train.straggler_ratio", &t.straggler_ratio, 1, 1e6,
+                   "a rank whose compute time of a step exceeds the median of its peers (the ranks of its "
+                   "pipeline stage) by this factor for several steps in a row is named in the log "
+                   "(docs/observability.md)",
+                   true),
         opt_bool("train.probe_rms", &t.probe_rms,
                  "record the root mean square of each kind of layer output (embedding, attention scores, "
                  "attention and feed-forward outputs, the last residual stream, the logits) over every step's tokens "
                  "in /probe/<kind>: the coordinate check of quintet mup-check (costs host copies: a diagnostic)"),
+        opt_double("train.mtp_weight", &t.mtp_weight, 0, 1e3,
+                   "multi-token prediction: the loss is the main cross-entropy plus mtp_weight / model.mtp_depth "
+                   "times the sum of the MTP modules' cross-entropies (DeepSeek-V3's lambda)"),
         opt_int("train.exit_after", &t.exit_after, 0, big,
                 "stop after this many steps of this run, with a checkpoint (time-limited jobs); 0 = never"),
         opt_int("train.threads", &t.threads, 0, 4096, "threads per rank; 0 = OMP_NUM_THREADS or cores/local ranks"),
@@ -326,13 +396,17 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_int("checkpoint.keep", &c.keep, 0, big, "complete checkpoints kept; 0 = all"),
         opt_bool("checkpoint.async", &c.async,
                  "copy each rank's checkpoint values into a staging buffer (its share of the weights and "
-                 "moments, allocated at the start and counted as buffers memory) and write them on a thread "
+                 "optimizer state, allocated at the start and counted as buffers memory) and write them on a thread "
                  "of their own while training goes on; the next checkpoint, a stop and the end of the run wait "
                  "for it. false: every rank waits for each write"),
         opt_bool("checkpoint.allow_tokenizer_change", &c.allow_tokenizer_change,
                  "resume or init_from on a token file whose tokenizer is not the checkpoint's; init_from may "
                  "extend the vocabulary (new embedding and output rows start as the mean of the trained ones). "
                  "`quintet train --allow-tokenizer-change` sets it; false: exit 2 naming both tokenizers"),
+        opt_bool("checkpoint.allow_optimizer_change", &c.allow_optimizer_change,
+                 "resume a checkpoint written under another train.optimizer: the new optimizer's state starts at "
+                 "zero (Muon's momentum, or AdamW's moments of the matrices Muon had) and the change is reported; "
+                 "false: exit 2 naming the change"),
         opt_string("output.run_dir", &o.run_dir, "directory for metrics.h5 and checkpoints/"),
         opt_int("output.log_every", &o.log_every, 1, big, "progress line every N steps"),
     };
@@ -583,6 +657,13 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
     const auto& m = d.model;
     const auto& p = d.parallel;
     const int kv = m.n_kv_heads == 0 ? m.n_heads : m.n_kv_heads;
+    // Muon's keys under AdamW: every matrix would silently stay under AdamW.
+    if (d.train.optimizer != "muon")
+        for (const char* k : {"train.muon_momentum", "train.muon_ns_steps", "train.muon_scale"})
+            if (d.given.count(k))
+                config_fail(k, deck_value(d, k),
+                            "is Muon's, but train.optimizer = " + d.train.optimizer +
+                                " puts every tensor under AdamW; set train.optimizer = muon, or drop the key");
     if (p.ep > 1 && m.moe.experts == 0)
         config_fail("parallel.ep", S(p.ep), "expert parallelism needs MoE layers (moe.experts > 0); valid here: 1");
     if (p.ep > 1 && m.moe.experts % p.ep != 0)
@@ -597,10 +678,38 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
                 config_fail("moe.layers", e.layers.text(),
                             "expected all, or layer indices in [0, " + S(m.n_layers) + ") (model.n_layers = " +
                                 S(m.n_layers) + ")");
+        if (e.topk_method == "greedy" && (e.groups != 1 || e.group_top_k != 1))
+            config_fail(e.groups != 1 ? "moe.groups" : "moe.group_top_k",
+                        S(e.groups != 1 ? e.groups : e.group_top_k),
+                        "groups limit moe.topk_method = group_limited_greedy or noaux_tc; with greedy: 1");
+        if (e.experts % e.groups != 0)
+            config_fail("moe.groups", S(e.groups), "must divide moe.experts = " + S(e.experts));
+        if (e.group_top_k > e.groups)
+            config_fail("moe.group_top_k", S(e.group_top_k), "must be at most moe.groups = " + S(e.groups));
+        if (e.top_k > e.group_top_k * (e.experts / e.groups))
+            config_fail("moe.top_k", S(e.top_k),
+                        "must be at most the experts of moe.group_top_k groups, " +
+                            S(e.group_top_k * (e.experts / e.groups)));
+        if (e.topk_method == "noaux_tc" && e.experts / e.groups < 2)
+            config_fail("moe.groups", S(e.groups),
+                        "noaux_tc ranks a group by the sum of its two best scores: each group needs at least 2 "
+                        "experts (moe.experts / moe.groups >= 2)");
         if (p.tp > 1 && !p.sequence_parallel)
             config_fail("parallel.sequence_parallel", "false",
                         "MoE layers with parallel.tp > 1 need sequence parallelism (each tp rank routes its "
                         "own rows, as in Megatron-Core): set parallel.sequence_parallel = true");
+    }
+    if (m.mtp_depth > 0) {  // docs/math.md §11
+        if (p.zero >= 2)
+            config_fail("parallel.zero", S(p.zero),
+                        "model.mtp_depth > 0 runs with parallel.zero = 0 or 1 (the MTP modules are not ZeRO units)");
+        if (p.schedule == "zb_h1" || p.schedule == "zbv")
+            config_fail("parallel.schedule", p.schedule,
+                        "model.mtp_depth > 0 needs a schedule that runs each backward whole: 1f1b, interleaved or gpipe");
+        if (d.data.seq_len <= m.mtp_depth)
+            config_fail("model.mtp_depth", S(m.mtp_depth),
+                        "module k predicts the token k+1 ahead: data.seq_len = " + S(d.data.seq_len) +
+                            " leaves the last module nothing to predict (model.mtp_depth < data.seq_len)");
     }
     if (d.train.device == "cuda") {
 #ifndef QUINTET_WITH_CUDA
@@ -742,6 +851,10 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
         config_fail("train.lr_min", deck_value(d, "train.lr_min"), "must not exceed train.lr = " + deck_value(d, "train.lr"));
     // A warm-up longer than the run never reaches train.lr. The default (10) is let through
     // with a warning by the trainer; a value the user gave is an error.
+    if (d.train.trace_from > 0 && d.train.trace_to > d.train.steps)
+        config_fail("train.trace_steps", deck_value(d, "train.trace_steps"),
+                    "lies outside the run's steps 1-" + S(d.train.steps) + " (train.steps = " + S(d.train.steps) +
+                        "); valid: A-B with 1 <= A <= B <= " + S(d.train.steps) + ", or empty for none");
     if (d.given.count("train.warmup") && d.train.steps > 0 && d.train.warmup > d.train.steps)
         config_fail("train.warmup", deck_value(d, "train.warmup"),
                     "must not exceed train.steps = " + S(d.train.steps) + " (valid: 0 to " + S(d.train.steps) +

@@ -132,6 +132,33 @@ void write_rope_metadata(Metadata& md, const std::string& a, const ExportModel& 
     }
 }
 
+// YaRN's temperature in llama.cpp's terms (docs/interop.md): with yarn_log_multiplier = 0.1 L and
+// rope.scaling.attn_factor = f, llama.cpp's deepseek2 multiplies cos and sin by f and the softmax
+// scale by (f m(L))^2, where m(c) = 0.1 c ln s + 1 (it takes mscale = mscale_all_dim); its llama
+// multiplies cos and sin by f m(1). quintet's MLA: cos and sin times m(a) / m(b), the softmax times
+// m(b)^2 (a = rope.mscale, b = rope.mscale_all_dim), so f = m(a) / m(b) and m(L) = m(b)^2 / m(a).
+struct LlamaCppYarn {
+    double log_mul = 0, attn_factor = 1;
+    std::string why_not;
+};
+LlamaCppYarn llama_cpp_yarn(const ModelConfig& c, const RopeConfig& r) {
+    LlamaCppYarn y;
+    if (r.scaling != "yarn") return y;
+    const double ma = yarn_mscale(r.factor, r.mscale), mb = yarn_mscale(r.factor, r.mscale_all_dim);
+    if (c.attention != "mla") {
+        y.attn_factor = ma / yarn_mscale(r.factor, 1.0);
+        return y;
+    }
+    y.attn_factor = ma / mb;
+    const double L = (mb * mb / ma - 1.0) / (0.1 * std::log(r.factor));
+    if (!(std::fabs(L) > 1e-6))
+        y.why_not = "rope.mscale = " + std::to_string(r.mscale) + " with rope.mscale_all_dim = " +
+                    std::to_string(r.mscale_all_dim) +
+                    ": llama.cpp reads a zero yarn_log_multiplier as none and scales the softmax by m(1)^2";
+    y.log_mul = 0.1 * L;
+    return y;
+}
+
 int context_length(const ExportModel& m) {
     const RopeConfig& r = m.deck.rope;
     if (r.scaling == "yarn") return std::max(m.trained_context, int(std::lround(r.factor * m.rope_original_context())));
@@ -157,6 +184,8 @@ void llama_arch(const ExportModel& m, Metadata& md, std::vector<GgufTensor>& out
     md.f32("llama.attention.layer_norm_rms_epsilon", c.norm_eps);
     md.u32("llama.vocab_size", uint32_t(c.vocab_size));
     write_rope_metadata(md, "llama", m, HD);
+    if (const LlamaCppYarn y = llama_cpp_yarn(c, m.deck.rope); y.attn_factor != 1.0)
+        md.f32("llama.rope.scaling.attn_factor", y.attn_factor);
     for (int l = 0; l < c.n_layers; ++l) {
         const std::string p = layer(l), b = blk(l);
         out.push_back(matrix(b + "attn_norm.weight", m.at(p + "input_layernorm.weight")));
@@ -214,12 +243,22 @@ void deepseek2_arch(const ExportModel& m, Metadata& md, std::vector<GgufTensor>&
     md.u32(a + ".expert_used_count", uint32_t(E > 0 ? c.moe.top_k : 0));
     md.u32(a + ".expert_shared_count", uint32_t(E > 0 ? shared : 0));
     md.u32(a + ".expert_feed_forward_length", uint32_t(E > 0 ? c.expert_ffn_width() : 0));
-    md.f32(a + ".expert_weights_scale", 1.0);
+    // The router (docs/math.md §9) as llama.cpp's build_moe_ffn reads it: the gating function
+    // (1 softmax, 2 sigmoid), the weights' scale and renormalisation, and its group rule (the
+    // sum of each group's two best biased scores: noaux_tc), written only when it limits.
+    md.f32(a + ".expert_weights_scale", c.moe.routed_scaling);
     md.boolean(a + ".expert_weights_norm", c.moe.norm_topk);
-    md.u32(a + ".expert_gating_func", 1);  // softmax
+    md.u32(a + ".expert_gating_func", c.moe.scoring == "sigmoid" ? 2 : 1);
+    if (E > 0 && c.moe.groups > 1 && c.moe.group_top_k < c.moe.groups) {
+        md.u32(a + ".expert_group_count", uint32_t(c.moe.groups));
+        md.u32(a + ".expert_group_used_count", uint32_t(c.moe.group_top_k));
+    }
     write_rope_metadata(md, a, m, dr);
-    // llama.cpp multiplies the softmax scale by (1 + 0.1 * (this / 0.1) * ln s)^2: quintet's mscale^2.
-    if (m.deck.rope.scaling == "yarn") md.f32(a + ".rope.scaling.yarn_log_multiplier", 0.1);
+    if (m.deck.rope.scaling == "yarn") {
+        const LlamaCppYarn y = llama_cpp_yarn(c, m.deck.rope);
+        md.f32(a + ".rope.scaling.yarn_log_multiplier", y.log_mul);
+        if (y.attn_factor != 1.0) md.f32(a + ".rope.scaling.attn_factor", y.attn_factor);
+    }
     for (int l = 0; l < c.n_layers; ++l) {
         const std::string p = layer(l), b = blk(l), sa = p + "self_attn.";
         out.push_back(matrix(b + "attn_norm.weight", m.at(p + "input_layernorm.weight")));
@@ -244,7 +283,10 @@ void deepseek2_arch(const ExportModel& m, Metadata& md, std::vector<GgufTensor>&
             add_swiglu(out, m, p + "mlp.", b + "ffn_");
             continue;
         }
+        // The router stays f32 whatever --dtype (as llama.cpp's converter keeps it): a rounded
+        // router flips choices (docs/interop.md).
         out.push_back(matrix(b + "ffn_gate_inp.weight", m.at(p + "mlp.gate.weight")));
+        out.back().keep_f32 = true;
         if (const NamedTensor* bias = m.find(p + "mlp.gate.e_score_correction_bias"))
             out.push_back(matrix(b + "exp_probs_b.bias", *bias));
         out.push_back(stacked(b + "ffn_gate_exps.weight", m, p, "gate_proj", E));
@@ -285,6 +327,11 @@ std::string gguf_unsupported(const ExportModel& m) {
         if (c.moe.experts > 0 && c.moe.balance == "aux_free" && c.moe.bias_update != "sign" &&
             c.moe.bias_update != "proportional")
             return "moe.bias_update = " + c.moe.bias_update + " is unknown";
+        if (c.moe.experts > 0 && c.moe.groups > 1 && c.moe.group_top_k < c.moe.groups &&
+            c.moe.topk_method == "group_limited_greedy")
+            return "moe.topk_method = group_limited_greedy with moe.groups = " + std::to_string(c.moe.groups) +
+                   ": llama.cpp ranks expert groups by the sum of their two best scores (noaux_tc), not by the best";
+        if (std::string why = llama_cpp_yarn(c, m.deck.rope).why_not; !why.empty()) return why;
     }
     if (c.attention != "mha" && c.attention != "mla") return "model.attention = " + c.attention + " is not exported";
     return "";

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -21,6 +22,7 @@
 #include "quintet/interop/safetensors.hpp"
 #include "quintet/io/checkpoint.hpp"
 #include "quintet/model/params.hpp"
+#include "quintet/model/rope.hpp"
 #include "quintet/tokenizer/pretokenizer.hpp"
 #include "quintet/tokenizer/tokenizer_spec.hpp"
 
@@ -56,12 +58,91 @@ void deepseek_rope_rows(std::vector<NamedTensor>& ts, const ModelConfig& c, bool
     }
 }
 
-json config_json(const ExportModel& m, const std::string& dtype) {
+// The Transformers class an MLA model is written as, chosen by what each class computes
+// (docs/interop.md, "What each export computes"): DeepseekV3ForCausalLM -- sigmoid scores, the
+// noaux_tc group rule, the correction bias, norm_topk_prob, the scaling, YaRN's softmax factor
+// m(mscale_all_dim)^2; DeepseekV2ForCausalLM -- softmax scores, greedy or group_limited_greedy,
+// the scaling, never renormalised, no bias, no softmax factor (folded into the query instead).
+struct HfTarget {
+    bool v3 = false;
+    bool fold_softmax = false;  // V2: m(mscale_all_dim)^2 into the query projections
+    std::string why_not;        // no class computes the model
+};
+
+double yarn_m(const RopeConfig& r, double c) { return r.scaling == "yarn" ? yarn_mscale(r.factor, c) : 1.0; }
+
+HfTarget hf_target(const ModelConfig& c, const RopeConfig& r) {
+    HfTarget t;
+    const MoeConfig& e = c.moe;
+    const bool moe = e.experts > 0, sig = e.scoring == "sigmoid", groups = e.groups > 1 && e.group_top_k < e.groups;
+    const bool yarn_softmax = yarn_m(r, r.mscale_all_dim) != 1.0;
+    if (!moe) {
+        t.v3 = yarn_softmax;  // V3 scales the softmax as quintet does; V2 would need the fold
+        return t;
+    }
+    if (sig) {
+        if (groups && e.topk_method == "group_limited_greedy")
+            t.why_not = "moe.scoring = sigmoid with moe.topk_method = group_limited_greedy: DeepseekV3ForCausalLM "
+                        "ranks groups by the sum of their two best scores (noaux_tc), DeepseekV2ForCausalLM's scores "
+                        "are a softmax; no Transformers class computes this router (use noaux_tc, or export to gguf "
+                        "only if llama.cpp computes it)";
+        t.v3 = true;
+        return t;
+    }
+    // softmax scores: DeepseekV2ForCausalLM only.
+    if (e.balance == "aux_free")
+        t.why_not = "moe.scoring = softmax with moe.balance = aux_free: DeepseekV2ForCausalLM has no correction "
+                    "bias and DeepseekV3ForCausalLM's scores are sigmoids; no Transformers class computes this "
+                    "router (train with moe.scoring = sigmoid, or export to gguf: llama.cpp computes it)";
+    else if (e.norm_topk && e.top_k > 0)
+        t.why_not = "moe.scoring = softmax with moe.norm_topk = true: DeepseekV2ForCausalLM never renormalises the "
+                    "chosen weights and DeepseekV3ForCausalLM's scores are sigmoids; no Transformers class computes "
+                    "this router (train with moe.norm_topk = false or moe.scoring = sigmoid, or export to gguf: "
+                    "llama.cpp computes it)";
+    else if (groups && e.topk_method == "noaux_tc")
+        t.why_not = "moe.scoring = softmax with moe.topk_method = noaux_tc: DeepseekV2ForCausalLM ranks groups by "
+                    "their best score (group_limited_greedy), DeepseekV3ForCausalLM's scores are sigmoids; no "
+                    "Transformers class computes this router";
+    t.fold_softmax = yarn_softmax;
+    return t;
+}
+
+json rope_scaling_json(const ExportModel& m, const HfTarget& t) {
+    const RopeConfig& r = m.deck.rope;
+    const bool mla = m.deck.model.attention == "mla";
+    json y = {{"type", "yarn"}, {"rope_type", "yarn"}, {"factor", r.factor},
+              {"original_max_position_embeddings", m.rope_original_context()},
+              {"beta_fast", r.beta_fast}, {"beta_slow", r.beta_slow}};
+    // Transformers multiplies cos and sin by attention_factor when given, else by
+    // m(mscale) / m(mscale_all_dim) when both are non-zero, else by m(1) (its yarn rope init).
+    const double ln = 0.1 * std::log(r.factor);
+    auto transformers_default = [&](double a, double b) {
+        return a != 0.0 && b != 0.0 ? yarn_m(r, a) / yarn_m(r, b) : yarn_m(r, 1.0);
+    };
+    if (!mla) {  // Llama: the logits times m(mscale)^2, all of it on cos and sin
+        if (r.mscale != 1.0) y["attention_factor"] = yarn_m(r, r.mscale);
+        return y;
+    }
+    double a = r.mscale, b = r.mscale_all_dim;
+    const double table = yarn_m(r, a) / yarn_m(r, b);  // quintet's cos/sin factor
+    if (t.fold_softmax || (!t.v3 && b != 0.0)) {
+        // DeepseekV2ForCausalLM has no softmax factor: m(b)^2 went into the queries, so the file
+        // says mscale_all_dim = 0 and an mscale with the same cos/sin factor.
+        a = (table - 1.0) / ln;
+        b = 0.0;
+    }
+    y["mscale"] = a;
+    y["mscale_all_dim"] = b;
+    if (transformers_default(a, b) != table) y["attention_factor"] = table;
+    return y;
+}
+
+json config_json(const ExportModel& m, const std::string& dtype, const HfTarget& t) {
     const ModelConfig& c = m.deck.model;
     const RopeConfig& r = m.deck.rope;
     json j;
     const bool ds = is_deepseek(c);
-    const bool v3 = ds && c.moe.experts > 0 && c.moe.balance == "aux_free";
+    const bool v3 = ds && t.v3;
     j["architectures"] = {ds ? (v3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM") : "LlamaForCausalLM"};
     j["model_type"] = ds ? (v3 ? "deepseek_v3" : "deepseek_v2") : "llama";
     j["vocab_size"] = c.vocab_size;
@@ -80,39 +161,55 @@ json config_json(const ExportModel& m, const std::string& dtype) {
     j["attention_bias"] = false;
     if (!ds) j["mlp_bias"] = false;
     j["torch_dtype"] = dtype == "f32" ? "float32" : "bfloat16";
-    if (r.scaling == "yarn") {
-        json y = {{"type", "yarn"}, {"rope_type", "yarn"}, {"factor", r.factor},
-                  {"original_max_position_embeddings", m.rope_original_context()},
-                  {"beta_fast", r.beta_fast}, {"beta_slow", r.beta_slow}};
-        if (ds) {  // softmax scale times (0.1 * mscale_all_dim * ln s + 1)^2; cos/sin unscaled
-            y["mscale"] = 1.0;
-            y["mscale_all_dim"] = 1.0;
-        }
-        j["rope_scaling"] = y;
-    } else {
-        j["rope_scaling"] = nullptr;
-    }
+    j["rope_scaling"] = r.scaling == "yarn" ? rope_scaling_json(m, t) : json(nullptr);
     if (ds) {
+        const MoeConfig& e = c.moe;
         j["q_lora_rank"] = c.q_lora_rank > 0 ? json(c.q_lora_rank) : json(nullptr);
         j["kv_lora_rank"] = c.kv_lora_rank;
         j["qk_nope_head_dim"] = c.qk_nope_dim;
         j["qk_rope_head_dim"] = c.qk_rope_dim;
         j["v_head_dim"] = c.v_head_dim;
-        j["n_routed_experts"] = c.moe.experts > 0 ? json(c.moe.experts) : json(nullptr);
-        j["num_experts_per_tok"] = c.moe.experts > 0 ? json(c.moe.top_k) : json(nullptr);
-        j["n_shared_experts"] = c.moe.experts > 0 ? json(c.moe.shared_experts) : json(nullptr);
+        j["n_routed_experts"] = e.experts > 0 ? json(e.experts) : json(nullptr);
+        j["num_experts_per_tok"] = e.experts > 0 ? json(e.top_k) : json(nullptr);
+        j["n_shared_experts"] = e.experts > 0 ? json(e.shared_experts) : json(nullptr);
         j["moe_intermediate_size"] = c.expert_ffn_width();
         j["first_k_dense_replace"] = first_dense(c);
         j["moe_layer_freq"] = 1;
-        j["norm_topk_prob"] = c.moe.norm_topk;
-        j["scoring_func"] = "softmax";
-        j["topk_method"] = v3 ? "noaux_tc" : "greedy";
-        j["n_group"] = 1;
-        j["topk_group"] = 1;
-        j["routed_scaling_factor"] = 1.0;
-        j["aux_loss_alpha"] = c.moe.balance == "aux_loss" ? c.moe.aux_coef : 0.0;
+        j["norm_topk_prob"] = e.norm_topk;
+        j["scoring_func"] = v3 ? "sigmoid" : "softmax";
+        const bool groups = e.groups > 1 && e.group_top_k < e.groups;
+        j["topk_method"] = v3 ? "noaux_tc" : groups ? "group_limited_greedy" : "greedy";
+        j["n_group"] = groups ? e.groups : 1;
+        j["topk_group"] = groups ? e.group_top_k : 1;
+        j["routed_scaling_factor"] = e.routed_scaling;
+        j["aux_loss_alpha"] = e.balance == "aux_loss" ? e.aux_coef : 0.0;
+        j["num_nextn_predict_layers"] = c.mtp_depth;
+        if (v3) j["rope_interleave"] = true;  // the rotary rows are written interleaved
     }
     return j;
+}
+
+// DeepSeek-V3's checkpoint layout for the MTP modules: each module's layer also holds copies of
+// the shared embedding and output head (model.layers.<L+k>.embed_tokens, .shared_head.head).
+void add_mtp_copies(std::vector<NamedTensor>& ts, const ModelConfig& c) {
+    if (c.mtp_depth == 0) return;
+    const NamedTensor* emb = nullptr;
+    const NamedTensor* head = nullptr;
+    for (const NamedTensor& t : ts) {
+        if (t.name == "model.embed_tokens.weight") emb = &t;
+        if (t.name == "lm_head.weight") head = &t;
+    }
+    QUINTET_CHECK(emb != nullptr, "no embedding to copy into the MTP layers");
+    std::vector<NamedTensor> extra;
+    for (int k = 0; k < c.mtp_depth; ++k) {
+        const std::string p = "model.layers." + std::to_string(c.n_layers + k) + ".";
+        NamedTensor e = *emb, h = head ? *head : *emb;
+        e.name = p + "embed_tokens.weight";
+        h.name = p + "shared_head.head.weight";
+        extra.push_back(std::move(e));
+        extra.push_back(std::move(h));
+    }
+    for (NamedTensor& t : extra) ts.push_back(std::move(t));
 }
 
 // A tokenizer.json for quintet's byte-level tokenizers: BPE over GPT-2's byte alphabet, special
@@ -202,6 +299,7 @@ std::string hf_unsupported(const ExportModel& m) {
         return "model.attention = mha with moe.experts > 0: Hugging Face's Llama has no MoE (export MoE with mla)";
     if (c.attention == "mla" && first_dense(c) < 0)
         return "moe.layers = " + c.moe.layers.text() + ": DeepSeek needs the dense layers first (first_k_dense_replace)";
+    if (c.attention == "mla") return hf_target(c, m.deck.rope).why_not;
     return "";
 }
 
@@ -238,9 +336,28 @@ std::string hf_export_recognise(const fs::path& dir) {
 
 void hf_export(const ExportModel& m, const OutputTarget& out, const std::string& dtype, uint64_t max_shard_bytes) {
     if (std::string why = hf_unsupported(m); !why.empty()) throw ConfigError("export --format hf: " + why);
+    const ModelConfig& c = m.deck.model;
     std::vector<NamedTensor> tensors = m.tensors;
-    if (is_deepseek(m.deck.model)) deepseek_rope_rows(tensors, m.deck.model, false);
-    const json config = config_json(m, dtype);
+    const HfTarget target = is_deepseek(c) ? hf_target(c, m.deck.rope) : HfTarget{};
+    if (target.fold_softmax) {  // q . k x m(b)^2 = (m(b)^2 q) . k: every query projection scaled
+        const double f = yarn_m(m.deck.rope, m.deck.rope.mscale_all_dim);
+        for (NamedTensor& t : tensors)
+            if (t.name.find(".self_attn.q_proj.weight") != std::string::npos ||
+                t.name.find(".self_attn.q_b_proj.weight") != std::string::npos)
+                for (float& x : t.data) x = float(double(x) * f * f);
+    }
+    if (target.v3 && c.moe.experts > 0 && c.moe.balance != "aux_free")  // its router always adds the bias
+        for (int l = 0; l < c.n_layers + c.mtp_depth; ++l)
+            if (moe_layer(c, l)) {
+                NamedTensor b;
+                b.name = "model.layers." + std::to_string(l) + ".mlp.gate.e_score_correction_bias";
+                b.rows = c.moe.experts, b.cols = 1, b.ndim = 1;
+                b.data.assign(size_t(c.moe.experts), 0.0f);
+                tensors.push_back(std::move(b));
+            }
+    add_mtp_copies(tensors, c);
+    if (is_deepseek(c)) deepseek_rope_rows(tensors, c, false);
+    const json config = config_json(m, dtype, target);
     json tok_json;
     const std::string& kind = m.tokenizer.kind();
     if (kind == "byte" || kind == "bpe" || kind == "tiktoken") tok_json = tokenizer_json(m.tokenizer);
@@ -342,7 +459,10 @@ const std::map<std::string, std::string> kConfigKeyOf = {
     {"rope.beta_fast", "rope_scaling.beta_fast"}, {"rope.beta_slow", "rope_scaling.beta_slow"},
     {"moe.experts", "n_routed_experts"}, {"moe.top_k", "num_experts_per_tok"},
     {"moe.shared_experts", "n_shared_experts"}, {"moe.ffn_dim", "moe_intermediate_size"},
-    {"moe.layers", "first_k_dense_replace"}, {"data.seq_len", "max_position_embeddings"}};
+    {"moe.layers", "first_k_dense_replace"}, {"data.seq_len", "max_position_embeddings"},
+    {"moe.groups", "n_group"}, {"moe.group_top_k", "topk_group"}, {"moe.routed_scaling", "routed_scaling_factor"},
+    {"moe.aux_coef", "aux_loss_alpha"}, {"rope.mscale", "rope_scaling.mscale"},
+    {"rope.mscale_all_dim", "rope_scaling.mscale_all_dim"}, {"model.mtp_depth", "num_nextn_predict_layers"}};
 
 // The deck import makes must be one quintet accepts: each key's own range (the deck's option
 // table, as a deck file is read) and the checks across keys (deck_validate, one rank). A
@@ -416,10 +536,31 @@ void hf_import(const std::string& dir, const std::string& output) {
         deck.rope.beta_fast = rs.number("beta_fast", 32.0);
         deck.rope.beta_slow = rs.number("beta_slow", 1.0);
         trained = deck.rope.original_max_position;
-        const double mscale = rs.number("mscale", 1.0), mscale_all = rs.number("mscale_all_dim", 1.0);
-        if (ds && (mscale != mscale_all || mscale_all != 1.0))
-            cfg.refuse("rope_scaling.mscale / mscale_all_dim", cfg.at("rope_scaling").dump(),
-                       "quintet's YaRN scales the softmax by (0.1 ln s + 1)^2: mscale = mscale_all_dim = 1");
+        if (deck.rope.factor <= 1.0) cfg.refuse("rope_scaling.factor", rs.at("factor").dump(), "YaRN needs a factor > 1");
+        // The temperature (docs/math.md §4.4). DeepSeek's code reads mscale (default 1) and
+        // mscale_all_dim (default 0: no softmax factor); Transformers' attention_factor, when
+        // given, replaces the cos/sin factor m(mscale) / m(mscale_all_dim).
+        const double ln = 0.1 * std::log(deck.rope.factor);
+        auto solve = [&](double table, double b, const std::string& key) {  // m(a) / m(b) = table
+            const double a = (table * yarn_mscale(deck.rope.factor, b) - 1.0) / ln;
+            if (!(a >= 0.0 && a <= 1e3))
+                cfg.refuse(key, rs.at(key).dump(), "a cos/sin factor quintet's rope.mscale in [0, 1000] gives");
+            return a;
+        };
+        if (ds) {
+            deck.rope.mscale_all_dim = rs.number("mscale_all_dim", 0.0);
+            deck.rope.mscale = rs.has("attention_factor")
+                                   ? solve(rs.number("attention_factor", 1.0), deck.rope.mscale_all_dim, "attention_factor")
+                                   : rs.number("mscale", 1.0);
+        } else {  // Llama: the logits times the square of Transformers' cos/sin factor
+            const double a = rs.number("mscale", 0.0), b = rs.number("mscale_all_dim", 0.0);
+            const double table = rs.has("attention_factor") ? rs.number("attention_factor", 1.0)
+                                 : a != 0.0 && b != 0.0 ? yarn_mscale(deck.rope.factor, a) / yarn_mscale(deck.rope.factor, b)
+                                                         : yarn_mscale(deck.rope.factor, 1.0);
+            deck.rope.mscale = solve(table, 0.0, rs.has("attention_factor") ? "attention_factor" : "mscale");
+        }
+        if (deck.rope.mscale < 0 || deck.rope.mscale > 1e3 || deck.rope.mscale_all_dim < 0 || deck.rope.mscale_all_dim > 1e3)
+            cfg.refuse("rope_scaling.mscale / mscale_all_dim", cfg.at("rope_scaling").dump(), "numbers in [0, 1000]");
     }
     if (!ds) {
         c.attention = "mha";
@@ -442,20 +583,37 @@ void hf_import(const std::string& dir, const std::string& output) {
             c.moe.norm_topk = cfg.boolean("norm_topk_prob", false);
             const int k = cfg.integer("first_k_dense_replace", 0, kMaxInt, 0);
             if (cfg.integer("moe_layer_freq", 1, kMaxInt, 1) != 1) cfg.refuse("moe_layer_freq", cfg.at("moe_layer_freq").dump(), "1");
-            if (cfg.text("scoring_func", "softmax") != "softmax")
-                cfg.refuse("scoring_func", cfg.at("scoring_func").dump(), "quintet's router is a softmax: \"softmax\"");
-            if (cfg.number("routed_scaling_factor", 1.0) != 1.0)
-                cfg.refuse("routed_scaling_factor", cfg.at("routed_scaling_factor").dump(), "1.0");
-            if (cfg.integer("topk_group", 1, kMaxInt, 1) != cfg.integer("n_group", 1, kMaxInt, 1))
-                cfg.refuse("topk_group", cfg.at("topk_group").dump(), "no group-limited routing: topk_group = n_group");
-            const std::string method = cfg.text("topk_method", "greedy");
-            if (method != "greedy" && method != "noaux_tc") cfg.refuse("topk_method", "\"" + method + "\"", "greedy, noaux_tc");
+            // The router (docs/math.md §9) as DeepSeek's released code computes it for each model
+            // type; the defaults are each type's.
+            const bool v3 = type == "deepseek_v3";
+            c.moe.scoring = cfg.text("scoring_func", v3 ? "sigmoid" : "softmax");
+            if (c.moe.scoring != "softmax" && c.moe.scoring != "sigmoid")
+                cfg.refuse("scoring_func", cfg.at("scoring_func").dump(), "\"softmax\" or \"sigmoid\"");
+            const std::string method = cfg.text("topk_method", v3 ? "noaux_tc" : "greedy");
+            if (method != "greedy" && method != "group_limited_greedy" && method != "noaux_tc")
+                cfg.refuse("topk_method", "\"" + method + "\"", "greedy, group_limited_greedy, noaux_tc");
+            c.moe.topk_method = method;
+            c.moe.groups = cfg.integer("n_group", 1, 64, 1);
+            c.moe.group_top_k = cfg.integer("topk_group", 1, 64, c.moe.groups);
+            if (method == "greedy" && (c.moe.groups != 1 || c.moe.group_top_k != 1)) {
+                // greedy ignores the groups: they limit nothing
+                c.moe.groups = c.moe.group_top_k = 1;
+            }
+            c.moe.routed_scaling = cfg.number("routed_scaling_factor", 1.0);
+            // DeepSeek-V2's code either renormalises (top_k > 1) or scales, never both.
+            if (!v3 && c.moe.norm_topk && c.moe.top_k > 1) c.moe.routed_scaling = 1.0;
+            if (cfg.has("aux_loss_alpha")) c.moe.aux_coef = cfg.number("aux_loss_alpha", c.moe.aux_coef);
+            // noaux_tc is trained aux-loss-free: the correction bias, moved by DeepSeek-V3's sign rule.
             c.moe.balance = method == "noaux_tc" ? "aux_free" : "aux_loss";
+            if (method == "noaux_tc") c.moe.bias_update = "sign", c.moe.bias_rate = 0.001;
             if (k >= c.n_layers) cfg.refuse("first_k_dense_replace", std::to_string(k), "fewer than num_hidden_layers");
             if (!c.moe.layers.parse(k == 0 ? "all" : std::to_string(k) + (k + 1 < c.n_layers ? "-" + std::to_string(c.n_layers - 1) : "")))
                 throw ConfigError("import: cannot express the MoE layers");
         }
     }
+    // DeepSeek-V3's multi-token prediction modules (num_nextn_predict_layers: the layers after
+    // the last decoder layer): model.mtp_depth when the files hold them, else none.
+    const int nextn = ds ? cfg.integer("num_nextn_predict_layers", 0, 64, 0) : 0;
     deck.data.seq_len = std::min(deck.data.seq_len, trained);
 
     // The tensors the files hold, from their headers alone (nothing large is read or allocated
@@ -467,10 +625,30 @@ void hf_import(const std::string& dir, const std::string& output) {
         by_name[e.name] = &e;
         last_layer = std::max(last_layer, layer_of(e.name));
     }
-    if (c.n_layers != last_layer + 1)
+    if (c.n_layers != last_layer + 1 && !(nextn > 0 && c.n_layers + nextn == last_layer + 1))
         cfg.refuse("num_hidden_layers", std::to_string(c.n_layers),
                    "the safetensors hold " + std::to_string(last_layer + 1) + " layers (model.layers.0 to " +
-                       std::to_string(last_layer) + ")");
+                       std::to_string(last_layer) + ")" +
+                       (nextn ? ", num_nextn_predict_layers = " + std::to_string(nextn) : std::string()));
+    if (nextn > 0 && c.n_layers + nextn == last_layer + 1) {
+        c.mtp_depth = nextn;
+    } else if (nextn > 0) {
+        std::printf("import: config.json names %d multi-token prediction layer(s), the files hold none: the model "
+                    "is imported without them (model.mtp_depth = 0)\n", nextn);
+    }
+    // The MTP layers' copies of the shared embedding and output head (DeepSeek-V3's layout) are
+    // not tensors of their own in quintet, which shares the model's: their shapes are checked,
+    // their values not read.
+    for (int k = 0; k < c.mtp_depth; ++k)
+        for (const char* copy : {"embed_tokens.weight", "shared_head.head.weight"}) {
+            const std::string name = "model.layers." + std::to_string(c.n_layers + k) + "." + copy;
+            auto it = by_name.find(name);
+            if (it == by_name.end()) continue;
+            if (it->second->rows != c.vocab_size || it->second->cols != c.d_model)
+                throw ConfigError("import: tensor " + name + " is [" + std::to_string(it->second->rows) + ", " +
+                                  std::to_string(it->second->cols) + "], not the shared [vocab_size, hidden_size]");
+            by_name.erase(it);
+        }
     const std::string embed = "model.embed_tokens.weight";
     if (!by_name.count(embed)) throw ConfigError("import: --input '" + dir + "' has no tensor " + embed);
     if (by_name[embed]->rows != c.vocab_size || by_name[embed]->cols != c.d_model)
@@ -562,6 +740,10 @@ void hf_import(const std::string& dir, const std::string& output) {
         if (reg.size() == 0) continue;
         writes.push_back({reg, r == int(Replicas::none) ? 0 : reg.lo});
     }
+    // Fresh AdamW moments (zeros), indexed like the arena.
+    OptimizerStateIo state;
+    state.exp_avg = state.exp_avg_sq = zeros.data();
+    state.ranges = writes;
     CheckpointMeta meta;
     meta.deck = deck_to_text(deck);
     meta.layout = "tp=1 cp=1 dp=1 pp=1 zero=0";
@@ -574,7 +756,7 @@ void hf_import(const std::string& dir, const std::string& output) {
     try {
         MpiCommunicator self(MPI_COMM_SELF, "self");
         const std::string written =
-            checkpoint_save(self, run_dir.string(), meta, table, params.data(), zeros.data(), zeros.data(), writes, 1);
+            checkpoint_save(self, run_dir.string(), meta, table, params.data(), writes, state, 1);
         fs::rename(written, output);
     } catch (...) {
         fs::remove_all(run_dir, ec);

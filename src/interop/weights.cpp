@@ -52,7 +52,7 @@ ExportModel export_model_read(const std::string& path, const Tokenizer& tok) {
     const ParamTable table = make_param_table(m.deck.model);
     checkpoint_inspect(path, table, /*with_optimizer=*/false);
     std::vector<float> arena(table.total);
-    checkpoint_load(path, table, arena.data(), nullptr, nullptr, {});
+    checkpoint_load(path, table, arena.data());
     for (const LogicalTensor& lt : table.logical) {
         const ParamSpec* s = table.find(lt.name);
         QUINTET_CHECK(s != nullptr, "tensor " + lt.name + " is not in the one-rank table");

@@ -9,12 +9,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <type_traits>
 #include <vector>
 
 #include "checkpoint_checksum.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/comm/mpi_communicator.hpp"
 #include "quintet/io/h5.hpp"
+#include "quintet/model/param_groups.hpp"
 #include "quintet/io/tokenizer_store.hpp"
 #include "quintet/tokenizer/tokenizer_spec.hpp"
 
@@ -74,6 +76,36 @@ void select_local(hid_t fspace, const ParamSpec& s, size_t a, size_t b) {
     add(r1, 0, c1 ? 1 : 0, c1);
 }
 
+// Which tensors a group of the file holds: /params every tensor; AdamW's moments the trainable
+// tensors but Muon's matrices; Muon's momentum those matrices.
+enum class Part { params, moments, momentum };
+template <typename T>
+bool in_part(Part p, const T& t, const OptimizerStateIo* st) {
+    if (p == Part::params) return true;
+    const bool trainable = [&] {
+        if constexpr (std::is_same_v<T, ParamSpec>) return t.trainable();
+        else return t.trainable;
+    }();
+    const bool muon = st && st->optimizer == "muon" && muon_takes(t);
+    return trainable && (p == Part::momentum ? muon : !muon);
+}
+
+// f(range, a, b) for every range of `ranges` (sorted, disjoint) overlapping [lo, hi): [a, b) the overlap.
+template <typename F>
+void for_each_overlap(const std::vector<ArenaRange>& ranges, size_t lo, size_t hi, F f) {
+    auto it = std::lower_bound(ranges.begin(), ranges.end(), lo,
+                               [](const ArenaRange& r, size_t v) { return r.arena.hi <= v; });
+    for (; it != ranges.end() && it->arena.lo < hi; ++it) {
+        const size_t a = std::max(lo, it->arena.lo), b = std::min(hi, it->arena.hi);
+        if (a < b) f(*it, a, b);
+    }
+}
+
+std::vector<ArenaRange> sorted(std::vector<ArenaRange> r) {
+    std::sort(r.begin(), r.end(), [](const ArenaRange& x, const ArenaRange& y) { return x.arena.lo < y.arena.lo; });
+    return r;
+}
+
 // The tensors with a row per token id: a weights-only load into a larger vocabulary (training
 // on an extended tokenizer, checkpoint.allow_tokenizer_change) reads the rows the file has.
 bool is_vocab_tensor(const std::string& name) {
@@ -109,34 +141,36 @@ void read_extended(hid_t ds, const std::string& path, const ParamSpec& s, hsize_
         for (hsize_t c = 0; c < cols; ++c) dst[(r - row0) * cols + c] = float(sum[c] / double(file_rows));
 }
 
-// Reads the local elements in `ranges` (all of the arena for params) of every shard held here.
-void read_group(hid_t file, const std::string& group, const ParamTable& table, float* data,
-                bool moments, const std::vector<ArenaRange>& ranges) {
+// Reads the local elements in `ranges` (all of the arena for params) of every shard of `part`
+// held here. A moment the file lacks is left as it is when `missing_ok`.
+void read_group(hid_t file, const std::string& group, const ParamTable& table, float* data, Part part,
+                const OptimizerStateIo* st, const std::vector<ArenaRange>& ranges, bool missing_ok = false) {
     for (const auto& s : table.specs) {
-        if (moments && !s.trainable()) continue;
-        for (const auto& w : ranges) {
-            const size_t a = std::max(w.arena.lo, s.offset), b = std::min(w.arena.hi, s.offset + s.numel());
-            if (a >= b) continue;
-            const std::string path = group + "/" + s.name;
+        if (!in_part(part, s, st)) continue;
+        const std::string path = group + "/" + s.name;
+        if (missing_ok && !h5::exists(file, path)) continue;
+        for_each_overlap(ranges, s.offset, s.offset + s.numel(), [&](const ArenaRange& w, size_t a, size_t b) {
             h5::Handle ds = h5::dataset(h5::check(H5Dopen2(file, path.c_str(), H5P_DEFAULT), "open " + path));
-            if (!moments && is_vocab_tensor(s.name) && a == s.offset && b == s.offset + s.numel()) {
+            if (part == Part::params && is_vocab_tensor(s.name) && a == s.offset && b == s.offset + s.numel()) {
                 const std::vector<hsize_t> shape = h5::dataset_shape(ds);
                 if (!shape.empty() && shape[0] < hsize_t(s.rows)) {
                     read_extended(ds, path, s, shape[0], data + a);
-                    continue;
+                    return;
                 }
             }
             h5::Handle fs = h5::space(h5::check(H5Dget_space(ds), "dataspace of " + path));
             select_local(fs, s, a - s.offset, b - s.offset);
             hsize_t n = b - a;
             h5::Handle ms = h5::space(h5::check(H5Screate_simple(1, &n, nullptr), "memory dataspace"));
-            float* dst = moments ? data + w.state_index + (a - w.arena.lo) : data + a;
+            float* dst = part != Part::params ? data + w.state_index + (a - w.arena.lo) : data + a;
             h5::check(H5Dread(ds, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, dst), "read " + path);
-        }
+        });
     }
 }
 
 }  // namespace
+
+bool OptimizerStateIo::muon_tensor(const LogicalTensor& t) const { return optimizer == "muon" && muon_takes(t); }
 
 std::string checkpoint_path(const std::string& run_dir, int64_t step) {
     return (fs::path(run_dir) / "checkpoints" / step_name(step)).string();
@@ -213,6 +247,7 @@ CheckpointMeta read_meta(hid_t file, const std::string& path) {
     meta.layout = h5::read_attr_string(file, "layout");
     if (h5::has_attr(file, "trained_context")) meta.trained_context = h5::read_attr_i64(file, "trained_context");
     if (h5::has_attr(file, "param_groups")) meta.param_groups = h5::read_attr_string(file, "param_groups");
+    if (h5::has_attr(file, "optimizer")) meta.optimizer = h5::read_attr_string(file, "optimizer");
     if (h5::has_attr(file, "data_blend")) meta.blend = h5::read_attr_string(file, "data_blend");
     meta.tokenizer = tokenizer_store_read(file, "tokenizer", "checkpoint '" + path + "'");
     const std::string window = std::string(kCheckpointStateGroup) + "/" + kCheckpointSpikeWindow;
@@ -239,10 +274,15 @@ CheckpointMeta checkpoint_read_meta(const std::string& path) {
 CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& table,
                                   bool with_optimizer) {
     h5::Handle file = open_checkpoint(path);
-    for (const char* group : {"/params/", "/optim/exp_avg/", "/optim/exp_avg_sq/"}) {
+    OptimizerStateIo theirs;  // the file's own optimizer decides which state it holds
+    if (h5::has_attr(file, "optimizer")) theirs.optimizer = h5::read_attr_string(file, "optimizer");
+    for (const char* group : {"/params/", "/optim/exp_avg/", "/optim/exp_avg_sq/", "/optim/momentum/"}) {
         if (!with_optimizer && group != std::string("/params/")) continue;
+        const Part part = group == std::string("/params/")          ? Part::params
+                          : group == std::string("/optim/momentum/") ? Part::momentum
+                                                                     : Part::moments;
         for (const auto& s : table.logical) {
-            if (!s.trainable && group != std::string("/params/")) continue;
+            if (!in_part(part, s, &theirs)) continue;
             std::string p = group + s.name;
             if (!h5::exists(file, p))
                 throw ConfigError("checkpoint '" + path + "': has no tensor " + p +
@@ -364,13 +404,22 @@ std::string checkpoint_newest_valid(const std::string& run_dir, const MpiCommuni
     return "";
 }
 
-void checkpoint_load(const std::string& path, const ParamTable& table, float* params,
-                     float* m, float* v, const std::vector<ArenaRange>& state) {
+void checkpoint_load(const std::string& path, const ParamTable& table, float* params, const OptimizerStateIo* st,
+                     bool missing_state_is_zero) {
     h5::silence_errors();
     h5::Handle file = h5::file(h5::check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "open " + path));
-    read_group(file, "/params", table, params, false, {ArenaRange{Range{0, table.total}, 0}});
-    if (m) read_group(file, "/optim/exp_avg", table, m, true, state);
-    if (v) read_group(file, "/optim/exp_avg_sq", table, v, true, state);
+    read_group(file, "/params", table, params, Part::params, st, {ArenaRange{Range{0, table.total}, 0}});
+    if (!st) return;
+    const std::vector<ArenaRange> ranges = sorted(st->ranges);
+    read_group(file, "/optim/exp_avg", table, st->exp_avg, Part::moments, st, ranges, missing_state_is_zero);
+    read_group(file, "/optim/exp_avg_sq", table, st->exp_avg_sq, Part::moments, st, ranges, missing_state_is_zero);
+    for (const auto& w : st->momentum) {
+        const LogicalTensor& lt = table.logical[w.logical];
+        const std::string p = "/optim/momentum/" + lt.name;
+        if (missing_state_is_zero && !h5::exists(file, p)) continue;
+        h5::Handle ds = h5::dataset(h5::check(H5Dopen2(file, p.c_str(), H5P_DEFAULT), "open " + p));
+        h5::check(H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, w.data), "read " + p);
+    }
 }
 
 std::string tokenizer_change(const CheckpointMeta& meta, const Tokenizer& data_tok) {

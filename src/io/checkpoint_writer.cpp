@@ -15,6 +15,7 @@
 #include "quintet/core/error.hpp"
 #include "quintet/io/h5.hpp"
 #include "quintet/io/tokenizer_store.hpp"
+#include "quintet/model/param_groups.hpp"
 
 namespace fs = std::filesystem;
 
@@ -63,16 +64,22 @@ std::vector<hsize_t> logical_shape(const LogicalTensor& lt) {
     return {hsize_t(lt.rows), hsize_t(lt.cols)};
 }
 
-constexpr const char* kGroups[3] = {"/params", "/optim/exp_avg", "/optim/exp_avg_sq"};
+// The groups of tensors, in file order: every tensor's parameters; AdamW's two moments of every
+// trainable tensor but, under Muon, the matrices Muon takes (model/param_groups.hpp muon_takes),
+// whose momentum is the last group (written only under Muon).
+enum Group { kParams, kExpAvg, kExpAvgSq, kMomentum, kNumGroups };
+constexpr const char* kGroups[kNumGroups] = {"/params", "/optim/exp_avg", "/optim/exp_avg_sq", "/optim/momentum"};
 
-// f(group index, logical tensor, dataset index) for every dataset of the three groups, in file order.
+// f(group, index in table.logical, logical tensor, dataset index) for every dataset, in file order.
 template <typename F>
-void for_each_dataset(const ParamTable& table, F f) {
+void for_each_dataset(const ParamTable& table, bool muon, F f) {
     size_t k = 0;
-    for (int g = 0; g < 3; ++g)
-        for (const auto& lt : table.logical) {
-            if (g > 0 && !lt.trainable) continue;
-            f(g, lt, k++);
+    for (int g = 0; g < kNumGroups; ++g)
+        for (size_t i = 0; i < table.logical.size(); ++i) {
+            const LogicalTensor& lt = table.logical[i];
+            const bool muons = muon && lt.trainable && muon_takes(lt);
+            if (g != kParams && (!lt.trainable || muons != (g == kMomentum))) continue;
+            f(g, i, lt, k++);
         }
 }
 
@@ -98,23 +105,33 @@ struct CheckpointWriter::Open {
 };
 
 CheckpointWriter::CheckpointWriter(const MpiCommunicator& comm, const std::string& run_dir, const CheckpointMeta& meta,
-                                   const ParamTable& table, std::vector<CheckpointSource> sources, int keep,
-                                   const std::string& metrics_tmp)
+                                   const ParamTable& table, std::vector<CheckpointSource> sources,
+                                   std::vector<CheckpointWhole> momentum, int keep, const std::string& metrics_tmp)
     : comm_(comm), run_dir_(run_dir), metrics_tmp_(metrics_tmp), step_(meta.step), keep_(keep),
       sources_(std::move(sources)) {
     const fs::path dir = fs::path(run_dir) / "checkpoints";
     final_path_ = (dir / step_name(meta.step)).string();
     tmp_path_ = final_path_ + ".tmp";
-    // What this rank writes: the part of its writer shard of every tensor inside its sources.
-    for_each_dataset(table, [&](int g, const LogicalTensor& lt, size_t k) {
+    const bool muon = meta.optimizer == "muon";
+    // What this rank writes: the part of its writer shard of every tensor inside its sources
+    // (the sources of that group's values), and the whole matrices whose momentum it keeps.
+    for_each_dataset(table, muon, [&](int g, size_t i, const LogicalTensor& lt, size_t k) {
         datasets_ = k + 1;
+        if (g == kMomentum) {
+            for (const CheckpointWhole& w : momentum)
+                if (w.logical == i) {
+                    pieces_.push_back({k, nullptr, 0, lt.numel(), w.data});
+                    bytes_ += lt.numel() * sizeof(float);
+                }
+            return;
+        }
         const ParamSpec* s = table.writer_spec(lt.name);
         if (!s) return;
         for (const CheckpointSource& src : sources_) {
+            const float* base = g == kParams ? src.params : g == kExpAvg ? src.exp_avg : src.exp_avg_sq;
+            if (!base) continue;
             const size_t a = std::max(src.arena.lo, s->offset), b = std::min(src.arena.hi, s->offset + s->numel());
             if (a >= b) continue;
-            const float* base = g == 0 ? src.params : g == 1 ? src.exp_avg : src.exp_avg_sq;
-            QUINTET_CHECK(base, "checkpoint source without moments for the trainable tensor " + lt.name);
             pieces_.push_back({k, s, a - s->offset, b - s->offset, base + (a - src.arena.lo)});
             bytes_ += (b - a) * sizeof(float);
         }
@@ -122,13 +139,15 @@ CheckpointWriter::CheckpointWriter(const MpiCommunicator& comm, const std::strin
     checksums_.assign(datasets_, 0);
     offsets_.assign(datasets_, 0);
     // Room for the file first (a clear error before anything is written): the tensors and the
-    // two moments of the trainable ones, in fp32, plus a margin for HDF5's metadata.
+    // optimizer state of the trainable ones (two moments, or Muon's momentum), in fp32, plus a
+    // margin for HDF5's metadata.
     char err[1024] = {0};
     if (comm.rank() == 0) {
         std::error_code ec;
         fs::create_directories(dir, ec);
         double need = 0;
-        for (const auto& lt : table.logical) need += double(lt.numel()) * 4 * (lt.trainable ? 3 : 1);
+        for (const auto& lt : table.logical)
+            need += double(lt.numel()) * 4 * (!lt.trainable ? 1 : muon && muon_takes(lt) ? 2 : 3);
         need = need * 1.02 + 65536 + 1024.0 * double(table.logical.size());
         need += double(meta.tokenizer.file.size() + 8 * meta.tokenizer.merges.size());  // the tokenizer group
         need += 8.0 * double(meta.spike_window.size());
@@ -179,17 +198,20 @@ void CheckpointWriter::create_file(const CheckpointMeta& meta, const ParamTable&
     h5::write_attr_string(file, "layout", meta.layout);
     h5::write_attr_i64(file, "trained_context", meta.trained_context);
     if (!meta.param_groups.empty()) h5::write_attr_string(file, "param_groups", meta.param_groups);
+    h5::write_attr_string(file, "optimizer", meta.optimizer);
     if (!meta.blend.empty()) h5::write_attr_string(file, "data_blend", meta.blend);
     if (!meta.tokenizer.empty()) tokenizer_store_write(file, "tokenizer", meta.tokenizer, true);
-    for (const char* g : {"/params", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq"})
-        h5::group(h5::check(H5Gcreate2(file, g, H5P_DEFAULT, h5::group_create_plist(), H5P_DEFAULT), g));
+    const bool muon = meta.optimizer == "muon";
+    for (const char* g : {"/params", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq", "/optim/momentum"})
+        if (muon || std::string(g) != "/optim/momentum")
+            h5::group(h5::check(H5Gcreate2(file, g, H5P_DEFAULT, h5::group_create_plist(), H5P_DEFAULT), g));
     // Contiguous storage allocated now and never filled by HDF5: the ranks write the bytes
     // themselves (phase 2), and the checksums go into the attributes created here (phase 3).
     h5::Handle dcpl = h5::dataset_create_plist();
     h5::check(H5Pset_layout(dcpl, H5D_CONTIGUOUS), "H5Pset_layout");
     h5::check(H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY), "H5Pset_alloc_time");
     h5::check(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER), "H5Pset_fill_time");
-    for_each_dataset(table, [&](int g, const LogicalTensor& lt, size_t k) {
+    for_each_dataset(table, muon, [&](int g, size_t, const LogicalTensor& lt, size_t k) {
         const std::string path = std::string(kGroups[g]) + "/" + lt.name;
         const auto shape = logical_shape(lt);
         h5::Handle sp = h5::space(
@@ -241,9 +263,11 @@ std::string CheckpointWriter::write(const std::atomic<bool>* cancel) noexcept {
                 break;
             }
             // A shard is a [lrows, lcols] block at (row0, col0) of the logical [rows, cols]
-            // tensor: whole rows are one run of the file, a column block one run per row.
-            const ParamSpec& s = *p.spec;
-            const size_t lc = size_t(s.lcols), cols = size_t(s.cols);
+            // tensor: whole rows are one run of the file, a column block one run per row. A
+            // whole tensor (no spec) is one run.
+            const ParamSpec whole{};
+            const ParamSpec& s = p.spec ? *p.spec : whole;
+            const size_t lc = p.spec ? size_t(s.lcols) : p.b, cols = p.spec ? size_t(s.cols) : p.b;
             uint64_t sum = 0;
             for (size_t j = p.a; j < p.b && why.empty();) {
                 if (cancelled()) {
@@ -357,13 +381,18 @@ void CheckpointWriter::discard() noexcept {
     }
 }
 
-std::string checkpoint_save(const MpiCommunicator& comm, const std::string& run_dir, const CheckpointMeta& meta,
-                            const ParamTable& table, const float* params, const float* m, const float* v,
-                            const std::vector<ArenaRange>& writes, int keep) {
+std::string checkpoint_save(const MpiCommunicator& comm, const std::string& run_dir, const CheckpointMeta& meta_in,
+                            const ParamTable& table, const float* params, const std::vector<ArenaRange>& writes,
+                            const OptimizerStateIo& state, int keep) {
+    CheckpointMeta meta = meta_in;
+    meta.optimizer = state.optimizer;
     std::vector<CheckpointSource> sources;
-    for (const ArenaRange& w : writes)
-        sources.push_back({w.arena, params + w.arena.lo, m ? m + w.state_index : nullptr, v ? v + w.state_index : nullptr});
-    CheckpointWriter writer(comm, run_dir, meta, table, std::move(sources), keep);
+    for (const ArenaRange& w : writes) sources.push_back({w.arena, params + w.arena.lo});
+    for (const ArenaRange& r : state.ranges)
+        sources.push_back({r.arena, nullptr, state.exp_avg + r.state_index, state.exp_avg_sq + r.state_index});
+    std::vector<CheckpointWhole> momentum;
+    for (const auto& w : state.momentum) momentum.push_back({w.logical, w.data});
+    CheckpointWriter writer(comm, run_dir, meta, table, std::move(sources), std::move(momentum), keep);
     return writer.commit(writer.write());
 }
 

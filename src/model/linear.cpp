@@ -53,7 +53,9 @@ void LinearContext::set_bf16_weights(const float* master, const bf16_bits* shado
 
 void LinearContext::mm(const char* role, bool ta, bool tb, int M, int Nn, int K, Mat A, int lda, Mat Bm, int ldb,
                        float beta, float* Cm, int ldc, float alpha) {
-    profile::Scope scope(profile::enabled() ? std::string(role) + (ta ? ".dw" : tb ? ".fwd" : ".dx") : std::string());
+    static constexpr const char *kDw = ".dw", *kFwd = ".fwd", *kDx = ".dx";
+    profile::Scope scope(profile::enabled() || trace::recording() ? profile::joined_name(role, ta ? kDw : tb ? kFwd : kDx)
+                                                                  : "");
     if (bf16_) be.gemm_bf16(ta, tb, M, Nn, K, alpha, A.b, lda, Bm.b, ldb, beta, Cm, ldc);
     else be.gemm(ta, tb, M, Nn, K, alpha, A.f, lda, Bm.f, ldb, beta, Cm, ldc);
 }

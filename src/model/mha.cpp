@@ -38,7 +38,8 @@ public:
                "gemm.attn_qkv"),
           o_(ctx.lin, t, o_decl(ctx.d, size_t(ctx.N), ctx.recompute), prefix(layer) + "o_proj.weight", "gemm.attn_out"),
           scale_(float(ctx.attn_mult * (1.0 / std::sqrt(double(HD_))))),
-          // MHA/GQA rotate every q/k dim, so YaRN's mscale^2 on the logits = mscale on cos and sin.
+          // MHA/GQA rotate every q/k dim, so YaRN's logit factor m(mscale)^2 (mscale_all_dim
+          // cancels: docs/math.md §4.4) is m(mscale) on cos and sin.
           rope_(c_.rope_table(HD_, rope_mscale(c_.rope))), datt_(c_.shared()[kDatt]), lse_scratch_(c_.shared()[kLse]) {
         if (c_.recompute == Recompute::selective) lse_ws_ = c_.shared()[kRecomputedLse];
     }

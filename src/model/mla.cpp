@@ -69,10 +69,10 @@ MlaAttention::MlaAttention(BlockContext& ctx, const ModelConfig& m, const ParamT
     }
     latent_ = key_rows(ctx) != size_t(ctx.N);
     R_ = int(key_rows(ctx));
-    // RoPE on the rope dims only; YaRN's mscale² multiplies the softmax scale (cos/sin plain).
-    rope_ = c_.rope_table(s_.dr, 1.0);
-    const double ms = rope_mscale(c_.rope);
-    scale_ = float(c_.attn_mult * (ms * ms / std::sqrt(double(s_.Dqk()))));
+    // RoPE on the rope dims only; YaRN as DeepSeek applies it (docs/math.md §4.4): cos/sin times
+    // m(mscale) / m(mscale_all_dim), the softmax scale times m(mscale_all_dim)^2.
+    rope_ = c_.rope_table(s_.dr, rope_table_factor(c_.rope));
+    scale_ = float(c_.attn_mult * (rope_softmax_factor(c_.rope) / std::sqrt(double(s_.Dqk()))));
     const BufferViews& sh = c_.shared();
     kr_ = sh[kKr], kvb_ = sh[kKvb], stage_ = sh[kStage], datt_ = sh[kDatt];
     dq_ = sh[kDq], dk_ = sh[kDk], dv_ = sh[kDv], dkr_ = sh[kDkr], dc_ = sh[kDc], dcn_ = sh[kDcn];

@@ -3,7 +3,8 @@
 //     q      = q_b(RMSNorm(q_a(x)))  (or q_proj(x))          per head [q_nope | q_rope]
 //     [c|kr] = kv_a_proj_with_mqa(x)                          c: the latent, kr: one shared k_rope
 //     [kn|v] = kv_b(RMSNorm(c))                               per head
-//     key    = [kn | RoPE(kr)], query = [q_nope | RoPE(q_rope)], scale 1/sqrt(nope+rope) * mscale²
+//     key    = [kn | RoPE(kr)], query = [q_nope | RoPE(q_rope)], scale 1/sqrt(nope+rope) * m(mscale_all_dim)²,
+//              cos/sin times m(mscale)/m(mscale_all_dim) (YaRN, docs/math.md §4.4)
 // Training materialises per-head K and V and runs the general attention operation with
 // Dqk = nope + rope and Dv = v_head_dim (model/mla.cpp). Generation caches only
 // [RMSNorm(c) | RoPE(kr)] per token and absorbs kv_b into the query and the output

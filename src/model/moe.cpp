@@ -305,7 +305,11 @@ private:
 
 }  // namespace
 
-bool moe_layer(const ModelConfig& m, int layer) { return m.moe.experts > 0 && m.moe.layers.contains(layer); }
+// An MTP module's layer (index >= n_layers) has the last decoder layer's feed-forward kind.
+bool moe_layer(const ModelConfig& m, int layer) {
+    if (layer >= m.n_layers) return moe_layer(m, m.n_layers - 1);
+    return m.moe.experts > 0 && m.moe.layers.contains(layer);
+}
 
 void moe_add_params(const ModelConfig& m, ParamBuilder& b, int layer) {
     const ModelDims& d = b.dims();

@@ -6,8 +6,21 @@
 
 namespace quintet {
 
+MoeRouteRule moe_route_rule(const MoeConfig& moe) {
+    MoeRouteRule r;
+    r.sigmoid = moe.scoring == "sigmoid";
+    r.method = moe.topk_method == "noaux_tc"               ? MoeRouteRule::group_top2
+               : moe.topk_method == "group_limited_greedy" ? MoeRouteRule::group_max
+                                                           : MoeRouteRule::greedy;
+    r.groups = moe.groups;
+    r.group_top_k = moe.group_top_k;
+    r.norm = moe.norm_topk;
+    r.scale = float(moe.routed_scaling);
+    return r;
+}
+
 MoeRouter::MoeRouter(Backend& be, const MoeConfig& moe, int rows)
-    : be_(be), E_(moe.experts), k_(moe.top_k), rows_(rows), norm_(moe.norm_topk) {
+    : be_(be), E_(moe.experts), k_(moe.top_k), rows_(rows), rule_(moe_route_rule(moe)) {
     host_probs_.resize(size_t(rows) * E_);
     psum_.resize(size_t(E_));
 }
@@ -19,15 +32,23 @@ void MoeRouter::init(MoeRouting& r) const {
 }
 
 void MoeRouter::route(MoeRouting& r, const float* logits, const float* bias) {
-    be_.moe_route(r.probs, r.expert, r.weight, logits, bias, rows_, E_, k_, norm_);
+    be_.moe_route(r.probs, r.expert, r.weight, logits, bias, rows_, E_, k_, rule_);
 }
 
 void MoeRouter::balance_stats(const MoeRouting& r, float* out) {
     const int Nr = rows_;
     be_.to_host(host_probs_.data(), r.probs, host_probs_.size());
     std::fill(psum_.begin(), psum_.end(), 0.0);
-    for (int t = 0; t < Nr; ++t)
-        for (int e = 0; e < E_; ++e) psum_[size_t(e)] += host_probs_[size_t(t) * E_ + e];
+    for (int t = 0; t < Nr; ++t) {
+        const float* p = host_probs_.data() + size_t(t) * E_;
+        if (rule_.sigmoid) {  // the scores normalised to sum 1, as the kernel's backward assumes
+            float sum = 0.0f;
+            for (int e = 0; e < E_; ++e) sum += p[e];
+            for (int e = 0; e < E_; ++e) psum_[size_t(e)] += p[e] / sum;
+        } else {
+            for (int e = 0; e < E_; ++e) psum_[size_t(e)] += p[e];
+        }
+    }
     for (int e = 0; e < E_; ++e) {
         out[e] = float(r.routed[size_t(e)]);
         out[E_ + e] = float(psum_[size_t(e)]);
@@ -47,7 +68,7 @@ double MoeRouter::balance_loss(const float* st, double coef, float* daux) const 
 }
 
 void MoeRouter::backward(float* dlogits, const float* dweight, const MoeRouting& r, const float* daux) const {
-    be_.moe_route_backward(dlogits, dweight, r.probs, r.expert, r.weight, daux, rows_, E_, k_, norm_);
+    be_.moe_route_backward(dlogits, dweight, r.probs, r.expert, r.weight, daux, rows_, E_, k_, rule_);
 }
 
 void MoeRouter::update_bias(float* bias, const double* load, int E, double rate, bool proportional) {

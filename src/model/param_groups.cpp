@@ -48,6 +48,23 @@ ParamGroup param_group(const ParamSpec& s) {
     return ParamGroup::hidden;
 }
 
+ParamGroup param_group(const LogicalTensor& t) {
+    ParamSpec s;
+    s.name = t.name, s.rows = t.rows, s.cols = t.cols, s.ndim = t.ndim;
+    if (!t.trainable) s.replicas = Replicas::none;
+    return param_group(s);
+}
+
+bool muon_takes(const ParamSpec& s) {
+    const ParamGroup g = param_group(s);
+    return s.ndim == 2 && (g == ParamGroup::hidden || g == ParamGroup::expert);
+}
+
+bool muon_takes(const LogicalTensor& t) {
+    const ParamGroup g = param_group(t);
+    return t.ndim == 2 && (g == ParamGroup::hidden || g == ParamGroup::expert);
+}
+
 TensorRule tensor_rule(const ParamSpec& s, const ModelConfig& m, const InitConfig& init, const GroupOverrides& over) {
     TensorRule r;
     r.group = param_group(s);

@@ -32,6 +32,7 @@ ModelDims model_dims(const ModelConfig& m, int tp, int tp_rank) {
     d.Dqk = mla ? m.qk_nope_dim + m.qk_rope_dim : d.HD;
     d.Dv = mla ? m.v_head_dim : d.HD;
     d.F = m.ffn_width();
+    d.mtp = m.mtp_depth;
     d.tied = m.tie_embeddings;
     d.tp = tp;
     d.tp_rank = tp_rank;
@@ -102,6 +103,7 @@ ParamBuilder::ParamBuilder(const ModelDims& d, const ShardPlan& plan) : d_(d), p
 bool ParamBuilder::holds_layer(int layer) const {
     for (const auto& c : plan_.chunks)
         if (layer >= c.layer_begin && layer < c.layer_end) return true;
+        else if (layer >= d_.L && c.last) return true;  // the MTP modules live with the head
     return false;
 }
 
@@ -244,7 +246,7 @@ ZeroLayout zero_layout(const ParamTable& table, const int group_size[kNumRegions
 // ---- the model's tensors ---------------------------------------------------------------------
 
 double model_flops_per_token(const ParamTable& table, const ModelDims& d, int T) {
-    return 6.0 * double(table.matmul_params) + 6.0 * d.L * double(T) * d.NH * double(d.Dqk + d.Dv);
+    return 6.0 * double(table.matmul_params) + 6.0 * (d.L + d.mtp) * double(T) * d.NH * double(d.Dqk + d.Dv);
 }
 
 ParamTable make_param_table(const ModelConfig& m) { return make_param_table(m, whole_model_plan(m)); }
@@ -272,7 +274,9 @@ ParamTable make_param_table(const ModelConfig& m, const ShardPlan& plan) {
     // unless one stage holds both ends (zbv's V), which needs no copy.
     ParamSpec emb = ParamBuilder::row_shard("model.embed_tokens.weight", d.V, d.C, d.Vl(), d.v0,
                                             InitRule::embedding);
-    if (d.tied && plan.pp > 1 && !(holds_first && holds_last)) emb.sync = GradSync::tied;
+    // The MTP modules read the embedding too (docs/math.md §11): the same second copy.
+    const bool second_copy = (d.tied || d.mtp > 0) && plan.pp > 1 && !(holds_first && holds_last);
+    if (second_copy) emb.sync = GradSync::tied;
     b.begin_unit("embed");
     b.add(emb, holds_first, false);
     for (int l = 0; l < d.L; ++l) {
@@ -283,6 +287,25 @@ ParamTable make_param_table(const ModelConfig& m, const ShardPlan& plan) {
         attention_add_params(m, b, l);
         norm(p + "post_attention_layernorm.weight", held);
         feed_forward_add_params(m, b, l);
+    }
+    // The MTP modules (DeepSeek-V3's names): module k is layer L+k-1 -- RMSNorms of the embedding
+    // and of the previous depth's hidden state, the projection of their concatenation 2C -> C,
+    // a decoder layer of the model's kinds, and the norm before the shared head.
+    for (int k = 0; k < d.mtp; ++k) {
+        const int l = d.L + k;
+        const std::string p = "model.layers." + std::to_string(l) + ".";
+        b.begin_unit("layers." + std::to_string(l));
+        norm(p + "enorm.weight", holds_last);
+        norm(p + "hnorm.weight", holds_last);
+        ParamSpec eh = ParamBuilder::whole(p + "eh_proj.weight", d.C, 2 * d.C, InitRule::normal);
+        eh.sync = norm_sync;  // whole on every tp rank, on its own rows under SP
+        eh.writer = tp0;
+        b.add(eh, holds_last, true);
+        norm(p + "input_layernorm.weight", holds_last);
+        attention_add_params(m, b, l);
+        norm(p + "post_attention_layernorm.weight", holds_last);
+        feed_forward_add_params(m, b, l);
+        norm(p + "shared_head.norm.weight", holds_last);
     }
     // The final norm and the head are units of their own: under tensor parallelism the head's
     // vocabulary slice differs in size between ranks, the norm's gradient is completed over tp.
@@ -298,8 +321,15 @@ ParamTable make_param_table(const ModelConfig& m, const ShardPlan& plan) {
         second.writer = false;
         if (holds_last && !holds_first) b.add(second, true, false);
     }
+    if (!d.tied && d.mtp > 0 && second_copy && holds_last) {  // the MTP modules' embedding
+        ParamSpec second = emb;
+        second.writer = false;
+        b.add(second, true, false);
+    }
     ParamTable t = b.finish();
     if (d.tied) t.matmul_params += size_t(d.V) * d.C;
+    // Each MTP module's logits multiply every token by the shared head once more.
+    t.matmul_params += size_t(d.mtp) * size_t(d.V) * d.C;
     return t;
 }
 

@@ -27,9 +27,21 @@ std::vector<double> rope_inv_freq(const RopeConfig& rope, int d, int seq_len) {
     return inv;
 }
 
+double yarn_mscale(double s, double c) { return s <= 1.0 ? 1.0 : 0.1 * c * std::log(s) + 1.0; }
+
 double rope_mscale(const RopeConfig& rope) {
-    if (rope.scaling != "yarn" || rope.factor <= 1.0) return 1.0;
-    return 0.1 * std::log(rope.factor) + 1.0;
+    return rope.scaling != "yarn" ? 1.0 : yarn_mscale(rope.factor, rope.mscale);
+}
+
+double rope_table_factor(const RopeConfig& rope) {
+    if (rope.scaling != "yarn") return 1.0;
+    return yarn_mscale(rope.factor, rope.mscale) / yarn_mscale(rope.factor, rope.mscale_all_dim);
+}
+
+double rope_softmax_factor(const RopeConfig& rope) {
+    if (rope.scaling != "yarn") return 1.0;
+    const double m = yarn_mscale(rope.factor, rope.mscale_all_dim);
+    return m * m;
 }
 
 void rope_tables(std::vector<float>& cos, std::vector<float>& sin, int T,

@@ -4,6 +4,7 @@
 
 #include "quintet/core/error.hpp"
 #include "quintet/model/rms_norm.hpp"
+#include "mtp.hpp"
 
 namespace quintet {
 
@@ -15,7 +16,10 @@ constexpr ActBuf kFinalX{"final.x"};
 constexpr I32Buf kIds{"ids"}, kPosAll{"pos_all"}, kRopePos{"rope_pos"}, kDocAll{"doc_all"}, kTargets{"targets"};
 constexpr F32Buf kRstd1{"norm.rstd1"}, kH{"norm.h"}, kRstd2{"norm.rstd2"};
 constexpr ActBuf kXn1{"norm.xn1"}, kXn2{"norm.xn2"};
+constexpr F32Buf kMtpH0{"mtp.h0"};
 std::string res_name(int i) { return "res." + std::to_string(i); }
+
+}  // namespace
 
 LayerSaved layer_saved(const BufferViews& v) {
     LayerSaved l;
@@ -26,7 +30,14 @@ LayerSaved layer_saved(const BufferViews& v) {
     l.xn2 = v[kXn2];
     return l;
 }
-}  // namespace
+
+void declare_layer_norms(BufferDecl& layer, size_t Nr, size_t C) {
+    layer.per_slot(kRstd1, Nr);
+    layer.per_slot(kXn1, Nr * C);
+    layer.per_slot(kH, Nr * C);
+    layer.per_slot(kRstd2, Nr);
+    layer.per_slot(kXn2, Nr * C);
+}
 
 size_t ChunkBuffers::largest_layer_bytes() const {
     size_t b = 0;
@@ -36,6 +47,7 @@ size_t ChunkBuffers::largest_layer_bytes() const {
 
 size_t ChunkBuffers::slot_bytes() const {
     size_t b = layout_bytes(own, bf16);
+    for (size_t k = 0; k < mtp.size(); ++k) b += mtp_bytes(k);
     if (!full_recompute)
         for (size_t i = 0; i < layer.size(); ++i) b += layer_bytes(i);
     for (size_t i = 0; i < layer.size(); ++i) b += deferred_bytes(i);
@@ -83,13 +95,7 @@ ChunkBuffers chunk_buffers(const ModelConfig& m, const ModelDims& d, const Chunk
         // keep a run of B-only buffers (buffers.hpp, place_deferred) within one block, whose
         // backward has read all of it before anything is written there.
         for (const BufferDecl* b : {&attn, &ffn}) {
-            if (b == &ffn) {
-                layer.per_slot(kRstd1, Nr);
-                layer.per_slot(kXn1, Nr * C);
-                layer.per_slot(kH, Nr * C);
-                layer.per_slot(kRstd2, Nr);
-                layer.per_slot(kXn2, Nr * C);
-            }
+            if (b == &ffn) declare_layer_norms(layer, Nr, C);
             layer.saved.insert(layer.saved.end(), b->saved.begin(), b->saved.end());
             if (s.split_bw) deferred.deferred.insert(deferred.deferred.end(), b->deferred.begin(), b->deferred.end());
             else merge_shared(shared.shared, b->deferred, s.bf16);
@@ -119,6 +125,23 @@ ChunkBuffers chunk_buffers(const ModelConfig& m, const ModelDims& d, const Chunk
         else rest = deferred.deferred;
         cb.deferred.push_back(std::move(rest));
         cb.placed.push_back(std::move(placed));
+    }
+    if (plan.last && m.mtp_depth > 0) {
+        own.saved.clear();
+        own.per_slot(kMtpH0, Nr * C);
+        cb.own.insert(cb.own.end(), own.saved.begin(), own.saved.end());
+        for (int k = 0; k < m.mtp_depth; ++k) {
+            BufferDecl mod;
+            mtp_declare_buffers(m, d, s, m.n_layers + k, mod);
+            cb.mtp.push_back(mod.saved);
+            merge_shared(shared.shared, mod.shared, s.bf16);
+            merge_shared(shared.shared, mod.deferred, s.bf16);
+            shared.operands(mod.operand);
+            cb.ring_kv = std::max(cb.ring_kv, mod.ring_kv);
+            cb.ring_out = std::max(cb.ring_out, mod.ring_out);
+            cb.ring_lse = std::max(cb.ring_lse, mod.ring_lse);
+            cb.exchange = std::max(cb.exchange, mod.exchange);
+        }
     }
     if (cb.full_recompute && nl > 0) cb.workspace_own.push_back({std::string(kRecomputeOut.name), Nr * C, Elem::f32, false, {}});
     if (s.bf16) shared.scratch(Bf16Buf{"ctx.lowp"}, shared.operand);
@@ -196,6 +219,13 @@ SlotStore::Added SlotStore::add_slot() {
         s.dout = own[kDout];
     }
     s.dres = own[kDres];
+    if (!buffers_.mtp.empty()) {
+        s.mtp_h0 = own[kMtpH0];
+        for (size_t k = 0; k < buffers_.mtp.size(); ++k) {
+            s.mtp.emplace_back(buffers_.mtp[k], at, bf16);
+            at += buffers_.mtp_bytes(k);
+        }
+    }
     if (plan_.first) s.ids = own[kIds];
     // Positions: each row's index in its sample (for every cp rank's rows), the same for RoPE;
     // documents (when masked) are set per microbatch.

@@ -38,7 +38,7 @@ ModelChunk::ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope
       plan_(plan),
       store_(be, chunk_buffers(m, ctx_.d, plan, buffer_shape(lin_, ctx_, opt), opt.document_mask),
              TokenLayout{B, T, ctx_.T, opt.cp, opt.document_mask, opt.document_positions, opt.eos_id}, plan),
-      documents_(opt.document_mask), units_(opt.units) {
+      documents_(opt.document_mask), units_(opt.units), seq_(T) {
     ctx_.ep = opt.ep;
     ctx_.attn_mult = m.attn_mult;
     lin_.bind(store_.shared(), store_.buffers().operand);
@@ -72,6 +72,7 @@ ModelChunk::ModelChunk(Backend& be, const ModelConfig& m, const RopeConfig& rope
         head_unit_ = unit_of(head);
         QUINTET_CHECK(!(units_ && head_is_local_embedding_ && !plan_.first),
                       "ZeRO >= 2 with a head tied to an embedding in another chunk of this rank");
+        if (m.mtp_depth > 0) mtp_build(m, table, opt.mtp_weight);
     }
     losses_.resize(size_t(ctx_.N));
 }
@@ -99,6 +100,7 @@ int ModelChunk::add_slot() {
         }
     }
     if (final_norm_ && lin_.split_bw) final_norm_->add_w_slot(s.dxf);
+    if (!mtp_.empty()) mtp_add_slot(s);
     return a.index;
 }
 
@@ -158,6 +160,9 @@ double ModelChunk::loss(Slot& s, const float* params, float grad_scale, bool nee
     {
         UnitScope n(units_, lin_, norm_unit_, params, nullptr, true);
         final_norm_->forward(s.xf, lin_.full_a, s.rstd_f, s.res.back(), n.params, ctx_.Nr);
+        // The first MTP module's input: the final norm's output in fp32 (in bf16 the staging).
+        if (!mtp_.empty() && need_grad)
+            be_.copy(s.mtp_h0, lin_.bf16() ? lin_.full_a : s.xf.f, size_t(ctx_.Nr) * ctx_.d.C);
         UnitScope h(units_, lin_, head_unit_, params, nullptr, true);
         head_->forward(s.xf, s.logits, h.params);
     }
@@ -183,24 +188,34 @@ double ModelChunk::forward(int si, const float* params, const int32_t* ids, cons
     }
     run_layers(si, params, nullptr);
     if (!plan_.last) return 0.0;
-    return loss(s, params, grad_scale, need_grad);
+    const double ce = loss(s, params, grad_scale, need_grad);
+    if (!mtp_.empty()) {
+        if (need_grad) mtp_forward(si, params, targets, grad_scale);
+        else mtp_sums_[size_t(si)] = 0.0;  // evaluation: the main loss only
+    }
+    return ce;
 }
 
 double ModelChunk::aux_loss(int si) const {
     double a = 0.0;
     for (const auto& l : layers_) a += l.ffn->aux_loss(store_.block_slot(si));
+    for (const auto& md : mtp_) a += md.block.ffn->aux_loss(si);
     return a;
 }
 
 int ModelChunk::moe_experts() const {
     int e = 0;
     for (const auto& l : layers_) e = std::max(e, l.ffn->experts());
+    for (const auto& md : mtp_) e = std::max(e, md.block.ffn->experts());
     return e;
 }
 
+// The MTP modules' MoE layers count as layers n_layers + k.
 void ModelChunk::take_moe_counts(MoeCounts& counts) {
     for (size_t i = 0; i < layers_.size(); ++i)
         if (layers_[i].ffn->experts() > 0) layers_[i].ffn->take_counts(counts, plan_.layer_begin + int(i));
+    for (size_t k = 0; k < mtp_.size(); ++k)
+        if (mtp_[k].block.ffn->experts() > 0) mtp_[k].block.ffn->take_counts(counts, ctx_.d.L + int(k));
 }
 
 void ModelChunk::update_balance_bias(float* params, const MoeCounts& step) {
@@ -208,6 +223,8 @@ void ModelChunk::update_balance_bias(float* params, const MoeCounts& step) {
         if (layers_[i].ffn->experts() > 0)
             layers_[i].ffn->update_bias(units_ ? units_->buffers(layers_[i].unit) : params, step,
                                         plan_.layer_begin + int(i));
+    for (size_t k = 0; k < mtp_.size(); ++k)
+        if (mtp_[k].block.ffn->experts() > 0) mtp_[k].block.ffn->update_bias(params, step, ctx_.d.L + int(k));
 }
 
 void ModelChunk::backward(int si, const float* params, float* grads, GradReadyHook* hook) {
@@ -251,6 +268,7 @@ void ModelChunk::backward_pass(int si, const float* params, float* grads, Pass p
         // W the values B used are gone again, so once more (under ZeRO-3 with its parameters
         // gathered again), and W needs the parameters no further.
         if (full_recompute) {
+            trace::Span recompute(trace::Track::compute, "recompute");
             ctx_.recomputing = true;
             forward_layer(size_t(i), si, u.params, s.res[size_t(i)], store_.recompute_out(), nullptr);
             ctx_.recomputing = false;
@@ -301,10 +319,17 @@ void ModelChunk::head_backward(int si, const float* params, float* grads, Pass p
     if (pass != Pass::input) n.reduce_at_end();
     float* Gh = pass != Pass::input && head_here ? h.grads() : nullptr;
     const float* dxf = nullptr;
+    // The MTP modules first (whole passes only: mtp_build): their gradient into the final norm's
+    // output joins the head's.
+    float* dh0 = mtp_.empty() ? nullptr : mtp_backward(si, params, grads);
     if (pass == Pass::weight) {
         if (Gh) head_->backward_weight(s.logits, s.xf, Gh);
     } else {
         dxf = head_->backward(s.logits, s.xf, h.params, Gh);
+        if (dh0) {
+            be_.add_inplace(dh0, dxf, size_t(Nr) * ctx_.d.C);
+            dxf = dh0;
+        }
     }
     if (pass != Pass::input && !head_is_local_embedding_) lin_.done(Gh + head_->offset(), head_->numel());
     if (pass == Pass::weight) {

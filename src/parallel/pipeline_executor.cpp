@@ -1,5 +1,6 @@
 #include "quintet/core/profile.hpp"
 #include "quintet/core/clock.hpp"
+#include "quintet/core/trace.hpp"
 #include "quintet/parallel/pipeline_executor.hpp"
 
 #include <algorithm>
@@ -118,8 +119,10 @@ PipelineExecutor::Result PipelineExecutor::run(const float* params, float* grads
         case Op::forward: {
             if (slot < 0) slot = acquire_slot(a.chunk);
             if (chunk.needs_tokens()) data(a.microbatch, ids_.data(), tgt_.data());
+            trace::Span span(trace::Track::compute, "forward", a.microbatch, a.chunk);
             res.ce_sum += chunk.forward(slot, params, ids_.data(), tgt_.data(), grad_scale, true);
             res.aux_sum += chunk.aux_loss(slot);
+            res.mtp_sum += chunk.mtp_loss(slot);
             break;
         }
         case Op::send_fwd:
@@ -139,9 +142,11 @@ PipelineExecutor::Result PipelineExecutor::run(const float* params, float* grads
             break;
         }
         case Op::backward:
-        case Op::backward_weight:
+        case Op::backward_weight: {
             // The chunk's last backward (or W) of the step finalises its gradients: the hook may
             // start their data-parallel reduction while the backward goes on.
+            trace::Span span(trace::Track::compute, a.op == Op::backward ? "backward" : "backward W", a.microbatch,
+                             a.chunk);
             if (a.op == Op::backward)
                 chunk.backward(slot, params, grads, --backwards_left_[size_t(a.chunk)] == 0 ? last_hook : nullptr);
             else
@@ -150,9 +155,12 @@ PipelineExecutor::Result PipelineExecutor::run(const float* params, float* grads
             free_slots_[size_t(a.chunk)].push_back(slot);  // reused only after its sends complete
             --in_flight_[size_t(a.chunk)];
             break;
-        case Op::backward_input:  // the slot stays: W reads it later
+        }
+        case Op::backward_input: {  // the slot stays: W reads it later
+            trace::Span span(trace::Track::compute, "backward B", a.microbatch, a.chunk);
             chunk.backward_input(slot, params);
             break;
+        }
         }
     }
     for (auto& per_chunk : pending_)

@@ -23,6 +23,10 @@ MemoryBytes gpu_memory(const GpuMemoryInput& in) {
     const double per = (in.bf16 ? 4 : 0) + 8;
     const double state = in.zero ? std::ceil(Pd / in.dense_group) + std::ceil(Pe / in.expert_group) : Pd + Pe;
     m.optimizer = per * state;
+    // Muon keeps one fp32 momentum for its matrices instead of AdamW's two moments (its share of
+    // the shard under ZeRO; the exchange's staging is left out).
+    const double Md = in.muon.r[size_t(int(Replicas::dense))], Me = in.muon.r[size_t(int(Replicas::expert))];
+    m.optimizer -= 4 * (in.zero ? Md / in.dense_group + Me / in.expert_group : Md + Me);
     if (in.zero >= 2) {  // the fp32 gradient slices and two unit windows (train/zero_state)
         const double shard = Pd / in.dense_group + Pe / in.expert_group;
         m.grads = shard * 4 + 2 * in.largest_unit * 4;

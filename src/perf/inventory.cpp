@@ -4,6 +4,7 @@
 #include <cmath>
 #include <mutex>
 
+#include "quintet/model/param_groups.hpp"
 #include "quintet/parallel/pipeline_schedule.hpp"
 
 namespace quintet {
@@ -16,6 +17,7 @@ ModelConfig small_model(const ModelConfig& m, int* dense_layer, int* moe_layer_i
     bool any_dense = false, any_moe = false;
     for (int l = 0; l < m.n_layers; ++l) (moe_layer(m, l) ? any_moe : any_dense) = true;
     ModelConfig s = m;
+    s.mtp_depth = 0;  // the MTP module is read on its own (ModelInventory::mtp)
     *dense_layer = *moe_layer_index = -1;
     if (any_dense && any_moe) {
         s.n_layers = 2;
@@ -45,12 +47,12 @@ GemmRows rows_of(const std::string& name) {
 // One layer of each kind, the embedding, the final norm and the head, read off the small
 // model's parameter table for this rank.
 struct Parts {
-    LayerKind dense, moe;
+    LayerKind dense, moe, mtp;
     RegionFloats embed, final_norm, head;
     double head_active = 0;
 };
 
-Parts read_parts(const ModelConfig& s, int dl, int ml, int tp, int ep, bool sequence_parallel) {
+Parts read_parts(const ModelConfig& s, int dl, int ml, int tp, int ep, bool sequence_parallel, int mtp_layer = -1) {
     ShardPlan plan;
     plan.tp = tp;
     plan.sequence_parallel = sequence_parallel;
@@ -61,6 +63,7 @@ Parts read_parts(const ModelConfig& s, int dl, int ml, int tp, int ep, bool sequ
     Parts p;
     p.dense.present = dl >= 0, p.moe.present = ml >= 0;
     const std::string pd = "model.layers." + std::to_string(dl) + ".", pm = "model.layers." + std::to_string(ml) + ".";
+    const std::string pt = "model.layers." + std::to_string(mtp_layer) + ".";
     double matmul_logical = 0;
     for (const ParamSpec& spec : t.specs) {
         const std::string& n = spec.name;
@@ -69,9 +72,16 @@ Parts read_parts(const ModelConfig& s, int dl, int ml, int tp, int ep, bool sequ
         LayerKind* k = nullptr;
         if (dl >= 0 && n.compare(0, pd.size(), pd) == 0) k = &p.dense;
         else if (ml >= 0 && n.compare(0, pm.size(), pm) == 0) k = &p.moe;
+        else if (mtp_layer >= 0 && n.compare(0, pt.size(), pt) == 0) k = &p.mtp;
         if (k) {
             k->params += floats_of(spec);
             k->active += logical;
+            if (muon_takes(spec)) {
+                k->muon += floats_of(spec);
+                const int copies = int(std::lround(double(tp) * double(spec.numel()) / (double(spec.rows) * spec.cols)));
+                k->muon_matrices.push_back({{spec.rows, spec.cols}, double(spec.numel()), std::max(copies, 1),
+                                            int(spec.replicas)});
+            }
             // Every matrix of a layer is a GEMM's weight (norms are vectors).
             if (spec.ndim == 2 && spec.numel() > 0) {
                 const Gemm g{rows_of(n), double(spec.lrows), double(spec.lcols), 1, n};
@@ -90,9 +100,14 @@ Parts read_parts(const ModelConfig& s, int dl, int ml, int tp, int ep, bool sequ
     }
     // What a token multiplies beyond the matrices it holds (model/moe.cpp: the router and k of
     // the E experts) went into matmul_params alone; a tied head counts there too.
-    const double extra = double(t.matmul_params) - matmul_logical;
+    double extra = double(t.matmul_params) - matmul_logical;
     if (s.tie_embeddings) p.head_active += double(s.vocab_size) * s.d_model;
-    p.moe.active += extra - (s.tie_embeddings ? double(s.vocab_size) * s.d_model : 0);
+    extra -= s.tie_embeddings ? double(s.vocab_size) * s.d_model : 0;
+    extra -= double(s.mtp_depth) * s.vocab_size * s.d_model;  // the MTP module's pass through the head
+    // The extra active parameters are the MoE layers' (k of E experts); read with an MTP module
+    // (after one layer of its kind), half of them are the module's.
+    if (mtp_layer >= 0) p.mtp.active += extra / 2;
+    else p.moe.active += extra;
     return p;
 }
 
@@ -117,12 +132,47 @@ ModelInventory::ModelInventory(const ModelConfig& m, int tp, int ep, bool sequen
         for (int r = 0; r < kNumRegions; ++r)
             p.moe.params.r[size_t(r)] += x * (p.moe.params.r[size_t(r)] - a.moe.params.r[size_t(r)]);
         p.moe.active += x * (p.moe.active - a.moe.active);
+        for (int r = 0; r < kNumRegions; ++r)
+            p.moe.muon.r[size_t(r)] += x * (p.moe.muon.r[size_t(r)] - a.moe.muon.r[size_t(r)]);
+        // The rank's experts' matrices: the first expert's three (gate, up, down), E/ep times.
+        std::vector<MuonEntry> list, first;
+        for (const MuonEntry& e : p.moe.muon_matrices) {
+            if (e.region != int(Replicas::expert)) list.push_back(e);
+            else if (first.size() < 3) first.push_back(e);
+        }
+        for (int e = 0; e < E / ep; ++e) list.insert(list.end(), first.begin(), first.end());
+        p.moe.muon_matrices = std::move(list);
         for (Gemm& g : p.moe.gemms) {
             if (g.rows == GemmRows::expert) g.count *= double(E) / (2.0 * ep);
             else if (g.name.find(".mlp.gate.weight") != std::string::npos) g.out = E;
         }
     }
     dense_ = p.dense, moe_ = p.moe;
+    if (m.mtp_depth > 0) {
+        // One MTP module (model/params.cpp), read off a model of the last layer's kind and one
+        // module: its norms, projection and layer (its MoE counts, like the layers', affine in E).
+        ModelConfig t = m;
+        t.n_layers = 1;
+        t.mtp_depth = 1;
+        if (moe_layer(m, m.n_layers - 1)) t.moe.layers.parse("all");
+        else t.moe.experts = 0;
+        const bool many = t.moe.experts > 2 * ep;
+        if (many) t.moe.experts = 2 * ep;
+        Parts q = read_parts(t, -1, -1, tp, ep, sequence_parallel, 1);
+        if (many) {
+            t.moe.experts = ep;
+            const Parts a = read_parts(t, -1, -1, tp, ep, sequence_parallel, 1);
+            const double x = double(E - 2 * ep) / ep;
+            for (int r = 0; r < kNumRegions; ++r)
+                q.mtp.params.r[size_t(r)] += x * (q.mtp.params.r[size_t(r)] - a.mtp.params.r[size_t(r)]);
+            q.mtp.active += x * (q.mtp.active - a.mtp.active);
+            for (Gemm& g : q.mtp.gemms) {
+                if (g.rows == GemmRows::expert) g.count *= double(E) / (2.0 * ep);
+                else if (g.name.find(".mlp.gate.weight") != std::string::npos) g.out = E;
+            }
+        }
+        mtp_ = q.mtp;
+    }
     embed_ = p.embed, final_norm_ = p.final_norm, head_params_ = p.head;
     head_active_ = p.head_active;
     const ModelDims d = model_dims(m, tp, 0);
@@ -138,8 +188,9 @@ RegionFloats ModelInventory::stage_params(const std::vector<ChunkPlan>& chunks, 
     }
     if (first) f += embed_;
     if (last) f += final_norm_, f += head_params_;
-    // Tied embeddings across stages: the last stage holds a second copy of the embedding.
-    if (m_.tie_embeddings && pp > 1 && last && !first) f += embed_;
+    for (int k = 0; last && k < m_.mtp_depth; ++k) f += mtp_.params;
+    // Tied embeddings (or MTP) across stages: the last stage holds a second copy of the embedding.
+    if ((m_.tie_embeddings || m_.mtp_depth > 0) && pp > 1 && last && !first) f += embed_;
     return f;
 }
 
@@ -163,6 +214,20 @@ std::vector<ModelInventory::Unit> ModelInventory::stage_units(const std::vector<
         if (m_.tie_embeddings && pp > 1 && !first) add(embed_, false);  // the tied copy, in unit "head"
     }
     return u;
+}
+
+ModelInventory::MuonStage ModelInventory::stage_muon(const std::vector<ChunkPlan>& chunks) const {
+    std::vector<int> layers;
+    for (const auto& c : chunks)
+        for (int l = c.layer_begin; l < c.layer_end; ++l) layers.push_back(l);
+    std::sort(layers.begin(), layers.end());
+    MuonStage st;
+    for (int l : layers) {
+        st.floats += kind(l).muon;
+        for (const MuonEntry& e : kind(l).muon_matrices)
+            (e.region == int(Replicas::expert) ? st.expert : st.dense).push_back(e);
+    }
+    return st;
 }
 
 ZeroLayout zero_sizes(const std::vector<ModelInventory::Unit>& units, const double group[kNumRegions], double* arena) {
@@ -194,6 +259,7 @@ ModelCounts model_counts(const ModelConfig& m) {
     c.total = whole.trainable();
     c.active = inv.head_active();
     for (int l = 0; l < m.n_layers; ++l) c.active += inv.kind(l).active;
+    c.active += double(m.mtp_depth) * (inv.mtp().active + double(m.vocab_size) * m.d_model);
     return c;
 }
 

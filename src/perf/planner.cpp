@@ -20,6 +20,7 @@
 #include "quintet/core/error.hpp"
 #include "quintet/deck/deck.hpp"
 #include "quintet/model/config.hpp"
+#include "quintet/model/muon_layout.hpp"
 #include "quintet/model/params.hpp"
 #include "quintet/model/transformer.hpp"
 #include "quintet/parallel/context_parallel.hpp"
@@ -67,6 +68,92 @@ struct PlanCache {
     }
 };
 
+// Muon (train.optimizer = muon) on one pipeline stage, as train/muon lays it out
+// (docs/planner.md "Muon"): the stage's matrices are each orthogonalised whole by the owner
+// model/muon_layout gives it in their group (dense: tp x dp x cp ranks; experts: tp x edp), which
+// keeps their momentum, receives the gradient's pieces, runs the Newton-Schulz iteration and
+// sends the update's pieces back; every rank stages the pieces of the matrices others own.
+struct MuonFigures {
+    double floats = 0;  // the largest rank's momentum, exchange buffers and scratch
+    double momentum = 0;  // that rank's momentum alone (checkpoint.async stages it)
+    double flops = 0;   // the most Newton-Schulz FLOPs one rank runs per step
+    double tp_floats = 0, dp_floats = 0;  // the most floats one rank sends per step to its tp peers / other replicas
+};
+
+// Per rank g = t + tp * j of one group (j: the rank in the replica group of R): the same sums
+// the trainer's plan makes. Under ZeRO each holder's piece is taken as 1/R of its shard (the
+// slices cut tensors where they fall: exact in total, approximate per rank).
+struct MuonRanks {
+    std::vector<double> floats, flops, tp, dp;  // floats: momentum and exchange buffers
+    std::vector<double> momentum;               // the momentum of the matrices each rank owns
+    std::vector<double> largest, side;         // the largest owned matrix and its smaller side squared
+};
+MuonRanks muon_ranks(const std::vector<MuonEntry>& mats, int tp, int R, bool sharded, int steps) {
+    const size_t G = size_t(tp) * size_t(R);
+    const std::vector<double> zeros(G, 0.0);
+    MuonRanks out{zeros, zeros, zeros, zeros, zeros, zeros, zeros};
+    if (mats.empty()) return out;
+    std::vector<MuonMatrix> shapes;
+    for (const MuonEntry& e : mats) shapes.push_back(e.whole);
+    const std::vector<int> owner = muon_owners(shapes, int(G));
+    std::vector<double> momentum(G, 0.0), own(G, 0.0), gather(G, 0.0), scatter(G, 0.0), dp_corr(G, 0.0),
+        dp_base(size_t(tp), 0.0);
+    std::vector<char> replicas(G, 0);  // an owned matrix has pieces that are not designated
+    std::vector<double>&largest = out.largest, &side = out.side;
+    double pieces = 0;
+    for (size_t k = 0; k < mats.size(); ++k) {
+        const MuonEntry& e = mats[k];
+        const size_t o = size_t(owner[k]);
+        const int to = int(o % size_t(tp)), jo = int(o / size_t(tp)), r = std::max(1, e.tp_copies);
+        const double n = double(e.whole.numel()), piece = sharded ? e.shard / R : e.shard;
+        const double lo = std::min(e.whole.rows, e.whole.cols);
+        momentum[o] += n, largest[o] = std::max(largest[o], n), side[o] = std::max(side[o], lo * lo);
+        out.flops[o] += newton_schulz_flops(e.whole, steps);
+        pieces += piece, own[o] += piece;
+        gather[o] += n - (to % r == 0 ? piece : 0.0);    // the designated pieces of the others
+        scatter[o] += double(tp) * R * piece - piece;    // the update's pieces to every other holder
+        // Pieces that are not designated, held by other ranks: every other replica's without
+        // ZeRO; the non-writer tp copies' (but the owner's own).
+        const int non_writers = R * (tp - tp / r) - (to % r != 0 ? 1 : 0);
+        if ((!sharded && R > 1) || non_writers > 0) replicas[o] = 1;
+        out.tp[o] += double(tp - 1) * piece;
+        out.dp[o] += double(R - 1) * tp * piece;
+        for (int t = 0; t < tp; t += r) {  // the writers send their designated pieces
+            if (t != to) out.tp[size_t(t + tp * jo)] += piece;
+            if (sharded) dp_base[size_t(t)] += piece, dp_corr[size_t(t + tp * jo)] -= piece;
+        }
+    }
+    for (size_t g = 0; g < G; ++g) {
+        if (sharded) out.dp[g] += dp_base[g % size_t(tp)] + dp_corr[g];
+        // Only designated pieces arriving: the update goes back through the gradient's buffer.
+        const double staged = G > 1 ? (pieces - own[g]) + gather[g] + (replicas[g] ? scatter[g] : 0.0) : 0.0;
+        out.floats[g] = momentum[g] + staged;
+    }
+    out.momentum = momentum;
+    return out;
+}
+
+// Both groups of a stage, rank by rank (t, j): dense rank t + tp j, expert rank t + tp (j / ep).
+MuonFigures muon_figures(const ModelInventory::MuonStage& st, int tp, int dp_cp, int ep, bool sharded, int steps) {
+    const MuonRanks d = muon_ranks(st.dense, tp, dp_cp, sharded, steps);
+    const MuonRanks e = muon_ranks(st.expert, tp, dp_cp / ep, sharded, steps);
+    MuonFigures f;
+    for (int j = 0; j < dp_cp; ++j)
+        for (int t = 0; t < tp; ++t) {
+            const size_t a = size_t(t + tp * j), b = size_t(t + tp * (j / ep));
+            // One scratch for both groups: two of the largest owned matrix, two of its side squared.
+            const double scratch = 2 * std::max(d.largest[a], e.largest[b]) + 2 * std::max(d.side[a], e.side[b]);
+            if (d.floats[a] + e.floats[b] + scratch > f.floats) {
+                f.floats = d.floats[a] + e.floats[b] + scratch;
+                f.momentum = d.momentum[a] + e.momentum[b];
+            }
+            f.flops = std::max(f.flops, d.flops[a] + e.flops[b]);
+            f.tp_floats = std::max(f.tp_floats, d.tp[a] + e.tp[b]);
+            f.dp_floats = std::max(f.dp_floats, d.dp[a] + e.dp[b]);
+        }
+    return f;
+}
+
 Recompute recompute_of(const std::string& s) {
     return s == "full" ? Recompute::full : s == "selective" ? Recompute::selective : Recompute::none;
 }
@@ -88,7 +175,9 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
     const ModelCounts& counts = cache.model(m);
     const ModelInventory& inv = cache.inventory(m, p.tp, p.ep, sp);
     const double head_params = double(m.vocab_size) * m.d_model;
-    const double layer_params = (counts.active - head_params) / m.n_layers;
+    // The MTP modules (last stage): their layers, projections and passes through the head.
+    const double mtp_params = m.mtp_depth * (inv.mtp().active + head_params);
+    const double layer_params = (counts.active - head_params - mtp_params) / m.n_layers;
     const ModelDims d1 = model_dims(m, 1, 0);
     const double attn_flops_tok = 6.0 * T * d1.NH * double(d1.Dqk + d1.Dv);  // per layer
 
@@ -113,6 +202,8 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
 
     double worst_total = -1, worst_compute = 0;
     RegionFloats worst_params;
+    const bool muon = deck.train.optimizer == "muon";
+    MuonFigures muon_worst;  // the largest of every stage
     std::vector<ModelInventory::Unit> worst_units;
     for (int stage = 0; stage < p.pp; ++stage) {
         const auto chunks = stage_chunks(m.n_layers, p.pp, p.virtual_stages, stage, p.pp_layers, placement);
@@ -132,11 +223,15 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
         mem.grads = total * 4 + shards * 4;
         mem.optimizer = 2 * std::max(state, 1.0) * 4;
         // checkpoint.async: the staging copy of what the rank writes (train/checkpointing): its
-        // dp-owned slice of each trainable region with both moments, and (the first rank of its
-        // dp x cp group, the largest) the buffers.
-        double staging = 0;
-        for (int r = 0; r < kNumRegions; ++r)
-            staging += Replicas(r) == Replicas::none ? used.r[size_t(r)] : 3 * std::ceil(used.r[size_t(r)] / pad[r]);
+        // dp-owned slice of each trainable region with its optimizer state (AdamW's two moments;
+        // under Muon, for AdamW's tensors only, and the momentum of the matrices the rank
+        // orthogonalises, whole), and (the first rank of its dp x cp group, the largest) the buffers.
+        double written = 0, written_buffers = 0;
+        for (int r = 0; r < kNumRegions; ++r) {
+            if (Replicas(r) == Replicas::none) written_buffers += used.r[size_t(r)];
+            else written += std::ceil(used.r[size_t(r)] / pad[r]);
+        }
+        double staging = written_buffers + 3 * written;
         // ZeRO-2/3: this rank's slices of every unit and the windows (train/zero_state), from the
         // trainer's own byte functions (model/params.hpp).
         std::vector<ModelInventory::Unit> units;
@@ -147,7 +242,24 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
             mem.params = zero_param_bytes(arena, z, p.zero, bf16);
             mem.grads = zero_grad_bytes(z);
             mem.optimizer = 2 * double(std::max<size_t>(z.trainable, 1)) * 4;
-            staging = 3 * double(z.trainable) + double(z.buffers);
+            state = double(z.trainable);
+            written = double(z.trainable), written_buffers = double(z.buffers);
+        }
+        // Muon: AdamW's two moments for the other tensors only, Muon's momentum and exchange
+        // (train/optimizer, train/muon). Under ZeRO Muon's share of a rank's slices is taken as
+        // its share of the region.
+        if (muon) {
+            const ModelInventory::MuonStage ms = inv.stage_muon(chunks);
+            const MuonFigures f = muon_figures(ms, p.tp, p.dp * p.cp, p.ep, p.zero > 0, deck.train.muon_ns_steps);
+            double adam = used.trainable() - ms.floats.trainable();
+            if (p.zero) adam = state - ms.floats.r[0] / pad[0] - ms.floats.r[1] / pad[1];
+            mem.optimizer = 2 * std::max(std::round(adam), 1.0) * 4 + f.floats * 4;
+            muon_worst.floats = std::max(muon_worst.floats, f.floats);
+            muon_worst.flops = std::max(muon_worst.flops, f.flops);
+            muon_worst.tp_floats = std::max(muon_worst.tp_floats, f.tp_floats);
+            muon_worst.dp_floats = std::max(muon_worst.dp_floats, f.dp_floats);
+            const double adam_written = written - ms.floats.r[0] / pad[0] - ms.floats.r[1] / pad[1];
+            staging = written_buffers + written + 2 * std::max(std::round(adam_written), 0.0) + f.momentum;
         }
         // Each chunk keeps as many slots as it had microbatches in flight at once (the executor
         // allocates them on demand); activations are what its blocks declare (the trainer's own
@@ -185,6 +297,7 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
         // over the tp x cp ranks sharing each token's work; recompute adds forwards.
         const double tok_mb = B * T;
         double fl = stage_layers * (6 * layer_params + attn_flops_tok) + (last ? 6 * head_params : 0);
+        if (last) fl += 6 * mtp_params + m.mtp_depth * attn_flops_tok;
         if (rec == Recompute::full) fl += stage_layers * (2 * layer_params + attn_flops_tok / 3);
         if (rec == Recompute::selective) fl += stage_layers * attn_flops_tok / 3;
         fl *= tok_mb / (p.tp * p.cp);
@@ -266,6 +379,17 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
     const double busy_s = row.compute_s + row.comm_s.tp + row.comm_s.cp + row.comm_s.ep + row.comm_s.pp;
     row.bubble_s = row.bubble < 1 ? busy_s * row.bubble / (1 - row.bubble) : 0;
     row.fixed_s = worst_params.sum() * kHostOptimizerSecondsPerParam / threads;
+    if (muon) {
+        // Muon's Newton-Schulz GEMMs at the matmul rate and its two exchanges per step, blocking:
+        // a fixed cost of the step, its FLOPs apart from the model's (not in MFU), its bytes in
+        // the axes' figures.
+        const double msgs = 2.0 * (p.tp * p.dp * p.cp - 1);
+        row.optimizer_flops = muon_worst.flops;
+        row.fixed_s += muon_worst.flops / rate + t_of(muon_worst.tp_floats * 4, p.tp > 1 ? msgs : 0) +
+                       t_of(muon_worst.dp_floats * 4, p.dp * p.cp > 1 ? msgs : 0);
+        row.comm_bytes.tp += muon_worst.tp_floats * 4;
+        row.comm_bytes.dp += muon_worst.dp_floats * 4;
+    }
     row.step_time_s = busy_s + row.bubble_s + row.comm_s.dp + row.fixed_s;
     const int sizes[kNumPlanAxes] = {p.tp, p.cp, p.dp * p.cp / p.ep, p.ep, p.pp};
     for (int a = 0; a < kNumPlanAxes; ++a) row.link[size_t(a)] = sizes[a] > 1 ? "host" : "none";
@@ -302,6 +426,8 @@ void plan_gpu(PlanRow& row, const Deck& deck, const PlanTarget& target, PlanCach
     gl.sp = sp, gl.bf16 = bf16, gl.overlap_dp = p.overlap_dp, gl.recompute = rec, gl.bucket_mb = p.bucket_mb;
 
     double worst = -1;
+    const bool muon = deck.train.optimizer == "muon";
+    MuonFigures muon_worst;
     for (int stage = 0; stage < p.pp; ++stage) {
         const auto chunks = stage_chunks(m.n_layers, p.pp, p.virtual_stages, stage, p.pp_layers,
                                          schedule_placement(p.schedule));
@@ -309,6 +435,14 @@ void plan_gpu(PlanRow& row, const Deck& deck, const PlanTarget& target, PlanCach
         st.params = inv.stage_params(chunks, p.pp);
         GpuMemoryInput in;
         in.params = st.params, in.bf16 = bf16, in.zero = p.zero;
+        if (muon) {
+            const ModelInventory::MuonStage ms = inv.stage_muon(chunks);
+            in.muon = ms.floats;
+            const MuonFigures f = muon_figures(ms, p.tp, p.dp * p.cp, p.ep, p.zero > 0, deck.train.muon_ns_steps);
+            muon_worst.flops = std::max(muon_worst.flops, f.flops);
+            muon_worst.tp_floats = std::max(muon_worst.tp_floats, f.tp_floats);
+            muon_worst.dp_floats = std::max(muon_worst.dp_floats, f.dp_floats);
+        }
         in.dense_group = double(p.dp) * p.cp, in.expert_group = double(p.dp) * p.cp / p.ep;
         if (p.zero >= 2)
             for (const auto& u : inv.stage_units(chunks, p.pp)) in.largest_unit = std::max(in.largest_unit, u.f.sum());
@@ -339,6 +473,15 @@ void plan_gpu(PlanRow& row, const Deck& deck, const PlanTarget& target, PlanCach
                       t.comm_bytes[kAxisPp]};
     row.comm_s = {t.comm_s[kAxisTp], t.comm_s[kAxisCp], t.comm_s[kAxisDp], t.comm_s[kAxisEp], t.comm_s[kAxisPp]};
     row.link = t.link;
+    if (muon) {
+        // Muon's Newton-Schulz GEMMs (fp32) at the GEMMs' share of the fp32 peak, apart from the
+        // model's FLOPs; its exchange's bytes counted on tp and dp (their time is not modelled).
+        row.optimizer_flops = muon_worst.flops;
+        const double s = muon_worst.flops / (hw.peak_tflops(false) * 1e12 * target.calibration.gemm_share_of_best);
+        row.fixed_s += s, row.step_time_s += s;
+        row.comm_bytes.tp += muon_worst.tp_floats * 4;
+        row.comm_bytes.dp += muon_worst.dp_floats * 4;
+    }
 }
 
 PlanRow plan_one(const Deck& deck_in, int world, const PlanTarget& target, PlanCache& cache) {
@@ -366,7 +509,7 @@ PlanRow plan_one(const Deck& deck_in, int world, const PlanTarget& target, PlanC
     // FLOPs: the 6·N·P convention of the whole model (docs/math.md §1), attention included.
     const ModelDims d1 = model_dims(m, 1, 0);
     const double T = deck.data.seq_len;
-    const double per_token = 6.0 * counts.active + 6.0 * m.n_layers * T * d1.NH * double(d1.Dqk + d1.Dv);
+    const double per_token = 6.0 * counts.active + 6.0 * (m.n_layers + m.mtp_depth) * T * d1.NH * double(d1.Dqk + d1.Dv);
     const double tokens_step = double(row.global_batch) * T;
     row.flops_per_step = per_token * tokens_step;
     if (target.hardware.host) plan_host(row, deck, world, target.machine, cache);
@@ -522,12 +665,13 @@ std::string plan_json(const std::vector<PlanRow>& rows) {
               << ", \"step_time_s\": " << num(r.step_time_s) << ", \"tokens_per_s\": " << num(r.tokens_per_s)
               << ", \"global_batch\": " << r.global_batch << ", \"params_total\": " << num(r.params_total)
               << ", \"params_active\": " << num(r.params_active) << ", \"flops_per_step\": " << num(r.flops_per_step)
+              << ", \"optimizer_flops\": " << num(r.optimizer_flops)
               << ", \"tflops_per_device\": " << num(r.tflops_per_device) << ", \"mfu\": " << num(r.mfu)
               << ", \"tie\": " << (r.tie ? "true" : "false");
         } else {
             o << ", \"fits\": null, \"stage\": null, \"memory_bytes\": null, \"comm_bytes\": null, \"comm_s\": null, "
                  "\"links\": null, \"bubble\": null, \"compute_s\": null, \"step_time_s\": null, \"tokens_per_s\": null, "
-                 "\"global_batch\": null, \"params_total\": null, \"params_active\": null, \"flops_per_step\": null, "
+                 "\"global_batch\": null, \"params_total\": null, \"params_active\": null, \"flops_per_step\": null, \"optimizer_flops\": null, "
                  "\"tflops_per_device\": null, \"mfu\": null, \"tie\": null";
         }
         o << "}";

@@ -263,7 +263,7 @@ int eval_main(int argc, char** argv, MPI_Comm world_handle) {
             ParamTable table = make_param_table(m);
             std::vector<float> params(table.total);
             checkpoint_inspect(ckpt, table, false);
-            checkpoint_load(ckpt, table, params.data(), nullptr, nullptr, {});
+            checkpoint_load(ckpt, table, params.data());
             std::vector<double> col_len, col_depth, col_ok;
             std::printf("passkey retrieval (%d prompts per length, greedy, exact match)\n", passkey);
             for (int len : passkey_lens) {

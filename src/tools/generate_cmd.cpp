@@ -109,7 +109,7 @@ int generate_main(int argc, char** argv) {
     ParamTable table = make_param_table(deck.model);
     checkpoint_inspect(ckpt, table);
     std::vector<float> params(table.total);
-    checkpoint_load(ckpt, table, params.data(), nullptr, nullptr, {});
+    checkpoint_load(ckpt, table, params.data());
     std::vector<uint32_t> ids;
     if (vm.count("prompt-ids")) {
         if (vm["prompt"].defaulted() == false && !prompt.empty())

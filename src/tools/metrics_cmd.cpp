@@ -31,8 +31,9 @@ const char* kUsage =
     "norm, tokens/s, MFU, ...), eval (one row per evaluation; <source>/loss per validation source),\n"
     "timing (seconds and bytes per step), pipeline (idle fraction and activations per stage), moe\n"
     "(expert load, imbalance, ... per layer), memory (bytes by category per rank), data (samples\n"
-    "drawn per training source), checkpoint (one row per checkpoint: seconds the step was blocked,\n"
-    "seconds the write took). Matrix datasets become one column per element: moe's\n"
+    "drawn per training source), ranks (step time, compute and communication wait per rank),\n"
+    "checkpoint (one row per checkpoint: seconds the step was blocked, seconds the write took).\n"
+    "Matrix datasets become one column per element: moe's\n"
     "expert_load.<layer>.<expert>, memory's params_bytes.<rank>, data's source_samples.<name>\n"
     "(each training source by the name the file stores; by its index in files without names).\n";
 
@@ -134,10 +135,11 @@ int metrics_main(int argc, char** argv) {
         else throw ConfigError("metrics: one RUN_DIR only ('" + where + "', then '" + a + "')");
     }
     if (where.empty()) throw ConfigError(std::string("metrics: no RUN_DIR given\n") + kUsage);
-    const std::vector<std::string> groups = {"train", "eval", "timing", "pipeline", "moe", "memory", "data", "checkpoint"};
+    const std::vector<std::string> groups = {"train", "eval",   "timing", "pipeline", "moe",
+                                             "memory", "data", "ranks", "checkpoint"};
     if (std::find(groups.begin(), groups.end(), group) == groups.end())
         throw ConfigError("metrics: --group '" + group +
-                          "': valid are train, eval, timing, pipeline, moe, memory, data, checkpoint");
+                          "': valid are train, eval, timing, pipeline, moe, memory, data, ranks, checkpoint");
     const bool own_steps = group == "train" || group == "eval" || group == "checkpoint";  // a step column of its own
     const fs::path file = fs::is_directory(where) ? fs::path(where) / "metrics.h5" : fs::path(where);
     if (!fs::exists(file)) throw ConfigError("metrics: '" + file.string() + "' does not exist (a run's output.run_dir holds metrics.h5)");

@@ -436,6 +436,10 @@ int plan_main(int argc, char** argv) {
                     "planned in %.2f s\n", si(any->params_total).c_str(), si(any->params_active).c_str(),
                     si(deck.data.seq_len).c_str(), rows.size(), valid, fitting, took);
     if (!notes.empty()) std::printf("note: %s\n", notes.c_str());
+    if (any && deck.train.optimizer == "muon")
+        std::printf("optimizer: Muon; its Newton-Schulz iterations add %s FLOPs per step on the busiest rank of the "
+                    "first layout (in the step time, not in MFU; its momentum, exchange and FLOPs: docs/planner.md)\n",
+                    si(any->optimizer_flops).c_str());
     if (from_law) {
         const BudgetChoice& b = choice;
         std::printf("\n");

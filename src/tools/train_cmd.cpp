@@ -17,6 +17,7 @@
 #include "quintet/train/rank_model.hpp"
 #include "quintet/train/session.hpp"
 #include "quintet/train/signals.hpp"
+#include "quintet/train/timeline.hpp"
 #include "quintet/train/trainer.hpp"
 
 namespace quintet {
@@ -85,6 +86,7 @@ int train_main(int argc, char** argv, MPI_Comm world_handle) {
                         "continues the checkpoints this job wrote in %s)\n",
                         restart.c_str(), deck.output.run_dir.c_str());
     }
+    check_trace_folder(deck, world);  // train.trace_steps: its folder, before any work
     job.resolve(lock_warning);
     if (rank == 0) {
         std::printf("quintet train %s on %d rank(s)\n--- resolved deck ---\n%s---------------------\n",

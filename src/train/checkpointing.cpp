@@ -170,9 +170,33 @@ std::vector<std::string> report_changes(const WeightsSource& source, const Deck&
     // Checkpoints written before the vocabulary was resolved into the deck say 0 there ("from the
     // data"): not another model. The tensors' shapes, checked when they load, decide.
     if (theirs.model.vocab_size == 0) theirs.model.vocab_size = deck.model.vocab_size;
+    // Another optimizer on resume: its state is not in the checkpoint (docs/reliability.md).
+    const std::string& was = theirs.train.optimizer;
+    const std::string& now = deck.train.optimizer;
+    if (source.resume && was != now && !deck.checkpoint.allow_optimizer_change)
+        throw ConfigError("train.optimizer = " + now + ": checkpoint.resume '" + source.path + "' was trained with " +
+                          "train.optimizer = " + was + ", whose state (" +
+                          (was == "muon" ? "Muon's momentum of the hidden and expert matrices"
+                                         : "AdamW's moments of every tensor") +
+                          ") is not " + now + "'s; keep train.optimizer = " + was +
+                          ", or set checkpoint.allow_optimizer_change = true to start " + now +
+                          "'s state at zero from the resumed step");
     for (const DeckChange& c : deck_diff(theirs, deck)) {
+        if (c.key == "train.optimizer") {
+            lines.push_back(c.key + ": " + c.before + " -> " + c.after + " (" +
+                            (source.resume ? "allowed by checkpoint.allow_optimizer_change: " +
+                                                 std::string(now == "muon" ? "Muon's momentum of the hidden and expert "
+                                                                             "matrices starts at zero, the other tensors "
+                                                                             "keep their AdamW moments"
+                                                                           : "AdamW's moments of the matrices Muon had "
+                                                                             "start at zero, the other tensors keep theirs")
+                                           : "allowed: init_from starts a fresh optimizer") +
+                            ")");
+            continue;
+        }
         if (c.key.rfind("checkpoint.", 0) == 0 || c.key.rfind("output.", 0) == 0 || c.key == "train.threads" ||
-            c.key == "train.profile" || c.key == "train.collective_timeout_s")
+            c.key == "train.profile" || c.key == "train.collective_timeout_s" || c.key == "train.trace_steps" ||
+            c.key == "train.straggler_ratio")
             continue;  // how this run is kept and watched, not what it computes
         const std::string why = verdict(c, source.resume);
         const std::string line = c.key + ": " + (c.before.empty() ? "(empty)" : c.before) + " -> " +
@@ -225,7 +249,7 @@ struct Checkpointing::InFlight {
     }
 };
 
-Checkpointing::Checkpointing(RankModel& model, const GradientSync& sync, AdamW& opt, std::string deck_text,
+Checkpointing::Checkpointing(RankModel& model, const GradientSync& sync, Optimizer& opt, std::string deck_text,
                              TokenizerState tokenizer, WeightsSource source, const FaultInjection& faults,
                              std::function<void(const std::string&)> log)
     : model_(model), sync_(sync), opt_(opt), deck_text_(std::move(deck_text)), tokenizer_(std::move(tokenizer)),
@@ -266,41 +290,47 @@ Checkpointing::~Checkpointing() {
     }
 }
 
-std::vector<CheckpointSource> Checkpointing::sources() const {
-    std::vector<CheckpointSource> out;
+Checkpointing::Sources Checkpointing::sources() const {
+    Sources out;
     const bool first_of_group = model_.grid().dp_cp().rank() == 0;
+    // The parameters.
     if (const ZeroState* z = model_.zero()) {
-        // ZeRO-2/3: each trainable slice with its moments (by piece.at), the buffers whole.
+        // ZeRO-2/3: each trainable slice (where the shard keeps it), the buffers whole.
         for (const ZeroPiece& p : z->layout().pieces) {
             const bool trainable = Replicas(p.region) != Replicas::none;
             if (!trainable && !first_of_group) continue;
             const Range r = trainable ? p.owned : p.part;
-            if (r.size() == 0) continue;
-            out.push_back({r, z->param_at(p, r.lo), trainable ? opt_.exp_avg() + p.at : nullptr,
-                           trainable ? opt_.exp_avg_sq() + p.at : nullptr});
+            if (r.size() > 0) out.ranges.push_back({r, z->param_at(p, r.lo)});
         }
-        return out;
+    } else {
+        const float* params = model_.params();
+        for (const ArenaRange& w : opt_.param_write_ranges())
+            if (w.arena.size() > 0) out.ranges.push_back({w.arena, params + w.arena.lo});
+        const Range buf = model_.table().region[int(Replicas::none)];
+        if (first_of_group && buf.size() > 0) out.ranges.push_back({buf, params + buf.lo});
     }
-    const float* params = model_.params();
-    for (const ArenaRange& w : opt_.write_ranges())
-        if (w.arena.size() > 0)
-            out.push_back({w.arena, params + w.arena.lo, opt_.exp_avg() + w.state_index,
-                           opt_.exp_avg_sq() + w.state_index});
-    const Range buf = model_.table().region[int(Replicas::none)];
-    if (first_of_group && buf.size() > 0) out.push_back({buf, params + buf.lo, nullptr, nullptr});
+    // The optimizer state of the same parts: AdamW's moments of its tensors, and Muon's momentum
+    // of the whole matrices this rank orthogonalises.
+    const OptimizerStateIo st = opt_.state(/*for_save=*/true);
+    for (const ArenaRange& r : st.ranges)
+        if (r.arena.size() > 0)
+            out.ranges.push_back({r.arena, nullptr, st.exp_avg + r.state_index, st.exp_avg_sq + r.state_index});
+    for (const auto& w : st.momentum) out.momentum.push_back({w.logical, w.data});
     return out;
 }
 
 size_t Checkpointing::staged_floats() const {
     size_t n = 0;
-    for (const CheckpointSource& s : sources()) n += s.arena.size() * (s.exp_avg ? 3 : 1);
+    const Sources src = sources();
+    for (const CheckpointSource& s : src.ranges) n += s.arena.size() * ((s.params ? 1 : 0) + (s.exp_avg ? 2 : 0));
+    for (const CheckpointWhole& w : src.momentum) n += model_.table().logical[w.logical].numel();
     return n;
 }
 
-std::vector<CheckpointSource> Checkpointing::stage(float* to, bool* finite) const {
+Checkpointing::Sources Checkpointing::stage(float* to, bool* finite) const {
     Backend& be = model_.backend();
     const bool host = model_.host_arena();
-    std::vector<CheckpointSource> out;
+    Sources out;
     size_t at = 0;
     auto copy = [&](const float* from, size_t n, bool check) {
         float* dst = to + at;
@@ -314,13 +344,16 @@ std::vector<CheckpointSource> Checkpointing::stage(float* to, bool* finite) cons
         return dst;
     };
     *finite = true;
-    for (const CheckpointSource& s : sources()) {
+    const Sources src = sources();
+    for (const CheckpointSource& s : src.ranges) {
         const size_t n = s.arena.size();
         CheckpointSource h{s.arena};
-        h.params = copy(s.params, n, true);
+        if (s.params) h.params = copy(s.params, n, true);
         if (s.exp_avg) h.exp_avg = copy(s.exp_avg, n, false), h.exp_avg_sq = copy(s.exp_avg_sq, n, false);
-        out.push_back(h);
+        out.ranges.push_back(h);
     }
+    for (const CheckpointWhole& w : src.momentum)
+        out.momentum.push_back({w.logical, copy(w.data, model_.table().logical[w.logical].numel(), false)});
     return out;
 }
 
@@ -354,7 +387,7 @@ void Checkpointing::check_staging_fits(double bytes) const {
         if (avail >= 0 && need[1] > avail)
             std::snprintf(why, sizeof why,
                           "checkpoint.async = true: the staging copy that background checkpoints write from "
-                          "needs %s on node %s (its %d rank(s)' share of the weights and AdamW moments), and "
+                          "needs %s on node %s (its %d rank(s)' share of the weights and the optimizer state), and "
                           "with the %s of activations the first steps will still allocate, the node would "
                           "need %s, but it has %s available (MemAvailable, or the memory cgroup's limit less "
                           "its usage); set checkpoint.async = false (a blocking checkpoint needs no copy), or "
@@ -398,7 +431,7 @@ void Checkpointing::save(int64_t step, int64_t tokens_seen, const RunState& stat
     // parameters it writes; together, every parameter of the checkpoint).
     const bool background = !staging_.empty() && !complete_now;
     std::vector<float> host;
-    std::vector<CheckpointSource> src;
+    Sources src;
     bool finite = true;
     const double t_copy = now_s();
     if (background) {
@@ -408,7 +441,8 @@ void Checkpointing::save(int64_t step, int64_t tokens_seen, const RunState& stat
         src = stage(host.data(), &finite);
     } else {
         src = sources();
-        for (const CheckpointSource& c : src) finite = all_finite(c.params, c.arena.size()) && finite;
+        for (const CheckpointSource& c : src.ranges)
+            if (c.params) finite = all_finite(c.params, c.arena.size()) && finite;
     }
     const double staging = background || !model_.host_arena() ? now_s() - t_copy : 0.0;
     double bad = finite ? 0.0 : 1.0;
@@ -430,6 +464,7 @@ void Checkpointing::save(int64_t step, int64_t tokens_seen, const RunState& stat
     meta.skips_in_row = state.skips_in_row;
     meta.param_groups = groups_text(summarise_groups(deck.model, deck.init, deck.groups));
     meta.blend = blend_;
+    meta.optimizer = deck.train.optimizer;
     // The metrics history up to this step beside the checkpoint, complete before it is: a resume
     // rebuilds an unreadable metrics.h5 from it. Copied now; made durable by the writer.
     std::string metrics_tmp;
@@ -438,7 +473,8 @@ void Checkpointing::save(int64_t step, int64_t tokens_seen, const RunState& stat
     std::unique_ptr<CheckpointWriter> writer;
     {
         TimedPhase timed(grid, "checkpoint write", step, deck.train.collective_timeout_s);
-        writer = std::make_unique<CheckpointWriter>(*io_comm_, deck.output.run_dir, meta, table, std::move(src),
+        writer = std::make_unique<CheckpointWriter>(*io_comm_, deck.output.run_dir, meta, table, std::move(src.ranges),
+                                                    std::move(src.momentum),
                                                     deck.checkpoint.keep, metrics_tmp);
         if (!background) {
             faults_.in_checkpoint(step);
@@ -579,16 +615,28 @@ int64_t Checkpointing::start(int64_t* tokens_seen, RunState* state) {
     const ParamTable& table = model_.table();
     Backend& be = model_.backend();
     CheckpointMeta meta = checkpoint_inspect(path, table);
+    // Another optimizer (allowed by report_changes under checkpoint.allow_optimizer_change): the
+    // state the file lacks for this run's optimizer starts at zero.
+    const bool changed = meta.optimizer != deck.train.optimizer;
+    OptimizerStateIo st = opt_.state(/*for_save=*/false);
     if (model_.host_arena() && model_.params()) {
-        checkpoint_load(path, table, model_.params(), opt_.exp_avg(), opt_.exp_avg_sq(), opt_.state_ranges());
+        checkpoint_load(path, table, model_.params(), &st, changed);
     } else {  // a device arena, or ZeRO-3's slices: through host memory
-        const size_t ns = opt_.state_floats();
-        std::vector<float> hp(table.total), hm(ns), hv(ns);
-        checkpoint_load(path, table, hp.data(), hm.data(), hv.data(), opt_.state_ranges());
+        const size_t ns = std::max<size_t>(opt_.moment_floats(), 1);
+        std::vector<float> hp(table.total), hm(ns, 0.0f), hv(ns, 0.0f);
+        std::vector<std::vector<float>> hmom;
+        OptimizerStateIo host = st;
+        host.exp_avg = hm.data(), host.exp_avg_sq = hv.data();
+        for (auto& w : host.momentum) {
+            hmom.emplace_back(table.logical[w.logical].numel(), 0.0f);
+            w.data = hmom.back().data();
+        }
+        checkpoint_load(path, table, hp.data(), &host, changed);
         if (model_.params()) be.from_host(model_.params(), hp.data(), table.total);
         else model_.load_shard(hp.data());
         be.from_host(opt_.exp_avg(), hm.data(), ns);
         be.from_host(opt_.exp_avg_sq(), hv.data(), ns);
+        for (size_t i = 0; i < st.momentum.size(); ++i) be.from_host(st.momentum[i].data, hmom[i].data(), hmom[i].size());
     }
     model_.refresh_bf16_weights();
     *tokens_seen = meta.tokens_seen;

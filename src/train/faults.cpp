@@ -7,11 +7,13 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include "quintet/core/error.hpp"
+#include "quintet/core/trace.hpp"
 
 namespace quintet {
 
@@ -150,6 +152,10 @@ FaultInjection::FaultInjection(int rank) : rank_(rank) {
     }
     if (r < 0 || step < 0) return;
     target_ = r, step_ = step, until_ = until, mode_ = mode, factor_ = factor;
+    if (mode_ == "slow") {  // until the end without until; a factor of 1 or less is malformed: nothing
+        if (until < 0) until_ = INT64_MAX;
+        if (factor_ <= 1.0) target_ = -1;
+    }
 }
 
 bool FaultInjection::hits(int64_t s) const {
@@ -158,6 +164,10 @@ bool FaultInjection::hits(int64_t s) const {
 
 StepFault FaultInjection::at_step_start(int64_t s) {
     StepFault f;
+    if (mode_ == "slow") {  // this rank's compute spans spin (core/trace.hpp) for the steps it hits
+        if (target_ >= 0 && rank_ == target_) trace::set_stretch(hits(s) ? factor_ : 1.0);
+        return f;
+    }
     if (!hits(s)) return f;
     if (mode_ == "nan" || mode_ == "spike" || ((mode_ == "nan_once" || mode_ == "spike_once") && !fired_once_)) {
         fired_once_ = true;

@@ -31,7 +31,7 @@ ShardPlan shard_plan(const Deck& deck, const ProcessGrid& grid) {
 RankModel::RankModel(const Deck& deck, const ProcessGrid& grid, Backend& be)
     : deck_(deck), grid_(grid), be_(be), rss_before_(process_rss_bytes()),
       dims_(model_dims(deck.model, grid.tp().size(), grid.coord(kTP))),
-      comms_(grid, be, dims_.kv_group(), dims_.tied),
+      comms_(grid, be, dims_.kv_group(), dims_.tied || dims_.mtp > 0, deck.train.optimizer == "muon"),
       tp_(comms_.group(Group::tp), deck.parallel.sequence_parallel),
       table_(make_param_table(deck.model, shard_plan(deck, grid))) {
     const auto& dc = deck.data;
@@ -59,6 +59,7 @@ RankModel::RankModel(const Deck& deck, const ProcessGrid& grid, Backend& be)
                                                           : Recompute::none;
     opt.split_bw = schedule_splits_backward(deck.parallel.schedule);
     opt.units = zero_.get();
+    opt.mtp_weight = deck.train.mtp_weight;
     const int pp = grid.pp().size(), stage = grid.coord(kPP);
     const Placement placement = schedule_placement(deck.parallel.schedule);
     for (const auto& plan : stage_chunks(deck.model.n_layers, pp, deck.parallel.virtual_stages, stage,
@@ -115,7 +116,7 @@ void RankModel::load_weights(const std::string& path) {
         hp.resize(table_.total);
         dst = hp.data();
     }
-    checkpoint_load(path, table_, dst, nullptr, nullptr, {});
+    checkpoint_load(path, table_, dst);
     if (!params_) load_shard(hp.data());
     else if (!host_arena_) be_.from_host(params_, hp.data(), table_.total);
     refresh_bf16_weights();

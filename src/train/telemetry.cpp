@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "quintet/core/clock.hpp"
+#include "quintet/core/process.hpp"
 #include "quintet/core/profile.hpp"
 #include "quintet/core/text.hpp"
 #include "quintet/io/checkpoint.hpp"
@@ -40,6 +41,17 @@ Telemetry::Telemetry(RankModel& model, std::string deck_text)
         // best seen on this host (job_sgemm_flops): short runs read 30% low on a busy machine.
         const double g = cpu_measure_sgemm_gflops(be, 1024, 5);
         matmul_flops_ = job_sgemm_flops(grid.world(), g, be.threads(), &sgemm_measured_);
+    }
+    // The straggler report's names: every rank's host (one gather) and grid coordinates.
+    const std::vector<std::string> hosts = grid.world().gather_text(host_name(), 0);
+    if (grid.rank() == 0) {
+        std::vector<StragglerRank> ranks(hosts.size());
+        for (size_t r = 0; r < ranks.size(); ++r) {
+            ranks[r].host = hosts[r];
+            ranks[r].where = rank_place(grid.layout(), int(r));
+            ranks[r].group = grid.layout().coords_of(int(r))[kPP];
+        }
+        stragglers_ = std::make_unique<StragglerReport>(std::move(ranks), deck_.train.straggler_ratio);
     }
     const int pp = grid.pp().size();
     idle_.assign(size_t(pp), 0.0);
@@ -252,13 +264,23 @@ void Telemetry::record_step(int64_t s, const StepStats& st, bool skipped, bool s
     const double mfu = achieved / peak_flops_;
     const double mfu_matmul = achieved / matmul_flops_;  // share of the sgemm rate
     const MoeFigures mf = moe_figures(moe);
-    // Every rank's memory by category, for /memory/* (and the prediction check at the end).
+    // Every rank's memory by category, for /memory/* (and the prediction check at the end), and
+    // its step time, compute and communication wait (/ranks/*, the straggler report): one gather.
     {
         const MemoryBytes mb = memory_account();
-        const double mine[kMemoryColumns] = {mb.params, mb.grads, mb.optimizer, mb.activations,
-                                             mb.buffers, mb.runtime, mb.total};
+        const double compute = std::max(0.0, st.step_time - st.comm_wait - st.data_wait);
+        constexpr int kColumns = kMemoryColumns + 3;
+        const double mine[kColumns] = {mb.params,  mb.grads,      mb.optimizer, mb.activations, mb.buffers,
+                                       mb.runtime, mb.total,      st.step_time, compute,        st.comm_wait};
+        gathered_.resize(size_t(kColumns) * world);
+        grid.world().gather(mine, gathered_.data(), kColumns, 0);
         memory_all_.resize(size_t(kMemoryColumns) * world);
-        grid.world().gather(mine, memory_all_.data(), kMemoryColumns, 0);
+        for (int k = 0; k < 3; ++k) rank_col_[k].resize(size_t(world));
+        for (size_t r = 0; r < size_t(world); ++r) {
+            const double* row = &gathered_[r * kColumns];
+            std::copy(row, row + kMemoryColumns, &memory_all_[r * kMemoryColumns]);
+            for (int k = 0; k < 3; ++k) rank_col_[k][r] = row[kMemoryColumns + k];
+        }
     }
     // The steady state: past the first two steps of this run (page faults, warm-up). The
     // tokens/s median and the profile's table read these steps only.
@@ -271,12 +293,18 @@ void Telemetry::record_step(int64_t s, const StepStats& st, bool skipped, bool s
             for (size_t r = 0; r < col.size(); ++r) col[r] = memory_all_[r * kMemoryColumns + size_t(c)];
             metrics_->append_vector(ms::memory_path(ms::kMemoryCategories[size_t(c)]), col);
         }
-        metrics_->append(ms::kTrain, {{ms::kStep, double(s)}, {ms::kLoss, st.loss}, {ms::kCeLoss, st.ce_loss},
-                                      {ms::kAuxLoss, st.aux_loss}, {ms::kLr, st.lr}, {ms::kGradNorm, st.grad_norm},
-                                      {ms::kTokensPerS, tps}, {ms::kMfu, mfu}, {ms::kMfuMatmul, mfu_matmul},
-                                      {ms::kStepTime, st.step_time}, {ms::kSkipped, skipped ? 1.0 : 0.0},
-                                      {ms::kSpike, spike ? 1.0 : 0.0}, {ms::kSpikeLossLimit, st.spike_loss_limit},
-                                      {ms::kSpikeGradNormLimit, st.spike_grad_norm_limit}});
+        metrics_->append_vector(ms::kRankStepTime, rank_col_[0]);
+        metrics_->append_vector(ms::kRankCompute, rank_col_[1]);
+        metrics_->append_vector(ms::kRankCommWait, rank_col_[2]);
+        auto train_row = std::vector<std::pair<std::string, double>>{
+            {ms::kStep, double(s)}, {ms::kLoss, st.loss}, {ms::kCeLoss, st.ce_loss},
+            {ms::kAuxLoss, st.aux_loss}, {ms::kLr, st.lr}, {ms::kGradNorm, st.grad_norm},
+            {ms::kTokensPerS, tps}, {ms::kMfu, mfu}, {ms::kMfuMatmul, mfu_matmul},
+            {ms::kStepTime, st.step_time}, {ms::kSkipped, skipped ? 1.0 : 0.0},
+            {ms::kSpike, spike ? 1.0 : 0.0}, {ms::kSpikeLossLimit, st.spike_loss_limit},
+            {ms::kSpikeGradNormLimit, st.spike_grad_norm_limit}};
+        if (deck_.model.mtp_depth > 0) train_row.push_back({ms::kMtpLoss, st.mtp_loss});
+        metrics_->append(ms::kTrain, train_row);
         metrics_->append(ms::kTiming, {{ms::kTimePipeline, st.t_pipeline}, {ms::kTimePipelineWait, st.t_wait},
                                        {ms::kTimeReplicaSync, st.t_sync}, {ms::kTimeDpReduce, st.t_dp},
                                        {ms::kTimeOptimizer, st.t_optim}, {ms::kTpComm, st.tp.seconds},
@@ -308,6 +336,11 @@ void Telemetry::record_step(int64_t s, const StepStats& st, bool skipped, bool s
         }
     }
     const int64_t steps = deck_.train.steps;
+    // The steady steps only: the first ones (page faults, first-touch allocations) differ by rank.
+    if (stragglers_ && steady)
+        for (const std::string& line : stragglers_->observe(s, rank_col_[1].data(), rank_col_[2].data(),
+                                                            s % deck_.output.log_every == 0))
+            log(line);
     if (s % deck_.output.log_every == 0 || s == steps) {
         const double el = now_s() - t_start_;
         const double eta = el / double(s - start_step_) * double(steps - s);
@@ -421,6 +454,8 @@ void Telemetry::report_finished() const {
             }
         }
     }
+    if (stragglers_ && grid.world().size() > 1)
+        for (const std::string& line : stragglers_->summary()) log(line);
     const int pp = grid.pp().size();
     if (pp > 1) {
         const int m = deck_.parallel.microbatches, v = deck_.parallel.virtual_stages;

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "quintet/core/clock.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/core/profile.hpp"
+#include "quintet/core/trace.hpp"
 #include "quintet/data/dataset.hpp"
 #include "quintet/deck/deck.hpp"
 #include "quintet/io/metrics.hpp"
@@ -23,8 +25,8 @@ Trainer::Trainer(RankModel& model, const std::string& deck_text, const DataSet& 
       grads_(be_.alloc(model.zero() ? 1 : model.table().total)),
       sync_(std::make_unique<GradientSync>(model.table(), be_, model.comms(), model.tp(), deck_.parallel.bucket_mb,
                                            deck_.parallel.zero == 1, deck_.parallel.overlap_dp, model.zero())),
-      opt_(std::make_unique<AdamW>(model.table(), be_, *sync_, deck_.train,
-                                   tensor_rules(model.table(), deck_.model, deck_.init, deck_.groups))),
+      opt_(std::make_unique<Optimizer>(model.table(), be_, *sync_, model.comms(), grid_.tp().size(), deck_.train,
+                                       tensor_rules(model.table(), deck_.model, deck_.init, deck_.groups))),
       sampler_(data, deck_.data, uint64_t(deck_.train.seed)),
       faults_(grid_.rank()),
       telemetry_(model, deck_text),
@@ -34,6 +36,7 @@ Trainer::Trainer(RankModel& model, const std::string& deck_text, const DataSet& 
       nonfinite_(deck_.train, deck_.output.run_dir, grid_.rank(), skips_,
                  [this](const std::string& l) { telemetry_.log(l); }),
       spikes_(deck_.train, deck_.output.run_dir, grid_.rank(), skips_, [this](const std::string& l) { telemetry_.log(l); }),
+      timeline_(grid_, deck_, [this](const std::string& l) { telemetry_.log(l); }),
       lock_(lock) {
     if (deck_.eval.every > 0) {
         eval_.emplace(model, sampler_);
@@ -50,9 +53,11 @@ Trainer::Trainer(RankModel& model, const std::string& deck_text, const DataSet& 
     if (model.zero()) model.zero()->enable_gradients();
     telemetry_.set_training_bytes(model.zero() ? model.zero()->grad_bytes()
                                                : double(model.table().total) * 4 + double(opt_->shard_floats()) * 4,
-                                  2.0 * double(std::max<size_t>(opt_->state_floats(), 1)) * 4);
+                                  opt_->bytes());
     telemetry_.set_checkpoint_bytes(checkpoints_.staging_bytes());
-    if (model.moe()) moe_ = MoeCounts(deck_.model.n_layers, deck_.model.moe.experts, grid_.ep().size());
+    telemetry_.log(opt_->describe());
+    if (model.moe())  // the MTP modules' MoE layers count as layers n_layers + k
+        moe_ = MoeCounts(deck_.model.n_layers + deck_.model.mtp_depth, deck_.model.moe.experts, grid_.ep().size());
 }
 
 Trainer::~Trainer() {
@@ -76,7 +81,15 @@ StepStats Trainer::step(int64_t s, bool locate) {
     const int mbs = deck_.data.micro_batch_size, T = deck_.data.seq_len;
     const int64_t gb = global_batch();
     float* params = model_.params();
+    trace::set_step(int32_t(s + 1));
+    trace::Span step_span(trace::Track::step, "step");
     const double t0 = now_s();
+    // The step's waits (communication, data): the rest of it is this rank's compute.
+    const int64_t waited0 = trace::waited_ns(), data0 = trace::waited_ns(trace::Track::data);
+    auto close_times = [&](StepStats& out) {
+        out.data_wait = double(trace::waited_ns(trace::Track::data) - data0) * 1e-9;
+        out.comm_wait = double(trace::waited_ns() - waited0) * 1e-9 - out.data_wait;
+    };
     TensorParallel& tp = model_.tp();
     ContextParallel* cp = model_.cp();
     ExpertParallel* ep = model_.ep();
@@ -103,6 +116,7 @@ StepStats Trainer::step(int64_t s, bool locate) {
             sampler_.train_sample(s, (g0 + mb) * mbs + j, gb, ids + size_t(j) * T, tgt + size_t(j) * T);
     };
     const float grad_scale = float(1.0 / (double(gb) * T));
+    std::optional<trace::Span> phase(std::in_place, trace::Track::step, "pipeline");
     // train.probe_rms: the layer outputs' squares over the step's forwards, summed over every rank.
     RmsProbe probe;
     if (deck_.train.probe_rms)
@@ -117,9 +131,11 @@ StepStats Trainer::step(int64_t s, bool locate) {
         for (int k = 0; k < kNumProbeKinds; ++k) st.probe_rms[size_t(k)] = probe.rms(ProbeKind(k));
     }
     const double t1 = now_s();
+    phase.reset();
     if (locate && !zero) st.origin = locate_nonfinite(model_.table(), be_, grads_, r.ce_sum + r.aux_sum, grid_.world());
     // 2. Gradients summed over their replica groups (tp/kv/tied partials, then dp x cp / edp).
     st.dp_early = sync_->buckets_overlapped();
+    phase.emplace(trace::Track::step, "gradient sync");
     auto [t_sync, t_dp] = [&] {
         QUINTET_PROFILE("comm.dp");
         return sync_->finish_step(grads_, opt_->shards());
@@ -128,21 +144,25 @@ StepStats Trainer::step(int64_t s, bool locate) {
     if (locate && zero) st.origin = locate_nonfinite(zero_nonfinite(r.ce_sum + r.aux_sum), grid_.world());
     // 3. The step's loss: cross-entropy summed over every target token of the global batch
     //    (only the last stage has it), aux averaged over the microbatches.
-    double sums[2] = {r.ce_sum, r.aux_sum};
-    grid_.pp().all_reduce_sum(sums, 2);
-    grid_.dp_cp().all_reduce_sum(sums, 2);
+    phase.emplace(trace::Track::step, "loss");
+    double sums[3] = {r.ce_sum, r.aux_sum, r.mtp_sum};
+    grid_.pp().all_reduce_sum(sums, 3);
+    grid_.dp_cp().all_reduce_sum(sums, 3);
     const double t3 = now_s();
-    // 4. Global-norm clipping and AdamW -- unless the loss or the norm is not finite (the same
+    // 4. Global-norm clipping and the optimizer (AdamW, or Muon and AdamW) -- unless the loss or the norm is not finite (the same
     //    decision on every rank: both are all-reduced), which leaves the state as it was.
-    profile::Scope optimizer_scope("optimizer");
+    phase.emplace(trace::Track::step, "optimizer");
+    std::optional<trace::Span> optimizer_span(std::in_place, trace::Track::compute, "optimizer");
+    profile::Scope optimizer_scope("optimizer", /*traced=*/false);
     const double norm = opt_->grad_norm(grads_, grid_.world());
-    if (!std::isfinite(sums[0]) || !std::isfinite(sums[1]) || !std::isfinite(norm)) {
+    if (!std::isfinite(sums[0]) || !std::isfinite(sums[1]) || !std::isfinite(sums[2]) || !std::isfinite(norm)) {
         st.nonfinite = true;
         st.lr = lr_at(deck_.train, s);  // what the step would have used
         st.what = !std::isfinite(sums[0]) ? "the loss" : !std::isfinite(sums[1]) ? "the MoE aux loss" : "the gradient norm";
         st.loss = sums[0] / (double(gb) * T) + sums[1];
         st.grad_norm = norm;
         st.step_time = now_s() - t0;
+        close_times(st);
         moe_.clear();  // a skipped step routes nothing
         return st;
     }
@@ -151,11 +171,13 @@ StepStats Trainer::step(int64_t s, bool locate) {
     //    differently on different ranks), so every rank takes the same decision; a spike it acts
     //    on leaves the state untouched, as a non-finite step does.
     const double ce = sums[0] / (double(gb) * T), aux = sums[1] / double(grid_.dp().size() * p.microbatches);
-    double judged[2] = {ce + aux, norm};
+    // MTP (docs/math.md §11): each module's cross-entropy normalised like the main one, their mean.
+    const double mtp = deck_.model.mtp_depth > 0 ? sums[2] / (double(gb) * T) / deck_.model.mtp_depth : 0.0;
+    double judged[2] = {ce + aux + deck_.train.mtp_weight * mtp, norm};
     if (spikes_.acts()) grid_.world().broadcast(judged, sizeof judged, 0);
     spikes_.check(judged[0], judged[1], st);
     if (st.spike) {
-        st.ce_loss = ce, st.aux_loss = aux, st.loss = ce + aux;
+        st.ce_loss = ce, st.aux_loss = aux, st.mtp_loss = mtp, st.loss = judged[0];
         st.lr = lr_at(deck_.train, s);  // what the step would have used
         st.grad_norm = norm;
         st.step_time = now_s() - t0;
@@ -174,10 +196,13 @@ StepStats Trainer::step(int64_t s, bool locate) {
         model_.update_balance_bias(moe_);
     }
     model_.refresh_bf16_weights();
+    optimizer_span.reset();  // (a stretched compute span spins here, inside the step)
+    phase.reset();
     const double t4 = now_s();
     st.ce_loss = ce;
     st.aux_loss = aux;
-    st.loss = st.ce_loss + st.aux_loss;
+    st.mtp_loss = mtp;
+    st.loss = ce + aux + deck_.train.mtp_weight * mtp;
     st.lr = lr;
     st.grad_norm = norm;
     st.t_wait = r.t_wait;
@@ -186,6 +211,7 @@ StepStats Trainer::step(int64_t s, bool locate) {
     st.t_dp = t_dp;
     st.t_optim = t4 - t3;
     st.step_time = t4 - t0;
+    close_times(st);
     st.tp = tp.counters;
     if (cp) st.cp = cp->counters;
     if (ep) {
@@ -229,9 +255,15 @@ int Trainer::run() {
     // waits that poll their deadline themselves.
     arm_watchdog(grid_, deck_.output.run_dir, &steps_done_);
     try {
-        return run_steps();
+        const int status = run_steps();
+        timeline_.finish();
+        return status;
     } catch (const DeadlineError& e) {
         write_fault_file(deck_.output.run_dir, "transient", steps_done_.load() + 1, grid_.rank(), e.what());
+        timeline_.finish();  // what this rank did up to the fault: often the question
+        throw;
+    } catch (...) {
+        timeline_.finish();
         throw;
     }
 }
@@ -346,6 +378,7 @@ int Trainer::run_steps() {
     }
     telemetry_.begin(start_step_, checkpoints_.source().resume ? checkpoints_.source().path : "");
     set_up_blend();
+    timeline_.begin(start_step_);
     if (t.steps == 0 || start_step_ >= t.steps) {
         if (start_step_ == 0) checkpoints_.save(0, tokens_seen_, run_state(), telemetry_.metrics(), true);
         return 0;
@@ -353,6 +386,7 @@ int Trainer::run_steps() {
     int64_t s = start_step_;
     steps_done_.store(s);
     while (s < t.steps) {
+        timeline_.before_step(s);
         StepStats st = step(s);
         bool skipped = false, spike = st.over_limit;
         // A rejected step: re-run, skipped or the end of the run, by its policy; a rerun may be
@@ -379,6 +413,7 @@ int Trainer::run_steps() {
         telemetry_.record_data(s, sampler_.source_samples(s * global_batch()), sampler_.train_sources(),
                                sampler_.take_wait_seconds());
         if (eval_ && (s % deck_.eval.every == 0 || s == t.steps)) {
+            trace::Span eval_span(trace::Track::step, "evaluation");
             std::vector<double> per_source;
             const double loss = eval_->evaluate(nullptr, &per_source);
             telemetry_.record_eval(s, loss, per_source, sampler_.val_sources());
@@ -391,10 +426,14 @@ int Trainer::run_steps() {
         const bool periodic = deck_.checkpoint.every > 0 && s % deck_.checkpoint.every == 0;
         if (periodic || s == t.steps || stop || exit_now) {
             // The last checkpoint of this run is complete before it ends: no copy, no thread.
-            checkpoints_.save(s, tokens_seen_, run_state(), telemetry_.metrics(), s == t.steps || stop || exit_now);
+            {
+                trace::Span write(trace::Track::checkpoint, "checkpoint");
+                checkpoints_.save(s, tokens_seen_, run_state(), telemetry_.metrics(), s == t.steps || stop || exit_now);
+            }
             // A signal that arrived during the write stops at the checkpoint just written.
             if (!stop) stop = stop_agreed(grid_.world());
         }
+        timeline_.after_step(s);
         if ((stop || exit_now) && s < t.steps) {
             if (stop && grid_.rank() == 0) write_stop_file(deck_.output.run_dir, s, checkpoints_.last());
             telemetry_.log(std::string(stop ? "stop signal received" : "train.exit_after reached") +

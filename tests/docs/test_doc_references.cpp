@@ -272,3 +272,27 @@ TEST(DocReferences, LinksAndPathsInTheDocsExist) {
     const auto problems = scan(Check::md_links_and_paths);
     EXPECT_TRUE(problems.empty()) << "links and paths in the Markdown files that lead nowhere:\n" << report(problems);
 }
+
+// A TeX escape written through a string literal loses its backslash to a control character
+// ("\times" becomes a tab and "imes", "\frac" a form feed and "rac"): the Markdown must hold none.
+TEST(DocReferences, MarkdownHoldsNoControlCharacters) {
+    const Tree& t = tree();
+    std::vector<std::string> problems;
+    int markdown = 0;
+    for (const auto& f : t.files) {
+        if (f.size() < 3 || f.compare(f.size() - 3, 3, ".md") != 0) continue;
+        ++markdown;
+        const std::string text = text_of(t, f);
+        int line = 1;
+        for (unsigned char c : text) {
+            if (c == '\n') { ++line; continue; }
+            if (c < 0x20 || c == 0x7f) {
+                char code[8];
+                std::snprintf(code, sizeof code, "0x%02x", c);
+                problems.push_back(f + ":" + std::to_string(line) + ": control character " + code);
+            }
+        }
+    }
+    EXPECT_GT(markdown, 10) << "the scan found too few Markdown files";
+    EXPECT_TRUE(problems.empty()) << "control characters in the Markdown (a lost backslash?):\n" << report(problems);
+}

@@ -81,6 +81,7 @@ def config_of(c):
         kw.update(scaling="yarn", factor=rs["factor"],
                   original_max_position=rs["original_max_position_embeddings"],
                   beta_fast=rs.get("beta_fast", 32.0), beta_slow=rs.get("beta_slow", 1.0))
+        kw.update(yarn_factors(arch, rs))
     L = c["num_hidden_layers"]
     if arch == "LlamaForCausalLM":
         return tr.ModelConfig(c["vocab_size"], c["hidden_size"], L, c["num_attention_heads"],
@@ -96,10 +97,48 @@ def config_of(c):
         kw.update(moe_experts=E, moe_top_k=c["num_experts_per_tok"], moe_shared=c.get("n_shared_experts") or 0,
                   moe_ffn_dim=c["moe_intermediate_size"],
                   moe_layers=",".join(str(i) for i in range(first, L)),
-                  moe_norm_topk=c.get("norm_topk_prob", False),
-                  moe_balance="aux_free" if c.get("topk_method") == "noaux_tc" else "none")
+                  **router_of(arch, c))
     return tr.ModelConfig(c["vocab_size"], c["hidden_size"], L, c["num_attention_heads"], 0,
                           c["intermediate_size"], **kw)
+
+
+def yarn_m(s, c):
+    return 0.1 * c * math.log(s) + 1.0 if s > 1 else 1.0
+
+
+def yarn_factors(arch, rs):
+    """YaRN's temperature as Transformers computes it, in torch_reference's terms. Transformers'
+    yarn rope init multiplies cos and sin by attention_factor when given, else by
+    m(mscale) / m(mscale_all_dim) when both are non-zero, else by m(1); its DeepseekV3 attention
+    multiplies the softmax scale by m(mscale_all_dim)^2 when mscale_all_dim is non-zero, its
+    DeepseekV2 attention never. torch_reference takes a = mscale and b = mscale_all_dim with MLA's
+    tables times m(a) / m(b) and the softmax times m(b)^2 (MHA: the tables times m(a))."""
+    s = rs["factor"]
+    a, b = rs.get("mscale") or 0.0, rs.get("mscale_all_dim") or 0.0
+    table = rs["attention_factor"] if "attention_factor" in rs else \
+        (yarn_m(s, a) / yarn_m(s, b) if a and b else yarn_m(s, 1.0))
+    ln = 0.1 * math.log(s)
+    if arch == "LlamaForCausalLM":
+        return dict(mscale=(table - 1.0) / ln)
+    softmax = yarn_m(s, b) ** 2 if arch == "DeepseekV3ForCausalLM" and b else 1.0
+    mb = math.sqrt(softmax)
+    return dict(mscale=(table * mb - 1.0) / ln, mscale_all_dim=(mb - 1.0) / ln)
+
+
+def router_of(arch, c):
+    """The router each Transformers class computes (docs/interop.md): DeepseekV3 -- sigmoid
+    scores, the correction bias, groups by the sum of their two best biased scores,
+    norm_topk_prob, routed_scaling_factor; DeepseekV2 -- softmax, greedy or groups by their best
+    score, never renormalised, no bias, routed_scaling_factor."""
+    v3 = arch == "DeepseekV3ForCausalLM"
+    method = "noaux_tc" if v3 else c.get("topk_method", "greedy")
+    groups = c.get("n_group") or 1
+    grouped = method != "greedy" and groups > 1
+    return dict(moe_scoring="sigmoid" if v3 else "softmax", moe_topk_method=method if grouped else "greedy",
+                moe_groups=groups if grouped else 1, moe_group_top_k=(c.get("topk_group") or 1) if grouped else 1,
+                moe_norm_topk=bool(c.get("norm_topk_prob", False)) if v3 else False,
+                moe_routed_scaling=c.get("routed_scaling_factor", 1.0),
+                moe_balance="aux_free" if v3 else "none")
 
 
 def deinterleave(w, row0, d):
@@ -114,6 +153,11 @@ def main():
     c = json.load(open(os.path.join(d, "config.json")))
     cfg = config_of(c)
     tensors = read_dir(d)
+    # DeepSeek-V3's multi-token prediction layers (after the last decoder layer): Transformers
+    # does not load them, and neither does this reader.
+    L = c["num_hidden_layers"]
+    tensors = {k: v for k, v in tensors.items()
+               if not (k.startswith("model.layers.") and int(k.split(".")[2]) >= L)}
     if cfg.mla:
         H, dn, dr = cfg.n_heads, c["qk_nope_head_dim"], c["qk_rope_head_dim"]
         for i in range(cfg.n_layers):
@@ -124,7 +168,7 @@ def main():
             deinterleave(tensors[p + "kv_a_proj_with_mqa.weight"], c["kv_lora_rank"], dr)
     model = tr.build_model_class(bf16=False)(cfg)
     views = model.hf_views()
-    # The aux-free bias is in the file only for DeepSeek V3 (topk_method noaux_tc).
+    # The correction bias is in the file only for DeepSeek V3 (its router always adds it).
     buffers = model.hf_buffers() if getattr(cfg, "moe_balance", "") == "aux_free" else {}
     wanted = set(views) | set(buffers)
     if set(tensors) != wanted:

@@ -1,8 +1,9 @@
 // GGUF export without llama.cpp (docs/interop.md): what is refused, with exit 2, the option or
 // key named and nothing written -- a checkpoint without a tokenizer (and how --data attaches
 // one), an unknown dtype, an existing output without --force, a tokenizer pattern llama.cpp has
-// no pre-tokenizer for, MoE with model.attention = mha -- and that the offline tokenizer kinds
-// (tiktoken, tokenizer.json) are written with the pre-tokenizer their pattern implies.
+// no pre-tokenizer for, MoE with model.attention = mha, groups ranked by their best score -- that
+// the offline tokenizer kinds (tiktoken, tokenizer.json) are written with the pre-tokenizer their
+// pattern implies, and DeepSeek's router keys with the router kept f32 in a bf16 file.
 // The runs in llama.cpp itself: test_llama_cpp.cpp and test_llama_cpp_tokenizers.cpp.
 // ctest: labels=interop timeout=600 launches_mpirun
 #include <gtest/gtest.h>
@@ -10,7 +11,9 @@
 #include <algorithm>
 #include <hdf5.h>
 
+#include <cstring>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include "../tokenizer/small_tokenizers.hpp"
@@ -130,6 +133,87 @@ TEST_F(GgufExport, UnwritableModelsAreExit2) {
     EXPECT_EQ(r.status, 2) << r.output;
     EXPECT_NE(r.output.find("model.attention = mha with moe.experts = 2"), std::string::npos) << r.output;
     EXPECT_FALSE(fs::exists(dir / "moe.gguf"));
+}
+
+// A GGUF file's metadata numbers (u32, f32, bool as doubles) and its tensors' ggml types, read
+// from the layout (little-endian: magic, version, counts, key/values, tensor infos).
+struct GgufHeader {
+    std::map<std::string, double> numbers;
+    std::map<std::string, uint32_t> tensor_type;
+};
+GgufHeader read_gguf_header(const fs::path& p) {
+    const std::string b = read_file(p);
+    size_t at = 0;
+    auto take = [&](size_t n) {
+        const char* q = b.data() + at;
+        at += n;
+        return q;
+    };
+    auto u32 = [&] { uint32_t v; std::memcpy(&v, take(4), 4); return v; };
+    auto u64 = [&] { uint64_t v; std::memcpy(&v, take(8), 8); return v; };
+    auto str = [&] { const uint64_t n = u64(); return std::string(take(n), n); };
+    const size_t size_of[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+    GgufHeader h;
+    EXPECT_EQ(std::string(take(4), 4), "GGUF");
+    u32();
+    const uint64_t tensors = u64(), kvs = u64();
+    for (uint64_t i = 0; i < kvs; ++i) {
+        const std::string key = str();
+        const uint32_t type = u32();
+        if (type == 8) {
+            str();
+        } else if (type == 9) {
+            const uint32_t t = u32();
+            const uint64_t n = u64();
+            for (uint64_t j = 0; j < n; ++j) t == 8 ? (void)str() : (void)take(size_of[t]);
+        } else if (type == 4) {
+            h.numbers[key] = u32();
+        } else if (type == 6) {
+            float f;
+            std::memcpy(&f, take(4), 4);
+            h.numbers[key] = f;
+        } else if (type == 7) {
+            h.numbers[key] = *take(1);
+        } else {
+            take(size_of[type]);
+        }
+    }
+    for (uint64_t i = 0; i < tensors; ++i) {
+        const std::string name = str();
+        const uint32_t dims = u32();
+        for (uint32_t d = 0; d < dims; ++d) u64();
+        h.tensor_type[name] = u32();
+        u64();
+    }
+    return h;
+}
+
+// DeepSeek's router in llama.cpp's keys (docs/interop.md): the gating function, the weights'
+// scale and renormalisation, the groups; the router and its bias stay f32 in a bf16 file; and a
+// rule llama.cpp does not compute (groups ranked by their best score) is refused.
+TEST_F(GgufExport, DeepSeekRouterKeysAndAnF32Router) {
+    const std::string mla = "--model.attention=mla --model.n_kv_heads=0 --model.n_layers=2 --model.kv_lora_rank=16 "
+                            "--model.qk_nope_dim=8 --model.qk_rope_dim=8 --model.v_head_dim=8 --moe.experts=8 "
+                            "--moe.top_k=2 --moe.ffn_dim=16 --moe.layers=1 --moe.groups=4 --moe.group_top_k=2 ";
+    std::string ckpt = checkpoint("v3", "--tokenizer bpe --vocab-size 300",
+                                  mla + "--moe.scoring=sigmoid --moe.topk_method=noaux_tc --moe.routed_scaling=2.5 "
+                                        "--moe.balance=aux_free");
+    auto r = export_gguf(ckpt, dir / "v3.gguf", "--dtype bf16");
+    ASSERT_EQ(r.status, 0) << r.output;
+    const GgufHeader h = read_gguf_header(dir / "v3.gguf");
+    EXPECT_EQ(h.numbers.at("deepseek2.expert_gating_func"), 2.0);  // sigmoid
+    EXPECT_FLOAT_EQ(float(h.numbers.at("deepseek2.expert_weights_scale")), 2.5f);
+    EXPECT_EQ(h.numbers.at("deepseek2.expert_weights_norm"), 1.0);
+    EXPECT_EQ(h.numbers.at("deepseek2.expert_group_count"), 4.0);
+    EXPECT_EQ(h.numbers.at("deepseek2.expert_group_used_count"), 2.0);
+    EXPECT_EQ(h.tensor_type.at("blk.1.ffn_gate_inp.weight"), 0u);  // F32
+    EXPECT_EQ(h.tensor_type.at("blk.1.exp_probs_b.bias"), 0u);
+    EXPECT_EQ(h.tensor_type.at("blk.1.ffn_gate_exps.weight"), 30u);  // BF16
+    ckpt = checkpoint("v2", "--tokenizer bpe --vocab-size 300", mla + "--moe.topk_method=group_limited_greedy");
+    r = export_gguf(ckpt, dir / "v2.gguf");
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("moe.topk_method = group_limited_greedy"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(dir / "v2.gguf"));
 }
 
 // The offline kinds: tiktoken with the gpt2 pattern and a GPT-2-style tokenizer.json are written

@@ -1,8 +1,10 @@
 // Hugging Face export and import (docs/interop.md): import(export(checkpoint)) has the same
 // parameters bit for bit in f32, export(import(dir)) the same safetensors bytes, the imported
 // checkpoint evaluates to the same loss and starts a run with checkpoint.init_from; for a dense
-// GQA model and an MLA + MoE one (shared expert, dense first layer, aux-free bias, sharded
-// safetensors). The exported directories are also read by a reader that is not quintet's:
+// GQA model and an MLA + MoE one (DeepSeek-V3's router: sigmoid scores, groups, scaling, the
+// aux-free bias; shared expert, dense first layer, sharded safetensors); a DeepSeek-V2-Lite shape
+// (softmax, YaRN mscale 0.707) computes the same model through DeepseekV2ForCausalLM; routers no
+// Transformers class computes are refused; the released DeepSeek config.json files import. The exported directories are also read by a reader that is not quintet's:
 // tests/interop/hf_reference.py parses the safetensors itself, builds the model config.json
 // describes in the repository's PyTorch model (scripts/torch_reference.py) and its next-token
 // probabilities must be quintet's (skipped, with a message, without python3-torch); a tied YaRN
@@ -53,7 +55,15 @@ log_every = 1
 const char* kMla = "--model.attention=mla --model.n_kv_heads=0 --model.n_layers=3 --model.q_lora_rank=16 "
                    "--model.kv_lora_rank=16 --model.qk_nope_dim=8 --model.qk_rope_dim=8 --model.v_head_dim=8 "
                    "--moe.experts=4 --moe.top_k=2 --moe.shared_experts=1 --moe.ffn_dim=16 --moe.layers=1-2 "
-                   "--moe.balance=aux_free --moe.bias_rate=0.05";
+                   "--moe.balance=aux_free --moe.bias_rate=0.05 --moe.scoring=sigmoid --moe.topk_method=noaux_tc "
+                   "--moe.groups=2 --moe.group_top_k=1 --moe.routed_scaling=2.5";
+// DeepSeek-V2-Lite's shape: no query compression, softmax scores, never renormalised, the balance
+// loss, YaRN with mscale = mscale_all_dim = 0.707.
+const char* kV2Lite = "--model.attention=mla --model.n_kv_heads=0 --model.n_layers=3 --model.q_lora_rank=0 "
+                      "--model.kv_lora_rank=16 --model.qk_nope_dim=8 --model.qk_rope_dim=8 --model.v_head_dim=8 "
+                      "--moe.experts=4 --moe.top_k=2 --moe.shared_experts=1 --moe.ffn_dim=16 --moe.layers=1-2 "
+                      "--moe.norm_topk=false --moe.routed_scaling=1.5 --rope.scaling=yarn --rope.factor=4 "
+                      "--rope.original_max_position=16 --rope.mscale=0.707 --rope.mscale_all_dim=0.707";
 
 class HfRoundTrip : public ::testing::Test {
 protected:
@@ -170,6 +180,19 @@ TEST_F(HfRoundTrip, MlaMoeShardedIsBitIdentical) {
     EXPECT_TRUE(fs::exists(dir / "hf/model.safetensors.index.json"));
 }
 
+// DeepSeek-V3's multi-token prediction module goes out as the layer after the last decoder layer,
+// with its copies of the embedding and head (DeepSeek-V3's layout), and comes back bit for bit;
+// readers that do not run it (Transformers, the PyTorch reader, generate) see the main model.
+TEST_F(HfRoundTrip, MtpModuleRoundTrips) {
+    round_trip(std::string(kMla) + " --model.mtp_depth=1", "");
+    const auto cfg = nlohmann::ordered_json::parse(read_file(dir / "hf/config.json"));
+    EXPECT_EQ(cfg["num_nextn_predict_layers"], 1);
+    const std::string index = read_file(dir / "hf/model.safetensors");
+    for (const char* n : {"model.layers.3.eh_proj.weight", "model.layers.3.embed_tokens.weight",
+                          "model.layers.3.shared_head.head.weight", "model.layers.3.shared_head.norm.weight"})
+        EXPECT_NE(index.find(n), std::string::npos) << n;
+}
+
 // µP's forward multipliers (logits x 1/m, attention scale x sqrt(base/head dim)) are folded into
 // the exported weights (the tied head untied): PyTorch's plain Llama computes the same model.
 TEST_F(HfRoundTrip, MupExportComputesTheSameModel) {
@@ -193,6 +216,57 @@ TEST_F(HfRoundTrip, TiedYarnIsReadByPyTorch) {
     const auto r = run_quintet(0, "export --checkpoint " + ckpt + " --format hf --output " + hf32.string());
     ASSERT_EQ(r.status, 0) << r.output;
     torch_reads(ckpt, hf32, 48, "tied GQA, YaRN (factor 4 over 16, 48 positions)");
+}
+
+// DeepSeek-V2-Lite's shape goes out as DeepseekV2ForCausalLM (softmax, no renormalisation), whose
+// attention has no YaRN softmax factor: m(0.707)^2 is folded into q_proj, and the file's
+// rope_scaling keeps the cos/sin factor. PyTorch reads it as Transformers computes it, past the
+// original context; imported back, it is the same model (the same loss to fp32 rounding).
+TEST_F(HfRoundTrip, V2LiteShapeComputesTheSameModel) {
+    const std::string ckpt = train("run", kV2Lite);
+    const fs::path hf = dir / "hf";
+    auto r = run_quintet(0, "export --checkpoint " + ckpt + " --format hf --output " + hf.string());
+    ASSERT_EQ(r.status, 0) << r.output;
+    const auto cfg = nlohmann::ordered_json::parse(read_file(hf / "config.json"));
+    EXPECT_EQ(cfg["architectures"][0], "DeepseekV2ForCausalLM");
+    EXPECT_EQ(cfg["scoring_func"], "softmax");
+    EXPECT_EQ(cfg["norm_topk_prob"], false);
+    EXPECT_EQ(cfg["routed_scaling_factor"], 1.5);
+    EXPECT_EQ(cfg["rope_scaling"]["mscale_all_dim"], 0.0);
+    torch_reads(ckpt, hf, 48, "DeepSeek-V2-Lite shape (YaRN mscale 0.707, factor 4 over 16, 48 positions)");
+    const fs::path imported = dir / "imported.h5";
+    r = run_quintet(0, "import --format hf --input " + hf.string() + " --output " + imported.string());
+    ASSERT_EQ(r.status, 0) << r.output;
+    const std::string a = eval(ckpt), b = eval(imported.string());
+    ASSERT_FALSE(a.empty());
+    ASSERT_FALSE(b.empty());
+    EXPECT_NEAR(std::stod(a.substr(9)), std::stod(b.substr(9)), 1e-5) << a << " vs " << b;
+}
+
+// Routers no Transformers class computes are refused with the reason, and nothing is written.
+TEST_F(HfRoundTrip, RoutersNoTransformersClassComputesAreRefused) {
+    const std::string mla = "--model.attention=mla --model.n_kv_heads=0 --model.n_layers=2 --model.kv_lora_rank=16 "
+                            "--model.qk_nope_dim=8 --model.qk_rope_dim=8 --model.v_head_dim=8 --moe.experts=4 "
+                            "--moe.top_k=2 --moe.ffn_dim=16 --moe.layers=1 ";
+    struct Case {
+        std::string args, says;
+    } cases[] = {
+        {"", "moe.scoring = softmax with moe.norm_topk = true"},
+        {"--moe.norm_topk=false --moe.balance=aux_free", "moe.scoring = softmax with moe.balance = aux_free"},
+        {"--moe.scoring=sigmoid --moe.topk_method=group_limited_greedy --moe.groups=2 --moe.group_top_k=1",
+         "moe.scoring = sigmoid with moe.topk_method = group_limited_greedy"},
+    };
+    int k = 0;
+    for (const Case& c : cases) {
+        const std::string name = "run" + std::to_string(k++);
+        const std::string ckpt = train(name, mla + c.args);
+        const fs::path hf = dir / (name + "_hf");
+        const auto r = run_quintet(0, "export --checkpoint " + ckpt + " --format hf --output " + hf.string());
+        EXPECT_EQ(r.status, 2) << c.args << "\n" << r.output;
+        EXPECT_NE(r.output.find(c.says), std::string::npos) << r.output;
+        EXPECT_NE(r.output.find("no Transformers class computes this router"), std::string::npos) << r.output;
+        EXPECT_FALSE(fs::exists(hf)) << c.args;
+    }
 }
 
 TEST_F(HfRoundTrip, BadInputIsExit2AndWritesNothing) {
@@ -347,6 +421,71 @@ TEST_F(HfRoundTrip, ImportRefusesNonFiniteAndOverlappingTensors) {
     EXPECT_NE(r.output.find("model.norm.weight"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("model.layers.0.input_layernorm.weight"), std::string::npos) << r.output;
     EXPECT_FALSE(fs::exists(out));
+}
+
+// The released DeepSeek configurations import as they are: on tiny tensors (16 experts, the
+// released dims would be gigabytes), config.json carries each release's router, YaRN and MTP keys
+// with their released values (deepseek-ai/DeepSeek-V2, -V2-Lite and -V3 on the Hugging Face Hub),
+// and the imported model exports back with the same values (DeepSeek-V3's single MTP layer, absent
+// from these files, is no part of quintet's model).
+TEST_F(HfRoundTrip, ReleasedDeepSeekConfigsImport) {
+    // Two tiny models with the released tensor sets: V3's routers hold the correction bias, V2's not.
+    const std::string shape = "--model.attention=mla --model.n_kv_heads=0 --model.n_layers=3 --model.q_lora_rank=16 "
+                              "--model.kv_lora_rank=16 --model.qk_nope_dim=8 --model.qk_rope_dim=8 --model.v_head_dim=8 "
+                              "--moe.experts=16 --moe.top_k=2 --moe.shared_experts=1 --moe.ffn_dim=8 --moe.layers=1-2 ";
+    const fs::path hf_v3 = dir / "hf_v3", hf_v2 = dir / "hf_v2";
+    const std::string v3 = train("v3", shape + "--moe.scoring=sigmoid --moe.topk_method=noaux_tc --moe.balance=aux_free");
+    ASSERT_EQ(run_quintet(0, "export --checkpoint " + v3 + " --format hf --output " + hf_v3.string()).status, 0);
+    const std::string v2 = train("v2", shape + "--moe.norm_topk=false");
+    ASSERT_EQ(run_quintet(0, "export --checkpoint " + v2 + " --format hf --output " + hf_v2.string()).status, 0);
+    const char* yarn_v2 = R"({"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707,
+                              "original_max_position_embeddings": 4096, "type": "yarn"})";
+    const char* yarn_v3 = R"({"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                              "original_max_position_embeddings": 4096, "type": "yarn"})";
+    struct Release {
+        const char* name;
+        std::vector<std::pair<std::string, std::string>> keys;
+    } releases[] = {
+        {"DeepSeek-V2", {{"architectures", R"(["DeepseekV2ForCausalLM"])"}, {"model_type", R"("deepseek_v2")"},
+                         {"scoring_func", R"("softmax")"}, {"topk_method", R"("group_limited_greedy")"},
+                         {"n_group", "8"}, {"topk_group", "3"}, {"num_experts_per_tok", "6"},
+                         {"norm_topk_prob", "false"}, {"routed_scaling_factor", "16.0"}, {"aux_loss_alpha", "0.003"},
+                         {"max_position_embeddings", "163840"}, {"rope_scaling", yarn_v2}}},
+        {"DeepSeek-V2-Lite", {{"architectures", R"(["DeepseekV2ForCausalLM"])"}, {"model_type", R"("deepseek_v2")"},
+                              {"scoring_func", R"("softmax")"}, {"topk_method", R"("greedy")"}, {"n_group", "1"},
+                              {"topk_group", "1"}, {"num_experts_per_tok", "6"}, {"norm_topk_prob", "false"},
+                              {"routed_scaling_factor", "1.0"}, {"aux_loss_alpha", "0.001"},
+                              {"max_position_embeddings", "163840"}, {"rope_scaling", yarn_v2}}},
+        {"DeepSeek-V3", {{"architectures", R"(["DeepseekV3ForCausalLM"])"}, {"model_type", R"("deepseek_v3")"},
+                         {"scoring_func", R"("sigmoid")"}, {"topk_method", R"("noaux_tc")"}, {"n_group", "8"},
+                         {"topk_group", "4"}, {"num_experts_per_tok", "8"}, {"norm_topk_prob", "true"},
+                         {"routed_scaling_factor", "2.5"}, {"aux_loss_alpha", "0.001"},
+                         {"num_nextn_predict_layers", "1"}, {"max_position_embeddings", "163840"},
+                         {"rope_scaling", yarn_v3}}},
+    };
+    for (const Release& rel : releases) {
+        const fs::path in = dir / rel.name;
+        fs::remove_all(in);
+        fs::copy(std::string(rel.name) == "DeepSeek-V3" ? hf_v3 : hf_v2, in, fs::copy_options::recursive);
+        auto cfg = nlohmann::ordered_json::parse(read_file(in / "config.json"));
+        for (const auto& [k, v] : rel.keys) cfg[k] = nlohmann::ordered_json::parse(v);
+        write_file(in / "config.json", cfg.dump(2));
+        const fs::path out = dir / (std::string(rel.name) + ".h5");
+        auto r = run_quintet(0, "import --format hf --input " + in.string() + " --output " + out.string());
+        ASSERT_EQ(r.status, 0) << rel.name << "\n" << r.output;
+        EXPECT_EQ(eval(out.string()).rfind("val_loss=", 0), 0u) << rel.name;
+        const fs::path back = dir / (std::string(rel.name) + "_back");
+        r = run_quintet(0, "export --checkpoint " + out.string() + " --format hf --output " + back.string());
+        ASSERT_EQ(r.status, 0) << rel.name << "\n" << r.output;
+        const auto again = nlohmann::ordered_json::parse(read_file(back / "config.json"));
+        for (const char* k : {"architectures", "scoring_func", "topk_method", "n_group", "topk_group", "num_experts_per_tok",
+                              "norm_topk_prob", "routed_scaling_factor"})
+            EXPECT_EQ(again[k], cfg[k]) << rel.name << ": " << k;
+        // YaRN: the same cos/sin and softmax factors (V2's class has no softmax factor: folded).
+        EXPECT_EQ(again["rope_scaling"]["factor"], 40.0) << rel.name;
+        std::printf("[ hf ] %s's config.json imports; exported back: %s\n", rel.name,
+                    again["rope_scaling"].dump().c_str());
+    }
 }
 
 // The deck's checks across keys run at import too: top-k 9 of 4 experts.

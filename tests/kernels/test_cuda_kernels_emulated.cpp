@@ -223,29 +223,38 @@ TEST(EmulatedKernels, Copy2dAccumulates) {
 // The MoE routing kernels against the CPU backend: the same expert choices and bits.
 TEST(EmulatedKernels, MoeRouteGatherCombine) {
     auto be = cpu();
-    const int N = 45, E = 7, k = 3, C = 33;
+    const int N = 45, E = 8, k = 3, C = 33;
     auto logits = randn(size_t(N) * E, 50, 2.0f), bias = randn(E, 51, 0.05f);
     for (int e = 0; e < E; ++e) logits[size_t(4) * E + e] = 0.5f;  // row 4: all tied
-    for (bool norm : {false, true})
+    for (int variant = 0; variant < 12; ++variant)
         for (const float* b : {static_cast<const float*>(nullptr), static_cast<const float*>(bias.data())}) {
+            // softmax and sigmoid; greedy, group_limited_greedy and noaux_tc; with and without
+            // renormalisation (and with it, scaling) (E = 8: 4 groups of 2, 2 kept).
+            MoeRouteRule rule;
+            rule.norm = variant % 2 == 1;
+            rule.sigmoid = (variant / 2) % 2 == 1;
+            rule.method = variant / 4;
+            if (rule.method) rule.groups = 4, rule.group_top_k = 2;
+            rule.scale = rule.norm && rule.sigmoid ? 2.5f : 1.0f;
             std::vector<float> p(size_t(N) * E), w(size_t(N) * k), p_e(p.size()), w_e(w.size());
             std::vector<int32_t> ex(size_t(N) * k), ex_e(ex.size());
-            be->moe_route(p.data(), ex.data(), w.data(), logits.data(), b, N, E, k, norm);
+            be->moe_route(p.data(), ex.data(), w.data(), logits.data(), b, N, E, k, rule);
             launch(dim3(grid_for(N)), dim3(kThreads), 0, [&] {
-                moe_route_kernel(p_e.data(), ex_e.data(), w_e.data(), logits.data(), b, N, E, k, norm);
+                moe_route_kernel(p_e.data(), ex_e.data(), w_e.data(), logits.data(), b, N, E, k, rule);
             });
             EXPECT_EQ(ex, ex_e);
             EXPECT_EQ(0, std::memcmp(w.data(), w_e.data(), w.size() * 4));
             EXPECT_EQ(0, std::memcmp(p.data(), p_e.data(), p.size() * 4));
-            if (!b) EXPECT_EQ((std::vector<int32_t>(ex.begin() + 12, ex.begin() + 15)), (std::vector<int32_t>{0, 1, 2}));
+            if (!b && rule.method == 0)
+                EXPECT_EQ((std::vector<int32_t>(ex.begin() + 12, ex.begin() + 15)), (std::vector<int32_t>{0, 1, 2}));
             auto dw = randn(w.size(), 52), daux = randn(E, 53);
             std::vector<float> dz(p.size()), dz_e(p.size());
-            be->moe_route_backward(dz.data(), dw.data(), p.data(), ex.data(), w.data(), daux.data(), N, E, k, norm);
+            be->moe_route_backward(dz.data(), dw.data(), p.data(), ex.data(), w.data(), daux.data(), N, E, k, rule);
             launch(dim3(grid_for(N)), dim3(kThreads), 0, [&] {
                 moe_route_backward_kernel(dz_e.data(), dw.data(), p.data(), ex.data(), w.data(), daux.data(), N,
-                                          E, k, norm);
+                                          E, k, rule);
             });
-            EXPECT_LT(rel_err(dz_e, dz), kTol);  // (the compilers may contract to FMAs differently)
+            EXPECT_LT(rel_err(dz_e, dz), kTol) << variant;  // (the compilers may contract to FMAs differently)
         }
     // Gather, combine and its backward over a permutation of the N*k slots.
     std::vector<int32_t> slot(size_t(N) * k), src(size_t(N) * k);

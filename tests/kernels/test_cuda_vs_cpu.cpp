@@ -315,6 +315,37 @@ TEST_F(CudaVsCpu, Copy2d) {
     }
 }
 
+// The MoE router on the device: every scoring, top-k method, renormalisation and scaling picks the
+// CPU's experts, with its weights and score gradients to fp32 tolerance.
+TEST_F(CudaVsCpu, MoeRouterEveryRule) {
+    const int N = 67, E = 16, k = 4;
+    auto logits = randn(size_t(N) * E, 80, 2.0f), bias = randn(E, 81, 0.05f), daux = randn(E, 82);
+    auto dw = randn(size_t(N) * k, 83);
+    for (int variant = 0; variant < 12; ++variant) {
+        MoeRouteRule rule;
+        rule.norm = variant % 2 == 1;
+        rule.sigmoid = (variant / 2) % 2 == 1;
+        rule.method = variant / 4;
+        if (rule.method) rule.groups = 4, rule.group_top_k = 2;
+        rule.scale = rule.norm ? 2.5f : 1.0f;
+        const bool with_bias = rule.method == MoeRouteRule::group_top2;
+        std::vector<float> p(size_t(N) * E), w(size_t(N) * k), dz(p.size());
+        std::vector<int32_t> ex(size_t(N) * k);
+        cpu_->moe_route(p.data(), ex.data(), w.data(), logits.data(), with_bias ? bias.data() : nullptr, N, E, k, rule);
+        cpu_->moe_route_backward(dz.data(), dw.data(), p.data(), ex.data(), w.data(), daux.data(), N, E, k, rule);
+        float *gp = dev(p), *gw = dev(w), *gdz = dev(dz);
+        int32_t* gex = dev_i32(ex);
+        gpu_->moe_route(gp, gex, gw, dev(logits), with_bias ? dev(bias) : nullptr, N, E, k, rule);
+        std::vector<int32_t> ex_g(ex.size());
+        gpu_->to_host_i32(ex_g.data(), gex, ex.size());
+        EXPECT_EQ(ex_g, ex) << variant;
+        EXPECT_LT(rel_err(host(gw, w.size()), w), kTol) << variant;
+        EXPECT_LT(rel_err(host(gp, p.size()), p), kTol) << variant;
+        gpu_->moe_route_backward(gdz, dev(dw), gp, gex, gw, dev(daux), N, E, k, rule);
+        EXPECT_LT(rel_err(host(gdz, dz.size()), dz), kTol) << variant;
+    }
+}
+
 TEST_F(CudaVsCpu, SwigluAddScale) {
     const int N = 19, F = 37;
     auto gu = randn(size_t(N) * 2 * F, 30, 2.0f), dy = randn(size_t(N) * F, 31);

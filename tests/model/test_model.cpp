@@ -22,7 +22,10 @@ struct Tiny {
     RopeConfig rope;
     InitConfig init;
     // attention: "mha" (GQA), "mla" (with query compression), "mla_q" (MLA, plain q_proj).
-    Tiny(bool tied, bool yarn, const std::string& attention = "mha") {
+    Tiny(bool tied, bool yarn, const std::string& kind = "mha") {
+        // mtp_<kind>: <kind> with two multi-token prediction modules.
+        const std::string attention = kind.rfind("mtp", 0) == 0 ? (kind.size() > 4 ? kind.substr(4) : "mha") : kind;
+        if (attention != kind) m.mtp_depth = 2;
         m.vocab_size = 17;
         m.d_model = 16;
         m.n_layers = 2;
@@ -85,7 +88,8 @@ void random_tokens(int N, std::vector<int32_t>& ids, std::vector<int32_t>& tgt) 
 // split: the chunk runs its backward in two parts (B, then W), as the zero-bubble schedules do.
 // mup: the forward's µP multipliers (logits x 0.5, attention scale x 0.7) set.
 void check_model_gradient(bool tied, bool yarn, const std::string& kind = "mha", bool split = false, bool mup = false) {
-    const bool moe = kind.rfind("moe", 0) == 0;
+    const bool mtp = kind.rfind("mtp", 0) == 0;
+    const bool moe = kind.rfind("moe", 0) == 0 || kind.rfind("mtp_moe", 0) == 0;
     const float h = moe ? 1e-3f : 1e-2f;
     const double tol = moe ? 3e-2 : 2e-2, min_grad = moe ? 1e-5 : 1e-4;
     Tiny c(tied, yarn, kind);
@@ -113,8 +117,17 @@ void check_model_gradient(bool tied, bool yarn, const std::string& kind = "mha",
     }
     const double aux = model.aux_loss(0);
     if (kind == "moe") EXPECT_GT(aux, 0.0);
-    auto f = [&] { return model.forward_loss(params.data(), ids.data(), tgt.data()) + model.aux_loss(0); };
-    EXPECT_NEAR(f(), ce + aux, (moe ? 1e-5 : 1e-4) * std::abs(ce));
+    // With MTP the loss adds mtp_weight / D times the modules' summed cross-entropies (a
+    // training forward: an evaluation's is the main loss alone).
+    const double mtp_w = o.mtp_weight / std::max(1, c.m.mtp_depth);
+    const double mtp_sum = model.mtp_loss(0);
+    if (mtp) EXPECT_GT(mtp_sum, 0.0);
+    auto f = [&] {
+        if (!mtp) return model.forward_loss(params.data(), ids.data(), tgt.data()) + model.aux_loss(0);
+        const double l = model.forward(0, params.data(), ids.data(), tgt.data(), 1.0f, true);
+        return l + model.aux_loss(0) + mtp_w * model.mtp_loss(0);
+    };
+    EXPECT_NEAR(f(), ce + aux + mtp_w * mtp_sum, (moe ? 1e-5 : 1e-4) * std::abs(ce));
     int experts = 0, with_grad = 0;
     for (const auto& s : table.specs) {
         if (!s.trainable()) continue;
@@ -140,7 +153,7 @@ void check_model_gradient(bool tied, bool yarn, const std::string& kind = "mha",
         }
     }
     if (moe) {
-        EXPECT_EQ(experts, (kind == "moe_free" ? 1 : 2) * 4 * 3);  // every expert tensor of every MoE layer
+        EXPECT_EQ(experts, (kind == "moe_free" ? 1 : mtp ? 4 : 2) * 4 * 3);  // every expert tensor of every MoE layer
         EXPECT_GE(with_grad, experts * 2 / 3) << "too few experts were routed to for the check to mean much";
     }
 }
@@ -160,6 +173,13 @@ TEST(Model, MlaGradientMatchesFiniteDifferencesPlainQueryWithYarn) { check_model
 // MoE: router, k of E SwiGLU experts, a shared expert and the aux loss; aux-free on one layer.
 TEST(Model, MoeGradientMatchesFiniteDifferences) { check_model_gradient(false, false, "moe"); }
 TEST(Model, MoeAuxFreeOnOneLayerGradientMatchesFiniteDifferences) { check_model_gradient(false, false, "moe_free"); }
+// DeepSeek-V3's multi-token prediction: two modules (their norms, eh_proj, a decoder layer of the
+// model's kinds; the shared embedding and head), dense MHA, MLA and MoE.
+TEST(Model, MtpGradientMatchesFiniteDifferences) {
+    check_model_gradient(false, false, "mtp");
+    check_model_gradient(true, false, "mtp_mla");
+    check_model_gradient(false, false, "mtp_moe");
+}
 TEST(Model, MoeWithCapacityDropsGradientMatchesFiniteDifferences) { check_model_gradient(false, false, "moe_cap"); }
 // The backward split into B (input gradients) and W (weight gradients), as zb_h1 and zbv run it:
 // every block kind against central differences too.
@@ -422,6 +442,18 @@ TEST(Rope, YarnRampFollowsTheDesignFormula) {
     EXPECT_NEAR(rope_mscale(r), 0.1 * std::log(8.0) + 1.0, 1e-15);
     RopeConfig plain;
     EXPECT_EQ(rope_mscale(plain), 1.0);
+    EXPECT_EQ(rope_table_factor(plain), 1.0);
+    EXPECT_EQ(rope_softmax_factor(plain), 1.0);
+    // DeepSeek's two coefficients (V2-Lite: factor 40, mscale = mscale_all_dim = 0.707): m(c) =
+    // 0.1 c ln s + 1; the tables times m(mscale) / m(mscale_all_dim), the softmax times m(mscale_all_dim)^2.
+    r.factor = 40, r.mscale = 0.707, r.mscale_all_dim = 0.707;
+    const double m = 0.1 * 0.707 * std::log(40.0) + 1.0;
+    EXPECT_NEAR(rope_table_factor(r), 1.0, 1e-15);
+    EXPECT_NEAR(rope_softmax_factor(r), m * m, 1e-14);
+    r.mscale = 1.0, r.mscale_all_dim = 0.0;
+    EXPECT_NEAR(rope_table_factor(r), 0.1 * std::log(40.0) + 1.0, 1e-15);
+    EXPECT_EQ(rope_softmax_factor(r), 1.0);
+    EXPECT_EQ(yarn_mscale(1.0, 5.0), 1.0);  // no extension, no temperature
 }
 
 TEST(Init, EachElementIsAFunctionOfSeedNameAndIndexOnly) {

@@ -4,7 +4,8 @@
 // and ep, zbv's V); the ZeRO-2/3 slice sizes composed by unit equal those of the table laid out
 // by unit; the capped replay of a schedule gives the full action list's in-flight counts (the
 // zero-bubble schedules' held until W); the
-// whole-model counts are exact (the Llama 3 405B shape has 405,853,388,800 parameters).
+// whole-model counts are exact (the Llama 3 405B shape has 405,853,388,800 parameters); DeepSeek-V3's
+// multi-token prediction modules are counted on the last stage.
 // ctest: labels=unit
 #include <gtest/gtest.h>
 
@@ -39,8 +40,10 @@ void expect_same(const ModelConfig& m, int tp, int pp, int v, int ep, const std:
                                  " attention " + m.attention + " moe " + std::to_string(m.moe.experts) + " tied " +
                                  std::to_string(m.tie_embeddings) + " vee " + std::to_string(placement == Placement::vee);
         for (int r = 0; r < kNumRegions; ++r) EXPECT_EQ(f.r[size_t(r)], double(t.region_used[r])) << "region " << r << what;
-        // ZeRO-2/3: the slices' sizes composed by unit equal those of the table laid out by unit.
+        // ZeRO-2/3: the slices' sizes composed by unit equal those of the table laid out by unit
+        // (not with MTP modules, which run with ZeRO 0 or 1 only).
         for (int g : {1, 3, 4}) {
+            if (m.mtp_depth > 0) break;
             const int ge = std::max(1, g / ep);
             ShardPlan zp = plan;
             zp.zero = 2, zp.pad[int(Replicas::dense)] = g, zp.pad[int(Replicas::expert)] = ge;
@@ -95,6 +98,14 @@ TEST(Inventory, StageParamsEqualTheParameterTable) {
     for (int tp : {1, 2, 4}) expect_same(mla, tp, 2, 1, 1, {});
     mla.q_lora_rank = 0;
     expect_same(mla, 2, 3, 2, 1, {});
+    // DeepSeek-V3's multi-token prediction modules on the last stage (with the embedding's copy
+    // when the first stage is another), dense and MoE, MHA and MLA.
+    for (ModelConfig mtp : {base(), moe, mla}) {
+        mtp.mtp_depth = 2;
+        expect_same(mtp, 1, 1, 1, 1, {});
+        expect_same(mtp, 2, 2, 1, mtp.moe.experts > 0 ? 2 : 1, {});
+        expect_same(mtp, 1, 3, 2, 1, {});
+    }
 }
 
 TEST(Inventory, ChunkSlotsMatchTheFullSchedule) {
@@ -138,4 +149,13 @@ TEST(Inventory, ModelCountsAreExact) {
     moe.tie_embeddings = true, moe.moe.shared_experts = 2, moe.moe.layers.parse("0,2-4");
     const ParamTable tt = make_param_table(moe);
     EXPECT_EQ(model_counts(moe).active, double(tt.matmul_params));
+    // With MTP modules: every module's tensors, and its pass through the head, counted.
+    for (int depth : {1, 3}) {
+        moe.mtp_depth = depth;
+        const ParamTable mt = make_param_table(moe);
+        double all = 0;
+        for (const auto& l : mt.logical) all += l.trainable ? double(l.numel()) : 0;
+        EXPECT_EQ(model_counts(moe).total, all) << depth;
+        EXPECT_EQ(model_counts(moe).active, double(mt.matmul_params)) << depth;
+    }
 }

@@ -91,6 +91,11 @@ variants = {
     "mla_noq_yarn": (MLA + ["--model.q_lora_rank=0", "--rope.scaling=yarn", "--rope.factor=4",
                             "--rope.original_max_position=16"], 1e-5),
     "mla_bf16": (MLA + ["--model.q_lora_rank=24", "--train.precision=bf16"], BF16_TOL),
+    # DeepSeek's YaRN temperature (docs/math.md §4.4) with two different coefficients: the tables
+    # times m(1.0) / m(0.5), the softmax scale times m(0.5)^2.
+    "mla_yarn_mscale": (MLA + ["--model.q_lora_rank=0", "--rope.scaling=yarn", "--rope.factor=40",
+                               "--rope.original_max_position=16", "--rope.mscale=1.0",
+                               "--rope.mscale_all_dim=0.5"], 1e-5),
     # MoE (docs/math.md §9): aux-loss balancing with a shared expert; aux-free (the bias moves
     # every step and changes the routing) on a subset of layers without shared experts.
     "moe": (MOE + ["--moe.shared_experts=1", "--moe.aux_coef=0.1"], 1e-5),
@@ -102,6 +107,17 @@ variants = {
     # moe.capacity_factor: each expert takes at most ceil(1.0 * 2 * 96 / 4) = 48 of the 192
     # choices of a rank's microbatch; the lowest-weight choices beyond are dropped (counted in
     # /moe/dropped_tokens, which must match the reference's count exactly and be > 0).
+    # DeepSeek-V3's multi-token prediction (docs/math.md §11): two modules, MHA and MLA.
+    "mtp": (["--model.mtp_depth=2", "--train.mtp_weight=0.5"], 1e-5),
+    "mtp_mla": (MLA + ["--model.q_lora_rank=24", "--model.mtp_depth=1"], 1e-5),
+    # DeepSeek's routers (docs/math.md §9): V3's sigmoid scores, top-2-sum groups, aux-free bias,
+    # renormalised and scaled; V2's softmax with groups ranked by their best score, scaled.
+    "moe_v3": (MOE + ["--moe.scoring=sigmoid", "--moe.topk_method=noaux_tc", "--moe.groups=2",
+                      "--moe.group_top_k=1", "--moe.routed_scaling=2.5", "--moe.balance=aux_free",
+                      "--moe.bias_update=sign", "--moe.bias_rate=0.01", "--moe.shared_experts=1"], 1e-5),
+    "moe_v2": (MOE + ["--moe.topk_method=group_limited_greedy", "--moe.groups=2", "--moe.group_top_k=1",
+                      "--moe.norm_topk=false", "--moe.routed_scaling=1.5", "--moe.aux_coef=0.1"], 1e-5),
+    "moe_sigmoid_aux": (MOE + ["--moe.scoring=sigmoid", "--moe.aux_coef=0.1"], 1e-5),
     "moe_cap": (MOE + ["--moe.capacity_factor=1.0", "--moe.aux_coef=0.01"], 1e-5),
 }
 unknown = [c for c in only if c not in variants]

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Smoke test of scripts/plot_metrics.py, plot_study.py and plot_mup_lr.py (exit status 0 = pass).
+"""Smoke test of scripts/plot_metrics.py, plot_study.py, plot_mup_lr.py and plot_muon.py (exit status 0 = pass).
 
 Builds, in a temporary directory, synthetic files of the layouts the C++ writes:
   * two run dirs with metrics.h5 (/train/*, /eval/*, /train/mfu_matmul, /moe/expert_load
-    [step, layer, expert]) sharing a basename, so the labels must be disambiguated;
+    [step, layer, expert], /ranks/compute_s [step, rank]) sharing a basename, so the labels must be disambiguated;
   * a study dir with study.h5: three runs (two of equal world size, different layouts), one
     failed run, and /parity groups (one with an exact 0 and a NaN);
   * a study of a single run with scaling "none" (no efficiency.png, no parity.png).
@@ -26,6 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PLOT_METRICS = os.path.join(ROOT, "scripts", "plot_metrics.py")
 PLOT_STUDY = os.path.join(ROOT, "scripts", "plot_study.py")
 PLOT_MUP_LR = os.path.join(ROOT, "scripts", "plot_mup_lr.py")
+PLOT_MUON = os.path.join(ROOT, "scripts", "plot_muon.py")
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MIN_PNG_BYTES = 5000
@@ -74,6 +75,9 @@ def write_metrics(run_dir, steps=40, layers=3, experts=4, seed=0):
         load[3] = np.nan  # a row of a run resumed on another layout
         load[:, 1, :] = 0.0  # layer 1 is dense (moe.layers leaves it out)
         f["/moe/expert_load"] = load
+        compute = 0.1 + 0.01 * rng.random((steps, 4))  # /ranks/compute_s [step, rank]: rank 2 slow
+        compute[:, 2] *= 1.5
+        f["/ranks/compute_s"] = compute
         # Started at step 0 on dp=1, resumed at step 20 on dp=2 and at step 30 on the same layout.
         f["/runs/start_step"] = np.array([0.0, 20.0, 30.0])
         for axis, v in dict(tp=[1, 1, 1], cp=[1, 1, 1], dp=[1, 2, 2], pp=[1, 1, 1], ep=[1, 1, 1]).items():
@@ -149,6 +153,12 @@ def test_plot_metrics(tmp):
     plot_metrics.moe_heatmap_panel(fig, ax, "a", run_data)
     labels = [t.get_text() for t in ax.get_yticklabels()]
     check(labels == ["0", "1 (dense)", "2"], f"the heatmap labels the dense layer ({labels})")
+    plt.close(fig)
+    fig, ax = plt.subplots()
+    plot_metrics.rank_compute_panel(ax, "a", run_data)
+    legend = ax.get_legend().get_title().get_text()
+    check(len(ax.get_lines()) == 4 and legend == "slowest: rank 2",
+          f"the per-rank compute panel draws 4 ranks and names rank 2 the slowest ({legend})")
     plt.close(fig)
     two = os.path.join(tmp, "two.png")
     rc, out, err = run(PLOT_METRICS, a, b, "-o", two)
@@ -252,6 +262,41 @@ def test_plot_mup_lr(tmp):
     check(rc == 2 and "study.h5" in err, f"plot_mup_lr on a missing study: exit 2 (rc={rc})")
 
 
+def test_plot_muon(tmp):
+    """A sweep of known optima: adamw best at 2e-3, muon at 8e-3; the summary and the CPU line."""
+    import json
+    d = os.path.join(tmp, "muon")
+    os.makedirs(d, exist_ok=True)
+    sweep, curves, lscpu = (os.path.join(d, n) for n in ("sweep.csv", "curves.csv", "lscpu.txt"))
+    with open(sweep, "w") as fs, open(curves, "w") as fc:
+        fs.write("optimizer,lr,step,eval_loss\n")
+        fc.write("optimizer,lr,step,train_loss\n")
+        for opt, best in (("adamw", 2e-3), ("muon", 8e-3)):
+            for lr in (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2):
+                off = abs(np.log2(lr / best)) * 0.1
+                for step in range(1, 101):
+                    fc.write(f"{opt},{lr},{float(step)},{2.0 + 3.0 / step + off}\n")
+                    if step % 25 == 0:
+                        fs.write(f"{opt},{lr},{float(step)},{2.0 + 3.0 / step + off + 0.01}\n")
+    with open(lscpu, "w") as f:
+        f.write("Architecture:  x86_64\nModel name:    Test CPU 9000\n")
+    png, summary = os.path.join(d, "m.png"), os.path.join(d, "m.json")
+    rc, out, err = run(PLOT_MUON, sweep, curves, "--lscpu", lscpu, "-o", png, "--summary", summary)
+    check(rc == 0, f"plot_muon exits 0 (rc={rc}, stderr={err.strip()!r})")
+    check(out.strip().splitlines()[-1:] == [f"wrote {png}"], "plot_muon prints `wrote PATH`")
+    check_png(png)
+    with open(summary) as f:
+        js = json.load(f)
+    check(js["best_lr"] == {"adamw": 2e-3, "muon": 8e-3}, f"plot_muon finds each optimizer's best rate ({js['best_lr']})")
+    check(js["cpu"] == "Test CPU 9000", f"plot_muon names the CPU from lscpu ({js['cpu']!r})")
+    check(abs(js["final_eval_loss"]["muon"]["0.008"] - 2.04) < 1e-9, "plot_muon's summary holds the final losses")
+    empty = os.path.join(d, "empty.csv")
+    with open(empty, "w") as f:
+        f.write("optimizer,lr,step,eval_loss\n")
+    rc, _, err = run(PLOT_MUON, empty, curves, "-o", os.path.join(d, "x.png"))
+    check(rc == 2 and "no runs" in err, f"plot_muon on a sweep without runs exits 2 naming it (rc={rc})")
+
+
 def main():
     keep = sys.argv[2] if len(sys.argv) > 2 and sys.argv[1] == "--keep" else None
     if keep:
@@ -260,12 +305,14 @@ def main():
         test_plot_metrics(tmp)
         test_plot_study(tmp)
         test_plot_mup_lr(tmp)
+        test_plot_muon(tmp)
         print(f"kept {tmp}")
     else:
         with tempfile.TemporaryDirectory() as tmp:
             test_plot_metrics(tmp)
             test_plot_study(tmp)
             test_plot_mup_lr(tmp)
+            test_plot_muon(tmp)
     print(f"{len(failures)} failure(s)" if failures else "all passed")
     return 1 if failures else 0
 

@@ -152,6 +152,14 @@ TEST_F(ExpertParallel, AuxFreeOnALayerSubsetMatchesOneRank) {
     }
 }
 
+// DeepSeek-V3's router (sigmoid scores, the bias in the choice, the top-2-sum group rule,
+// scaled): the experts a token may use limited to one of two groups, on ep layouts as on one rank.
+TEST_F(ExpertParallel, DeepSeekV3RouterMatchesOneRank) {
+    compare("--moe.scoring=sigmoid --moe.topk_method=noaux_tc --moe.groups=2 --moe.group_top_k=1 "
+            "--moe.routed_scaling=2.5 --moe.balance=aux_free --moe.bias_rate=0.01",
+            {kLayouts[0], kLayouts[1], kLayouts[4], kLayouts[6]});
+}
+
 // µP with MLA (q compression) and MoE: the router's and the experts' multipliers, MLA's
 // attention-scale multiplier and the logits' 1/m, identical on every layout.
 TEST_F(ExpertParallel, MupWithMlaMatchesOneRank) {
@@ -295,6 +303,13 @@ TEST_F(ExpertParallel, BadInputNamesTheKey) {
         {2, "--parallel.ep=2 --parallel.tp=2", "parallel.sequence_parallel", "sequence parallelism"},
         {1, "--moe.capacity_factor=-1", "moe.capacity_factor", "moe.capacity_factor"},
         {1, "--moe.dead_after=0", "moe.dead_after", "moe.dead_after"},
+        {1, "--moe.groups=3 --moe.topk_method=noaux_tc", "moe.groups", "must divide moe.experts"},
+        {1, "--moe.groups=2", "moe.groups", "group_limited_greedy or noaux_tc"},
+        {1, "--moe.groups=2 --moe.group_top_k=3 --moe.topk_method=noaux_tc", "moe.group_top_k", "at most moe.groups"},
+        {1, "--moe.groups=4 --moe.group_top_k=1 --moe.topk_method=group_limited_greedy", "moe.top_k",
+         "at most the experts of moe.group_top_k groups"},
+        {1, "--moe.groups=4 --moe.group_top_k=2 --moe.topk_method=noaux_tc", "moe.groups", "at least 2"},
+        {1, "--moe.scoring=tanh", "moe.scoring", "sigmoid"},
     };
     int k = 0;
     for (const auto& c : cases) {

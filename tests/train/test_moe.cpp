@@ -117,6 +117,22 @@ TEST_F(Moe, AuxFreeAndALayerSubsetMatchOneRank) {
     EXPECT_EQ(biases, 2);  // layers 1 and 3
 }
 
+// DeepSeek's routers (docs/math.md §9): V3's -- sigmoid scores, the aux-free bias in the choice,
+// the top-2-sum group rule, renormalised and scaled -- and V2's -- softmax, groups ranked by their
+// best score, scaled, with the balance loss -- on every layout as on one rank.
+TEST_F(Moe, DeepSeekRoutersMatchOneRank) {
+    compare("--moe.scoring=sigmoid --moe.topk_method=noaux_tc --moe.groups=2 --moe.group_top_k=1 "
+            "--moe.routed_scaling=2.5 --moe.balance=aux_free --moe.bias_rate=0.01",
+            {kLayouts[0], kLayouts[1], kLayouts[4], kLayouts[5]});
+    for (double a : col("ref", "/train/aux_loss")) EXPECT_EQ(a, 0.0);
+    compare("--moe.topk_method=group_limited_greedy --moe.groups=2 --moe.group_top_k=1 --moe.norm_topk=false "
+            "--moe.routed_scaling=1.5",
+            {kLayouts[0], kLayouts[2], kLayouts[3]});
+    double aux = 0;
+    for (double a : col("ref", "/train/aux_loss")) aux += a;
+    EXPECT_GT(aux, 0.0);
+}
+
 TEST_F(Moe, StepZeroCheckpointsAreBitIdentical) {
     auto a = train(1, "s0a", "--train.steps=0");
     auto b = train(4, "s0b", "--train.steps=0 --parallel.cp=2 --parallel.tp=2 --parallel.sequence_parallel=true");

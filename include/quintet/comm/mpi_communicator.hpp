@@ -12,6 +12,7 @@
 
 #include "quintet/comm/communicator.hpp"
 #include "quintet/comm/watchdog.hpp"
+#include "quintet/core/trace.hpp"
 
 namespace quintet {
 
@@ -69,6 +70,8 @@ public:
     void all_reduce_max(int* buf, size_t n) const;
     // recv[size()*n] on `root` = every rank's send[n] in rank order (recv is not read elsewhere).
     void gather(const double* send, double* recv, size_t n, int root) const;
+    // Every rank's text on `root`, in rank order (cut at 255 bytes; the others get an empty list).
+    std::vector<std::string> gather_text(const std::string& mine, int root) const;
     // A barrier that waits asleep (polling every 2 ms) instead of spinning: ranks waiting for a
     // measurement on another rank of their node must leave it the cores.
     void barrier_asleep() const;
@@ -92,15 +95,18 @@ private:
     std::shared_ptr<Watchdog> watchdog_;
     std::vector<int> world_ranks_;
     mutable uint64_t seq_ = 0;
-    // Marks a blocking operation for the watchdog (RAII).
+    trace::Track track_;  // where this communicator's waits go on the timeline (its group's axis)
+    // Marks a blocking operation for the watchdog and the timeline (RAII).
     struct Timed {
         Timed(const MpiCommunicator& c, const char* op);
         ~Timed();
         const MpiCommunicator& c;
+        trace::Wait wait;
     };
     // Completes `req` within the deadline, else throws DeadlineError naming `op` (and `peer`
-    // for point-to-point waits; -1 for collectives).
-    void complete(MPI_Request& req, const char* op, int peer = -1) const;
+    // for point-to-point waits; -1 for collectives). The wait is `event` on `track` in the
+    // timeline (op as its detail when they differ).
+    void complete(MPI_Request& req, const char* op, int peer, const char* event, trace::Track track) const;
     void all_reduce(void* buf, size_t n, MPI_Datatype type, MPI_Op op, const char* what) const;
     int new_handle() const;
     mutable std::vector<MPI_Request> requests_;  // isend/irecv handles index this

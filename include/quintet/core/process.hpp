@@ -21,6 +21,8 @@ std::string quote(const std::string& s);
 
 // This executable's path ("quintet" when /proc/self/exe cannot be read).
 std::string self_exe();
+// This machine's host name ("?" when it cannot be read).
+std::string host_name();
 
 // scripts/NAME: $QUINTET_SCRIPTS_DIR, else beside the executable (build/ -> ../scripts,
 // bin/ -> ../share/quintet), else the source tree it was built from. Throws ConfigError.

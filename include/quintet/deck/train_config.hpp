@@ -31,6 +31,10 @@ struct TrainConfig {
     double lr = 3e-4, lr_min = 3e-5;
     int warmup = 10;
     double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, grad_clip = 1.0;
+    std::string optimizer = "adamw";  // adamw | muon (the hidden and expert matrices; the rest AdamW)
+    double muon_momentum = 0.95;      // Muon's Nesterov momentum, in [0, 1)
+    int muon_ns_steps = 5;            // Newton-Schulz iterations
+    double muon_scale = 0.2;          // the update's RMS factor: scale * sqrt(max(rows, cols))
     int64_t seed = 1234;
     std::string device = "cpu";     // cpu | cuda
     std::string precision = "fp32"; // fp32 | bf16
@@ -45,7 +49,12 @@ struct TrainConfig {
     std::string on_spike = "none";      // none | skip | rerun: a loss or gradient norm far above its window
     int spike_window = 128;             // accepted steps the spike statistics cover (and the warm-up)
     double spike_sigma = 6;             // a spike is above mean + spike_sigma x std of the window
+    // train.trace_steps = A-B: steps A..B (1-based, as logged) on every rank's timeline
+    // (run_dir/trace/rank<r>.json); 0-0 = none
+    int trace_from = 0, trace_to = 0;
+    double straggler_ratio = 1.2;  // a rank computing this many times its peers' median is named
     bool probe_rms = false;             // /probe/<kind>: the RMS of each kind of layer output per step
+    double mtp_weight = 0.3;            // lambda: loss = main + lambda/D * sum of the MTP modules' losses
 };
 
 struct EvalConfig {
@@ -60,6 +69,7 @@ struct CheckpointConfig {
     int keep = 3;                  // complete checkpoints kept; 0 = all
     bool allow_tokenizer_change = false;  // train on data whose tokenizer is not the checkpoint's
     bool async = false;            // write checkpoints in the background from a staging copy
+    bool allow_optimizer_change = false;  // resume with another train.optimizer (its state starts at zero)
 };
 
 struct OutputConfig {

@@ -41,6 +41,9 @@ struct CheckpointMeta {
     // The parameter groups' multipliers the run trained with (model/param_groups.hpp groups_text);
     // empty in checkpoints older than the attribute.
     std::string param_groups;
+    // The optimizer whose state /optim holds (train.optimizer): "adamw" in checkpoints older
+    // than the attribute.
+    std::string optimizer = "adamw";
     // The data blend's segments (data/sampler.hpp, blend_segments_text): "" in checkpoints older
     // than the attribute (the deck's weights from sample 0).
     std::string blend;
@@ -48,6 +51,25 @@ struct CheckpointMeta {
     // [n][2] row-major, and the skipped steps in a row at the checkpoint.
     std::vector<double> spike_window;
     int64_t skips_in_row = 0;
+};
+
+// The optimizer state of a checkpoint (docs/formats.md): for every trainable tensor AdamW's two
+// moments (/optim/exp_avg/<name>, /optim/exp_avg_sq/<name>), except, under optimizer = muon, the
+// matrices Muon takes (model/param_groups.hpp muon_takes): their momentum, /optim/momentum/<name>.
+// A rank's AdamW moments sit in arrays indexed through ArenaRange's state_index; Muon's momentum
+// whole on the rank that orthogonalises the matrix.
+struct OptimizerStateIo {
+    std::string optimizer = "adamw";  // adamw | muon
+    float* exp_avg = nullptr;
+    float* exp_avg_sq = nullptr;
+    // save: the parts of the AdamW tensors this rank writes; load: those whose moments it holds
+    std::vector<ArenaRange> ranges;
+    struct Whole {
+        size_t logical = 0;  // index in table.logical
+        float* data = nullptr;
+    };
+    std::vector<Whole> momentum;  // the whole matrices whose momentum this rank keeps
+    bool muon_tensor(const LogicalTensor& t) const;
 };
 
 // "" when a run on data tokenized by `data_tok` may take its weights from a checkpoint with
@@ -70,12 +92,13 @@ int64_t checkpoint_vocab_size(const std::string& path);
 std::string tokenizer_source_note(const std::string& checkpoint, const std::string& taken_from);
 
 // Collective over `comm` (every rank of the job). params: this rank's local arena; `writes`:
-// the ranges of it this rank writes, with their moments (tensors it holds as a non-writer replica
-// are skipped; buffers have no moments). Returns the final path. Old checkpoints beyond `keep`
-// are removed. The three phases of io/checkpoint_writer.hpp in a row.
+// the ranges of it this rank writes (tensors it holds as a non-writer replica are skipped);
+// `state`: its optimizer state (ranges: the parts it writes). Returns the final path. Old
+// checkpoints beyond `keep` are removed. meta.optimizer is taken from state.optimizer. The three
+// phases of io/checkpoint_writer.hpp in a row.
 std::string checkpoint_save(const MpiCommunicator& comm, const std::string& run_dir, const CheckpointMeta& meta,
-                            const ParamTable& table, const float* params, const float* exp_avg,
-                            const float* exp_avg_sq, const std::vector<ArenaRange>& writes, int keep);
+                            const ParamTable& table, const float* params, const std::vector<ArenaRange>& writes,
+                            const OptimizerStateIo& state, int keep);
 
 // run_dir/checkpoints/step_NNNNNNNN.h5, and the metrics snapshot kept beside it
 // (step_NNNNNNNN.metrics: metrics.h5 as it was when the checkpoint was written; pruned with it).
@@ -106,15 +129,19 @@ CheckpointMeta checkpoint_read_meta(const std::string& path);
 
 // Checks that `path` is a complete quintet checkpoint whose tensors have exactly the logical
 // shapes of `table`; throws ConfigError naming the first mismatch. Collective-safe (read-only).
+// with_optimizer: and the optimizer state of the file's own optimizer (its attribute).
 // with_optimizer = false: the parameters only (weights-only loads: init_from, eval, generate);
 // then the embedding and lm_head may have fewer rows than `table` (a vocabulary extension,
 // allowed by weights_tokenizer_check: checkpoint_load starts the new rows as the mean of the rest).
 CheckpointMeta checkpoint_inspect(const std::string& path, const ParamTable& table,
                                   bool with_optimizer = true);
 
-// Reads this rank's shard of every tensor into the local arena `params`, and (when exp_avg is
-// given) the moments of the ranges `state` of trainable tensors. Independent per rank.
+// Reads this rank's shard of every tensor into the local arena `params`, and (when `state` is
+// given) the optimizer state it holds (state->ranges: the parts of AdamW's tensors; the whole
+// matrices of state->momentum). A state tensor the file lacks is an error unless
+// `missing_state_is_zero` (the optimizer changed, checkpoint.allow_optimizer_change): then it is
+// left as it is (zero). Independent per rank.
 void checkpoint_load(const std::string& path, const ParamTable& table, float* params,
-                     float* exp_avg, float* exp_avg_sq, const std::vector<ArenaRange>& state);
+                     const OptimizerStateIo* state = nullptr, bool missing_state_is_zero = false);
 
 }  // namespace quintet

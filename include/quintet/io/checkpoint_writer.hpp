@@ -28,9 +28,10 @@
 
 namespace quintet {
 
-// One range of the parameter arena this rank writes, and where its values are in host memory:
-// the parameters, and for trainable tensors the two AdamW moments, each [arena.size()] floats
-// (the moments may be null when the range holds no trainable tensor).
+// One range of the parameter arena this rank writes, and where its values are in host memory,
+// each [arena.size()] floats: the parameters (/params), or AdamW's two moments of a range of its
+// tensors (/optim/exp_avg, /optim/exp_avg_sq); a source holds either or both (null: not this
+// source's).
 struct CheckpointSource {
     Range arena;
     const float* params = nullptr;
@@ -38,16 +39,24 @@ struct CheckpointSource {
     const float* exp_avg_sq = nullptr;
 };
 
+// Muon's momentum of one whole matrix (/optim/momentum/<name>, table.logical[logical].numel()
+// floats in host memory), written by the rank that orthogonalises it.
+struct CheckpointWhole {
+    size_t logical = 0;
+    const float* data = nullptr;
+};
+
 class CheckpointWriter {
 public:
-    // Phase 1. collective over `comm`. `sources` must stay valid and unchanged until write()
-    // returns. `metrics_tmp` (rank 0, may be ""): a finished copy of metrics.h5 at
+    // Phase 1. collective over `comm`. `sources` and `momentum` must stay valid and unchanged
+    // until write() returns; meta.optimizer says which tensors have AdamW's moments and which
+    // Muon's momentum (io/checkpoint.hpp OptimizerStateIo). `metrics_tmp` (rank 0, may be ""): a finished copy of metrics.h5 at
     // checkpoint_metrics_path(path()) + ".tmp", made durable and renamed by write(). Throws
     // IoError on every rank (nothing written) when the file system has no room, or when rank 0
     // cannot create the file.
     CheckpointWriter(const MpiCommunicator& comm, const std::string& run_dir, const CheckpointMeta& meta,
-                     const ParamTable& table, std::vector<CheckpointSource> sources, int keep,
-                     const std::string& metrics_tmp = "");
+                     const ParamTable& table, std::vector<CheckpointSource> sources,
+                     std::vector<CheckpointWhole> momentum, int keep, const std::string& metrics_tmp = "");
     ~CheckpointWriter();  // not committed: the partial file is removed (rank 0)
     CheckpointWriter(const CheckpointWriter&) = delete;
     CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -67,7 +76,7 @@ public:
 private:
     struct Piece {        // elements [a, b) of this rank's shard `spec` of dataset `dataset`
         size_t dataset;
-        const ParamSpec* spec;
+        const ParamSpec* spec;  // null: elements [a, b) of the whole tensor (Muon's momentum)
         size_t a, b;
         const float* src;  // element a
     };

@@ -17,10 +17,11 @@ inline constexpr const char* kPipeline = "/pipeline";   // stage<s>_{idle_fracti
 inline constexpr const char* kMoe = "/moe";
 inline constexpr const char* kMemory = "/memory";       // <category>_bytes [step, rank]
 inline constexpr const char* kData = "/data";           // source_samples [step, source]
+inline constexpr const char* kRanks = "/ranks";         // step_time_s, compute_s, comm_wait_s [step, rank]
 inline constexpr const char* kCheckpoint = "/checkpoint";  // one row per checkpoint written, its own step column
 inline constexpr const char* kProbe = "/probe";         // train.probe_rms: <kind> (model/probe.hpp)
-inline constexpr std::array<const char*, 10> kStepGroups = {kTrain, kEval, kTiming, kTimingOp, kPipeline, kMoe, kMemory,
-                                                            kData, kProbe, kCheckpoint};
+inline constexpr std::array<const char*, 11> kStepGroups = {kTrain, kEval, kTiming, kTimingOp, kPipeline, kMoe,
+                                                            kMemory, kData, kRanks, kProbe, kCheckpoint};
 
 // /data/source_samples [step, source]: samples drawn so far from each training source; its
 // attribute `sources` names them, comma-separated. /eval/<source>/loss: each validation source's
@@ -38,6 +39,8 @@ inline constexpr const char* kStep = "step";
 inline constexpr const char* kLoss = "loss";
 inline constexpr const char* kCeLoss = "ce_loss";
 inline constexpr const char* kAuxLoss = "aux_loss";
+// model.mtp_depth > 0: the MTP modules' cross-entropy, the mean over modules (docs/math.md §11).
+inline constexpr const char* kMtpLoss = "mtp_loss";
 inline constexpr const char* kLr = "lr";
 inline constexpr const char* kGradNorm = "grad_norm";
 inline constexpr const char* kTokensPerS = "tokens_per_s";
@@ -76,6 +79,11 @@ inline constexpr const char* kExpertLoad = "/moe/expert_load", *kImbalance = "/m
 inline constexpr std::array<const char*, 7> kMemoryCategories = {"params", "grads", "optimizer", "activations",
                                                                  "buffers", "runtime", "peak_rss"};
 inline std::string memory_path(const char* category) { return std::string(kMemory) + "/" + category + "_bytes"; }
+
+// /ranks/* [step, rank]: every rank's step time, and of it the seconds it computed (the step less
+// its waits) and the seconds it was blocked in communication (docs/observability.md).
+inline constexpr const char *kRankStepTime = "/ranks/step_time_s", *kRankCompute = "/ranks/compute_s",
+                            *kRankCommWait = "/ranks/comm_wait_s";
 
 // The full path of a column of a group: path(kTrain, kLoss) = "/train/loss".
 inline std::string path(const char* group, const char* column) { return std::string(group) + "/" + column; }

@@ -44,6 +44,17 @@ struct AttentionArgs {
     const int32_t* k_doc = nullptr;  // [B*Tk] (both or neither)
 };
 
+// How the MoE router scores, chooses and weighs experts (docs/math.md §9; model/moe_router.hpp
+// makes it from the [moe] keys). Plain data, passed to the device kernels by value.
+struct MoeRouteRule {
+    enum Method : int { greedy = 0, group_max = 1, group_top2 = 2 };  // greedy | group_limited_greedy | noaux_tc
+    bool sigmoid = false;  // scores: sigmoid (else softmax)
+    int method = greedy;
+    int groups = 1, group_top_k = 1;  // groups <= 64
+    bool norm = true;      // the chosen scores renormalised to sum 1
+    float scale = 1.0f;    // routed scaling factor
+};
+
 class Backend {
 public:
     virtual ~Backend() = default;
@@ -134,17 +145,21 @@ public:
     virtual void copy_2d(float* dst, size_t ld_dst, const float* src, size_t ld_src, size_t rows,
                          size_t cols, bool accumulate) = 0;
     // ---- Mixture of Experts (docs/math.md §9) ----
-    // The router, per row of logits[N,E]: probs = softmax(logits); the k experts of largest
-    // probs + bias (bias[E] or null; ties to the lower index), in descending order, into
-    // expert[N,k] (backend int32 memory); their probs into weight[N,k], renormalised to sum 1
-    // when `norm`.
-    virtual void moe_route(float* probs, int32_t* expert, float* weight, const float* logits,
-                           const float* bias, int N, int E, int k, bool norm) = 0;
+    // The router, per row of logits[N,E]: scores s = softmax(logits) or sigmoid(logits) into
+    // probs; the choice scores c = s + bias (bias[E] or null); under a group method the experts
+    // in `groups` equal groups, of which the group_top_k of best group score are kept
+    // (group_limited_greedy: the group's largest c; noaux_tc: the sum of its two largest c); the
+    // k kept experts of largest c (ties to the lower index), in descending order, into
+    // expert[N,k] (backend int32 memory); their s into weight[N,k], renormalised to sum 1 when
+    // `norm`, times `scale`.
     // dlogits[N,E] (overwritten) from dweight[N,k]; daux[E] (or null) is added to every row's
-    // dL/dprobs (the load-balancing loss's term).
+    // dL/d(the balance loss's probabilities): the scores themselves under softmax, the scores
+    // normalised to sum 1 under sigmoid.
+    virtual void moe_route(float* probs, int32_t* expert, float* weight, const float* logits,
+                           const float* bias, int N, int E, int k, const MoeRouteRule& rule) = 0;
     virtual void moe_route_backward(float* dlogits, const float* dweight, const float* probs,
                                     const int32_t* expert, const float* weight, const float* daux,
-                                    int N, int E, int k, bool norm) = 0;
+                                    int N, int E, int k, const MoeRouteRule& rule) = 0;
     // dst[r, :] = src[idx[r], :] for r < n, rows of C floats.
     virtual void gather_rows(float* dst, const float* src, const int32_t* idx, int n, int C) = 0;
     // out[t, :] += sum over j < k, in order, of weight[t,j] * y[slot[t,j], :] (weight null: 1).

@@ -31,6 +31,15 @@ struct MoeConfig {
     int top_k = 2, shared_experts = 0, ffn_dim = 0;
     LayerSet layers;  // the layers with MoE (moe.layers)
     bool norm_topk = true;
+    // DeepSeek's router (docs/math.md §9): scores softmax | sigmoid (HF scoring_func); top-k
+    // greedy | group_limited_greedy (groups ranked by their best score, DeepSeek-V2) | noaux_tc
+    // (by the sum of their two best biased scores, DeepSeek-V3) over `groups` groups of experts,
+    // of which group_top_k are kept (n_group, topk_group); the chosen weights times
+    // routed_scaling (routed_scaling_factor).
+    std::string scoring = "softmax";
+    std::string topk_method = "greedy";
+    int groups = 1, group_top_k = 1;
+    double routed_scaling = 1.0;
     std::string balance = "aux_loss";  // aux_loss | aux_free | none
     double aux_coef = 0.01, bias_rate = 0.01;  // bias_rate, bias_update: measured, docs/math.md §9
     std::string bias_update = "proportional";  // aux_free: sign (DeepSeek-V3) | proportional (to the load gap)
@@ -49,6 +58,9 @@ struct ModelConfig {
     std::string attention = "mha";  // mha | mla
     int kv_lora_rank = 0, q_lora_rank = 0, qk_nope_dim = 0, qk_rope_dim = 0, v_head_dim = 0;
     MoeConfig moe;       // the [moe] section (which layers are MoE, and how)
+    // DeepSeek-V3's multi-token prediction: D modules after the last decoder layer (layers
+    // L..L+D-1 of the checkpoint), module k predicting the token k+1 ahead (docs/math.md §11).
+    int mtp_depth = 0;
     int vocab_size = 0;  // V: model.vocab_size, or (0) the token file's
     // The forward's two µP multipliers (init.scheme = mup; model/param_groups.hpp), derived from
     // the [init] section when a deck is read, not deck keys: the output logits are multiplied by
@@ -68,6 +80,10 @@ struct RopeConfig {
     double factor = 1.0;           // YaRN scale s
     int original_max_position = 0; // YaRN L (0 = data.seq_len)
     double beta_fast = 32.0, beta_slow = 1.0;
+    // DeepSeek's YaRN temperature (docs/math.md §4.4): with m(c) = 0.1 c ln s + 1, cos and sin are
+    // multiplied by m(mscale) / m(mscale_all_dim) and the softmax scale by m(mscale_all_dim)^2
+    // (HF rope_scaling.mscale, .mscale_all_dim).
+    double mscale = 1.0, mscale_all_dim = 1.0;
     bool document_positions = false;  // positions restart at each document (needs an eos id)
 };
 

@@ -29,6 +29,9 @@ struct MoeRouting {
     }
 };
 
+// The kernels' routing rule from the [moe] keys (docs/math.md §9).
+MoeRouteRule moe_route_rule(const MoeConfig& moe);
+
 class MoeRouter {
 public:
     // rows: the token rows this rank routes per microbatch (Nr). Host staging is sized here.
@@ -38,12 +41,14 @@ public:
     int rows() const { return rows_; }
     void init(MoeRouting& r) const;  // sizes the host parts of one slot's routing
 
-    // From logits [Nr, E]: p = softmax, the top-k by p (by p + bias under aux_free; the bias
-    // only chooses; ties: the lower expert), weights = the chosen p (renormalised under
-    // moe.norm_topk), into r.probs, r.expert, r.weight.
+    // From logits [Nr, E]: scores p = softmax or sigmoid (moe.scoring); the top-k by p (by p +
+    // bias under aux_free; the bias only chooses; ties: the lower expert) among the experts of
+    // the groups moe.topk_method keeps; weights = the chosen p (renormalised under
+    // moe.norm_topk) times moe.routed_scaling, into r.probs, r.expert, r.weight.
     void route(MoeRouting& r, const float* logits, const float* bias);
     // The balance statistics of this rank's rows, out[2E+1] = [choices per expert (before any
-    // drop) | probability sums | rows], to be summed over the ranks holding the microbatch.
+    // drop) | probability sums | rows], to be summed over the ranks holding the microbatch. The
+    // probabilities are the softmax scores, or the sigmoid scores normalised to sum 1 per row.
     void balance_stats(const MoeRouting& r, float* out);
     // From the summed statistics: the raw term E·Σ f_e·P_e (f_e: the share of the k·T choices
     // that picked e; P_e: the mean probability of e), and its gradient dL/dp_e = coef·E·f_e/T
@@ -58,7 +63,7 @@ public:
 private:
     Backend& be_;
     const int E_, k_, rows_;
-    const bool norm_;
+    const MoeRouteRule rule_;
     // Host staging, sized once (no allocation in the steady state).
     std::vector<float> host_probs_;
     std::vector<double> psum_;

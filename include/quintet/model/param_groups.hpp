@@ -41,6 +41,13 @@ MupShape mup_shape(const ModelConfig& m, const InitConfig& init);
 
 // The group of a tensor, by its Hugging Face name (and whether it is trained).
 ParamGroup param_group(const ParamSpec& s);
+ParamGroup param_group(const LogicalTensor& t);
+
+// Under train.optimizer = muon, Muon updates exactly the 2-D matrices of the hidden and expert
+// groups (each Hugging Face tensor on its own: q, k and v apart, gate and up apart, each expert's
+// matrices one expert at a time); every other tensor keeps AdamW (docs/math.md, "Muon").
+bool muon_takes(const ParamSpec& s);
+bool muon_takes(const LogicalTensor& t);
 
 // A tensor's rule under the scheme (its logical shape and init rule from `s`), the deck's
 // overrides applied.

@@ -80,6 +80,7 @@ struct ParamSpec {
 struct ModelDims {
     int V, C, L, NH, NKV, HD, F;
     int Dqk, Dv;                 // attention head dims of q.k and of v (MHA: HD, HD; MLA: nope+rope, v)
+    int mtp = 0;                 // multi-token prediction modules (layers L..L+mtp-1)
     bool tied;
     int tp = 1, tp_rank = 0;
     int NHl, NKVl, Fl;           // local query heads, kv heads, ffn width

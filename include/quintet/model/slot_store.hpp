@@ -28,6 +28,10 @@ struct ChunkBuffers {
     // has read (BufferSpec::over), per layer; they take no bytes of their own.
     std::vector<std::vector<PlacedBuffer>> placed;
     std::vector<BufferSpec> workspace_own;       // full recompute: the recomputed layer's output
+    // The last chunk's MTP modules (model.mtp_depth; docs/math.md §11): per module, what its
+    // norms, projection, decoder layer and head keep -- per slot always (never recomputed).
+    std::vector<std::vector<BufferSpec>> mtp;
+    size_t mtp_bytes(size_t k) const { return layout_bytes(mtp[k], bf16); }
     std::vector<BufferSpec> shared;              // the blocks' scratch, the context's, operand staging
     size_t ring_kv = 0, ring_out = 0, ring_lse = 0, exchange = 0;  // the largest any layer needs
     size_t operand = 0;                          // bf16: elements of the GEMM operand staging
@@ -52,6 +56,11 @@ struct LayerSaved {
     Act xn1, xn2;
 };
 
+// A layer's saved values from its views, and the declarations of its norms' (the decoder layers'
+// and the MTP modules' layers alike).
+LayerSaved layer_saved(const BufferViews& v);
+void declare_layer_norms(BufferDecl& layer, size_t Nr, size_t C);
+
 // One microbatch in flight.
 struct Slot {
     std::vector<float*> res;        // res[i]: input of layer i; res[n_layers]: chunk output
@@ -61,6 +70,8 @@ struct Slot {
     float *rstd_f = nullptr, *logits = nullptr;  // last chunk
     Act xf;
     float *dout = nullptr, *dres = nullptr;
+    std::vector<BufferViews> mtp;   // last chunk: each MTP module's values (ChunkBuffers::mtp)
+    float* mtp_h0 = nullptr;        // [Nr, C] the final norm's output in fp32: the first module's input
     int32_t* ids = nullptr;         // [N] the microbatch's local ids (first chunk: the embedding backward)
     int32_t* pos_all = nullptr;     // [cp][N] mask positions (this rank's at cp_rank)
     int32_t* rope_pos = nullptr;    // [N] (= this rank's pos unless document_positions)

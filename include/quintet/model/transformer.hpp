@@ -48,6 +48,8 @@ struct ChunkOptions {
     // parallel.zero >= 2: parameters and gradients come unit by unit from here (the table is laid
     // out by unit); the params and grads arguments of forward/backward are then ignored.
     ParamUnits* units = nullptr;
+    // train.mtp_weight: the MTP modules' share of the loss (model.mtp_depth > 0).
+    double mtp_weight = 0.3;
 };
 
 class ModelChunk final : public PipelineStage {
@@ -71,6 +73,10 @@ public:
                    float grad_scale, bool need_grad) override;
     // The auxiliary losses the blocks of this chunk added in slot's last forward (MoE; 0 dense).
     double aux_loss(int slot) const override;
+    // The last chunk's MTP modules (model.mtp_depth): the sum over modules of their rows'
+    // cross-entropies in slot's last training forward (0 without MTP, and after an evaluation).
+    double mtp_loss(int slot) const override;
+    int mtp_depth() const { return int(mtp_.size()); }
     // MoE: the largest expert count of this chunk's layers (0: dense); the counts of this step
     // added into `counts` by layer (and reset); the aux-free biases moved from the global
     // batch's loads (the same on every rank); d(loss)/d(aux) per microbatch.
@@ -135,6 +141,17 @@ private:
         std::unique_ptr<FeedForwardBlock> ffn;
         int unit = -1;  // ZeRO >= 2: its ParamTable::units index
     };
+    // Multi-token prediction (the last chunk; model/mtp.cpp, docs/math.md §11).
+    struct MtpModule {
+        RmsNormLayer enorm, hnorm;   // of the embedding, of the previous depth's hidden state
+        std::unique_ptr<Linear> eh;  // eh_proj [C, 2C], its input kept per slot
+        Layer block;                 // a decoder layer of the model's kinds
+        RmsNormLayer head_norm;      // shared_head.norm, before the shared head
+    };
+    void mtp_build(const ModelConfig& m, const ParamTable& table, double weight);
+    void mtp_add_slot(Slot& s);
+    void mtp_forward(int si, const float* params, const int32_t* targets, float grad_scale);
+    float* mtp_backward(int si, const float* params, float* grads);  // returns dL/dh^0 (scratch)
     void run_layers(int si, const float* params, std::vector<std::unique_ptr<KvCache>>* caches);
     // Layer i of slot si on input x into y (the workspace's values under full recompute).
     void forward_layer(size_t i, int si, const float* params, const float* x, float* y, KvCache* cache);
@@ -162,6 +179,16 @@ private:
     int embed_unit_ = -1, norm_unit_ = -1, head_unit_ = -1;  // ZeRO >= 2: ParamTable::units indices
     VocabParallelScratch xent_;
     std::vector<float> losses_;  // [N] host
+    int seq_ = 0;                // T: tokens of a sample (all cp ranks')
+    std::vector<MtpModule> mtp_;
+    size_t mtp_wte_ = 0;            // the embedding the modules read (this rank's copy)
+    float mtp_weight_ = 0.0f;       // mtp_weight / D
+    std::vector<double> mtp_sums_;  // per slot
+    std::vector<float> mtp_losses_;  // [N] host
+    struct {
+        std::vector<int32_t> ids, tgt;
+        std::vector<int> masked;
+    } mtp_host_;
     RmsProbe* probe_ = nullptr;
     void probe(ProbeKind k, const float* x, const float* minus, size_t n);  // squares of x (- minus)
 };

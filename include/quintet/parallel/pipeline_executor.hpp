@@ -31,6 +31,8 @@ public:
     virtual double forward(int slot, const float* params, const int32_t* ids, const int32_t* targets,
                            float grad_scale, bool need_grad) = 0;
     virtual double aux_loss(int slot) const = 0;  // the auxiliary losses of slot's last forward
+    // The multi-token prediction modules' summed cross-entropies of slot's last forward (0: none).
+    virtual double mtp_loss(int slot) const { (void)slot; return 0.0; }
     // Backward of the microbatch in `slot`; gradients accumulate into `grads`; `hook` is told of
     // each finished gradient (or null).
     virtual void backward(int slot, const float* params, float* grads, GradReadyHook* hook) = 0;
@@ -64,6 +66,7 @@ public:
     struct Result {
         double ce_sum = 0;    // sum of token cross-entropies (last virtual stage; else 0)
         double aux_sum = 0;   // sum over microbatches of the chunks' auxiliary losses
+        double mtp_sum = 0;   // sum of the MTP modules' token cross-entropies (last virtual stage)
         double t_wait = 0;    // seconds blocked in pipeline receives
     };
     // One step's schedule. Gradients accumulate into grads; `last_hook` is told of finished

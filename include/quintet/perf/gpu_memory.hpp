@@ -17,6 +17,7 @@ namespace quintet {
 
 struct GpuMemoryInput {
     RegionFloats params;      // this rank's parameters by region
+    RegionFloats muon;        // of which Muon's matrices (train.optimizer = muon): one momentum, not two moments
     bool bf16 = true;
     int zero = 0;
     double dense_group = 1;   // dp x cp: the dense tensors' replica group

@@ -19,6 +19,7 @@
 
 #include "quintet/model/buffers.hpp"
 #include "quintet/model/config.hpp"
+#include "quintet/model/muon_layout.hpp"
 #include "quintet/model/params.hpp"
 #include "quintet/model/transformer.hpp"
 
@@ -46,11 +47,23 @@ struct Gemm {
     std::string name;  // the first such weight's name in the small model
 };
 
+// A matrix Muon takes (model/param_groups.hpp muon_takes) as a layer kind holds it on this rank:
+// its whole shape, this rank's shard, how many tp ranks hold each element (1: split; tp: whole on
+// every tp rank; the kv group: shared kv heads) and its region.
+struct MuonEntry {
+    MuonMatrix whole;
+    double shard = 0;
+    int tp_copies = 1;
+    int region = 0;
+};
+
 struct LayerKind {
     bool present = false;      // some layer of the model is of this kind
     RegionFloats params;       // one such layer's floats on this rank
+    RegionFloats muon;         // of which the matrices Muon takes under train.optimizer = muon
     double active = 0;         // parameters of one such layer a token multiplies (whole model)
     std::vector<Gemm> gemms;   // its matmuls on this rank, one entry per shape and kind
+    std::vector<MuonEntry> muon_matrices;  // in the parameter table's order
 };
 
 // One rank's share of the model's tensors under (tp, ep): tp rank 0 and ep rank 0, the largest
@@ -61,6 +74,9 @@ public:
     const LayerKind& dense() const { return dense_; }
     const LayerKind& moe() const { return moe_; }
     const LayerKind& kind(int layer) const { return moe_layer(m_, layer) ? moe_ : dense_; }
+    // One multi-token prediction module (model.mtp_depth; its pass through the shared head is
+    // not in it): the last chunk holds mtp_depth of them.
+    const LayerKind& mtp() const { return mtp_; }
     // This rank's floats when it holds `chunks` (a pipeline stage; pp stages in all).
     RegionFloats stage_params(const std::vector<ChunkPlan>& chunks, int pp) const;
     // The same by ZeRO-2/3 unit, in the arena's unit order (model/params.cpp: the embedding,
@@ -71,6 +87,14 @@ public:
         bool layer = false;
     };
     std::vector<Unit> stage_units(const std::vector<ChunkPlan>& chunks, int pp) const;
+    // Muon (train.optimizer = muon): the floats of the matrices it takes on this rank, and those
+    // matrices by region (dense, expert), layer by layer in the parameter table's order -- the
+    // lists of the stage's Muon groups.
+    struct MuonStage {
+        RegionFloats floats;
+        std::vector<MuonEntry> dense, expert;
+    };
+    MuonStage stage_muon(const std::vector<ChunkPlan>& chunks) const;
     // The LM head's matmul (last chunk): [Vl, C].
     const Gemm& head() const { return head_; }
     double head_active() const { return head_active_; }  // the LM head's matmul parameters (whole model)
@@ -79,7 +103,7 @@ public:
 private:
     ModelConfig m_;
     int tp_;
-    LayerKind dense_, moe_;
+    LayerKind dense_, moe_, mtp_;
     RegionFloats embed_, final_norm_, head_params_;
     double head_active_ = 0;
     Gemm head_;

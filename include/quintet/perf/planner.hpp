@@ -69,6 +69,9 @@ struct PlanRow {
     int64_t global_batch = 0;    // samples per step: dp x microbatches x micro_batch_size
     double params_total = 0, params_active = 0;  // of the whole model; active: what a token multiplies
     double flops_per_step = 0;   // model FLOPs of the global batch (docs/math.md §1: 6·N_active·tokens + attention)
+    // The optimizer's own FLOPs per step on its busiest rank (train.optimizer = muon: the
+    // Newton-Schulz iterations), apart from the model's: not in flops_per_step nor in MFU.
+    double optimizer_flops = 0;
     double tflops_per_device = 0, mfu = 0;  // flops_per_step / (world · step time), and over the device's peak
     // Predicted within the planner's validated error (plan_error) of the first row (the fastest
     // that fits): the order among such rows is not a prediction.

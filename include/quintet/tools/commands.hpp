@@ -25,6 +25,7 @@ int study_main(int argc, char** argv);     // tools/study_cmd.cpp: scaling studi
 int laws_main(int argc, char** argv);      // tools/laws_cmd.cpp: fit a scaling law to a study's runs
 int mup_check_main(int argc, char** argv); // tools/mup_check_cmd.cpp: µP's coordinate check
 int plot_main(int argc, char** argv);      // tools/plot_cmd.cpp: metrics.h5 to PNG
+int trace_main(int argc, char** argv);     // tools/trace_cmd.cpp: the ranks' timelines merged
 int metrics_main(int argc, char** argv);   // tools/metrics_cmd.cpp: metrics.h5 as CSV / JSON Lines
 int schedule_main(int argc, char** argv);  // tools/schedule_cmd.cpp: pipeline timeline; rank 0 only, no MPI
 int tokenize_main(int argc, char** argv);  // tools/tokenize_cmd.cpp: text <-> ids; no MPI

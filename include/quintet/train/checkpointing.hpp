@@ -57,15 +57,16 @@ public:
     // under checkpoint.async, checks that the staging copy fits this node's memory -- a
     // ConfigError naming the bytes when it does not -- and allocates it).
     // tokenizer: the training data's, stored in every checkpoint.
-    Checkpointing(RankModel& model, const GradientSync& sync, AdamW& opt, std::string deck_text,
+    Checkpointing(RankModel& model, const GradientSync& sync, Optimizer& opt, std::string deck_text,
                   TokenizerState tokenizer, WeightsSource source, const FaultInjection& faults,
                   std::function<void(const std::string&)> log);
     ~Checkpointing();
 
     // Before the first step: refuses to overwrite a run's checkpoints under resume = none, prints
-    // the source's warnings, then loads what the source names -- a resume (parameters, AdamW
-    // moments and *state) or init_from (parameters only). Returns the step the run continues
-    // from (0 for a fresh start) and sets *tokens_seen. collective
+    // the source's warnings, then loads what the source names -- a resume (parameters, the
+    // optimizer state and *state; under an allowed change of optimizer the new one's state starts
+    // at zero) or init_from (parameters only). Returns the step the run continues from (0 for a
+    // fresh start) and sets *tokens_seen. collective
     int64_t start(int64_t* tokens_seen, RunState* state);
     // The checkpoint of `step` (steps done), with the metrics history so far beside it. Blocking
     // (checkpoint.async = false, or `complete_now`): complete on return. Else the values are
@@ -93,20 +94,25 @@ public:
 private:
     struct InFlight;
     // Where this rank's checkpoint values are (device or host memory): its dp-owned slice of
-    // each trainable region with their moments (ZeRO-2/3: its slices), and the buffers from the
-    // first rank of its dp x cp group.
-    std::vector<CheckpointSource> sources() const;
+    // each trainable tensor (ZeRO-2/3: its slices), the buffers from the first rank of its
+    // dp x cp group, the AdamW moments of the parts of AdamW's tensors it writes, and (Muon)
+    // the momentum of the whole matrices it orthogonalises.
+    struct Sources {
+        std::vector<CheckpointSource> ranges;
+        std::vector<CheckpointWhole> momentum;
+    };
+    Sources sources() const;
     size_t staged_floats() const;  // the staging copy of sources()
-    // sources() copied into `to` (host memory, staged_floats()), and the same ranges there;
+    // sources() copied into `to` (host memory, staged_floats()), and the same values there;
     // *finite: whether every parameter copied is finite (checked in the same pass).
-    std::vector<CheckpointSource> stage(float* to, bool* finite) const;
+    Sources stage(float* to, bool* finite) const;
     void check_staging_fits(double bytes) const;
     void finish(MetricsFile* metrics, int agreed);  // commits (or fails) the save in flight
     void record(MetricsFile* metrics, int64_t step, const std::string& path, double blocked, double staging,
                 double write_s, bool background);
     RankModel& model_;
     const GradientSync& sync_;
-    AdamW& opt_;
+    Optimizer& opt_;
     std::string deck_text_, blend_;
     TokenizerState tokenizer_;
     WeightsSource source_;

@@ -87,9 +87,11 @@ private:
 // thread sleeps), stop with SIGSTOP (stop), die with SIGKILL (kill), SIGSTOP inside that step's
 // checkpoint write (stop_checkpoint), never return from that write (hang_checkpoint: the writing
 // thread sleeps, as in a hung file system), poison one element of its gradient with NaN each time
-// the step runs (nan) or only the first time (nan_once: the rerun is finite), or multiply its
-// gradient by F each time the step runs (spike) or only the first time (spike_once). Unset or
-// malformed: nothing.
+// the step runs (nan) or only the first time (nan_once: the rerun is finite), multiply its
+// gradient by F each time the step runs (spike) or only the first time (spike_once), or compute F
+// times as long from step S (to E, else to the end) by spinning at the end of each compute span
+// (slow: core/trace.hpp's stretch, not a sleep in a collective; a straggler to rehearse the
+// straggler report on). Unset or malformed: nothing.
 struct StepFault {
     bool nan = false;         // poison one gradient element
     float grad_factor = 1;    // multiply this rank's gradient
@@ -106,7 +108,7 @@ private:
     int rank_, target_ = -1;
     long long step_ = -1, until_ = -1;
     std::string mode_ = "fail";
-    double factor_ = 1;
+    double factor_ = 1.0;  // slow
     bool fired_once_ = false;
     bool hits(int64_t s) const;
 };

@@ -12,12 +12,15 @@
 namespace quintet {
 
 struct StepStats {
-    double loss = 0, ce_loss = 0, aux_loss = 0, lr = 0, grad_norm = 0, step_time = 0;
+    double loss = 0, ce_loss = 0, aux_loss = 0, mtp_loss = 0, lr = 0, grad_norm = 0, step_time = 0;
     // Seconds: the pipeline schedule (forward and backward of this replica's microbatches), of
     // which blocked in pipeline receives; the replica-group sums after it (tp/kv/tied partials,
     // then the data-parallel reduction); the optimizer.
     double t_pipeline = 0, t_wait = 0, t_sync = 0, t_dp = 0, t_optim = 0;
     double dp_early = 0;  // DP buckets whose reduction started during the backward
+    // Seconds of the step this rank was blocked: in communication (every communicator's waits),
+    // on its data. The rest of step_time is its compute (/ranks/*, the straggler report).
+    double comm_wait = 0, data_wait = 0;
     // This rank's communication per axis (expert parallelism: the dispatch and the combine).
     CommCounters tp, cp, ep_dispatch, ep_combine;
     // The expert exchange of every rank: bytes measured, and from the routed counts (docs/math.md §9).

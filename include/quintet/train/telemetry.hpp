@@ -16,6 +16,7 @@
 #include "quintet/perf/planner.hpp"
 #include "quintet/train/rank_model.hpp"
 #include "quintet/train/step_stats.hpp"
+#include "quintet/train/stragglers.hpp"
 
 namespace quintet {
 
@@ -38,10 +39,11 @@ public:
     void begin(int64_t start_step, const std::string& resumed_from);
     MetricsFile* metrics() const { return metrics_.get(); }
 
-    // After step s (s steps done): every rank's memory and pipeline figures gathered, the rows
-    // of metrics.h5, the progress line every output.log_every steps. `moe`: the step's counts
-    // summed over all ranks (empty for a dense model). collective over the world
-    // `spike`: the step's first run was above a spike limit (train/spikes).
+    // After step s (s steps done): every rank's memory, pipeline and time figures gathered (one
+    // gather), the rows of metrics.h5, the straggler lines, the progress line every
+    // output.log_every steps. `moe`: the step's counts summed over all ranks (empty for a dense
+    // model); `spike`: the step's first run was above a spike limit (train/spikes). collective
+    // over the world
     void record_step(int64_t s, const StepStats& st, bool skipped, bool spike, const MoeCounts& moe);
     // /eval and its line (NaN = interrupted); with per_source (one loss per validation source),
     // /eval/<source>/loss too.
@@ -53,8 +55,8 @@ public:
                      double wait_s);
     // After the step's evaluation: metrics.h5 flushed; after the first step, the activation line.
     void end_step(int64_t s);
-    // The run reached train.steps: the planner's prediction beside the measurement, and the
-    // pipeline's bubble, theory beside measurement (rank 0).
+    // The run reached train.steps: the planner's prediction beside the measurement, the
+    // pipeline's bubble, theory beside measurement, and the ranks by compute time (rank 0).
     void report_finished() const;
     void report_profile() const;  // train.profile: the per-operation table (rank 0)
 
@@ -90,6 +92,9 @@ private:
     int64_t start_step_ = 0;
     double t_start_ = 0;
     std::vector<double> memory_all_;   // [world, 7] the last step's /memory row (rank 0)
+    std::vector<double> gathered_;     // [world, 7 + 3] what record_step gathers: memory, then times
+    std::vector<double> rank_col_[3];  // [world] step time, compute, comm wait (rank 0)
+    std::unique_ptr<StragglerReport> stragglers_;  // rank 0
     std::vector<double> tps_history_;  // tokens/s of the steady-state steps
     std::vector<double> idle_, act_mib_;  // per pipeline stage, the last step
     std::vector<int64_t> moe_idle_;    // [layer, expert] steps without tokens

@@ -1,8 +1,8 @@
 // The trainer: one rank's part of a training job. It wires the rank's model (RankModel) to
 // what acts on it -- the gradient arena and its synchronisation over the replica groups
-// (train/grad_sync), AdamW (train/optimizer), the sampler -- and to the run's policies:
+// (train/grad_sync), the optimizer (train/optimizer: AdamW, Muon), the sampler -- and to the run's policies:
 // checkpoints (train/checkpointing), faults (train/faults), evaluation (train/evaluator) and
-// telemetry (train/telemetry). step() reads as the list of what a step does; run() is the
+// telemetry (train/telemetry) and the timeline (train/timeline). step() reads as the list of what a step does; run() is the
 // whole job (collective over the grid).
 #pragma once
 #include <atomic>
@@ -24,6 +24,7 @@
 #include "quintet/train/spikes.hpp"
 #include "quintet/train/step_stats.hpp"
 #include "quintet/train/telemetry.hpp"
+#include "quintet/train/timeline.hpp"
 
 namespace quintet {
 
@@ -57,7 +58,7 @@ private:
     Backend& be_;
     float* grads_ = nullptr;
     std::unique_ptr<GradientSync> sync_;
-    std::unique_ptr<AdamW> opt_;
+    std::unique_ptr<Optimizer> opt_;
     Sampler sampler_;
     std::optional<Evaluator> eval_;  // eval.every > 0
     FaultInjection faults_;
@@ -66,6 +67,7 @@ private:
     SkipBudget skips_;  // rejected steps in a row (non-finite or spikes), against train.max_skips
     NonFinitePolicy nonfinite_;
     SpikePolicy spikes_;
+    Timeline timeline_;  // train.trace_steps
     MoeCounts moe_;  // the step's counts of every MoE layer, summed over all ranks
     const RunLock* lock_;
     int64_t start_step_ = 0, tokens_seen_ = 0;

@@ -129,10 +129,10 @@ public:
 
     // cpu_moe.cpp
     void moe_route(float* probs, int32_t* expert, float* weight, const float* logits,
-                   const float* bias, int N, int E, int k, bool norm) override;
+                   const float* bias, int N, int E, int k, const MoeRouteRule& rule) override;
     void moe_route_backward(float* dlogits, const float* dweight, const float* probs,
                             const int32_t* expert, const float* weight, const float* daux, int N,
-                            int E, int k, bool norm) override;
+                            int E, int k, const MoeRouteRule& rule) override;
     void gather_rows(float* dst, const float* src, const int32_t* idx, int n, int C) override;
     void moe_combine(float* out, const float* y, const int32_t* slot, const float* weight, int N,
                      int k, int C) override;

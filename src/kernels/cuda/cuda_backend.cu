@@ -140,12 +140,13 @@ public:
         cuda::attention_backward(compute_, limits_, dq, dk, dv, dout, out, lse, q, k, v, a, s);
     }
     void moe_route(float* probs, int32_t* expert, float* weight, const float* logits, const float* bias,
-                   int N, int E, int k, bool norm) override {
-        cuda::moe_route(compute_, probs, expert, weight, logits, bias, N, E, k, norm);
+                   int N, int E, int k, const MoeRouteRule& rule) override {
+        cuda::moe_route(compute_, probs, expert, weight, logits, bias, N, E, k, rule);
     }
     void moe_route_backward(float* dlogits, const float* dweight, const float* probs, const int32_t* expert,
-                            const float* weight, const float* daux, int N, int E, int k, bool norm) override {
-        cuda::moe_route_backward(compute_, dlogits, dweight, probs, expert, weight, daux, N, E, k, norm);
+                            const float* weight, const float* daux, int N, int E, int k,
+                            const MoeRouteRule& rule) override {
+        cuda::moe_route_backward(compute_, dlogits, dweight, probs, expert, weight, daux, N, E, k, rule);
     }
     void gather_rows(float* dst, const float* src, const int32_t* idx, int n, int C) override {
         cuda::gather_rows(compute_, dst, src, idx, n, C);

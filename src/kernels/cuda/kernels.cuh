@@ -52,10 +52,10 @@ void attention_backward(cudaStream_t st, const AttentionLimits& lim, float* dq, 
 
 // ---- elementwise.cu ----
 void moe_route(cudaStream_t st, float* probs, int32_t* expert, float* weight, const float* logits,
-               const float* bias, int N, int E, int k, bool norm);
+               const float* bias, int N, int E, int k, const MoeRouteRule& rule);
 void moe_route_backward(cudaStream_t st, float* dlogits, const float* dweight, const float* probs,
                         const int32_t* expert, const float* weight, const float* daux, int N, int E,
-                        int k, bool norm);
+                        int k, const MoeRouteRule& rule);
 void gather_rows(cudaStream_t st, float* dst, const float* src, const int32_t* idx, int n, int C);
 void moe_combine(cudaStream_t st, float* out, const float* y, const int32_t* slot, const float* weight,
                  int N, int k, int C);

@@ -10,18 +10,18 @@ namespace quintet::cuda {
 using namespace kern;
 
 void moe_route(cudaStream_t st, float* probs, int32_t* expert, float* weight, const float* logits,
-               const float* bias, int N, int E, int k, bool norm) {
+               const float* bias, int N, int E, int k, const MoeRouteRule& rule) {
     if (N == 0) return;
-    moe_route_kernel<<<grid_for(size_t(N)), kThreads, 0, st>>>(probs, expert, weight, logits, bias, N, E, k, norm);
+    moe_route_kernel<<<grid_for(size_t(N)), kThreads, 0, st>>>(probs, expert, weight, logits, bias, N, E, k, rule);
     QUINTET_CUDA_LAUNCHED();
 }
 
 void moe_route_backward(cudaStream_t st, float* dlogits, const float* dweight, const float* probs,
                         const int32_t* expert, const float* weight, const float* daux, int N, int E,
-                        int k, bool norm) {
+                        int k, const MoeRouteRule& rule) {
     if (N == 0) return;
     moe_route_backward_kernel<<<grid_for(size_t(N)), kThreads, 0, st>>>(dlogits, dweight, probs, expert,
-                                                                         weight, daux, N, E, k, norm);
+                                                                         weight, daux, N, E, k, rule);
     QUINTET_CUDA_LAUNCHED();
 }
 

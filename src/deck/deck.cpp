@@ -322,7 +322,16 @@ std::vector<DeckOption> deck_options(Deck& d) {
         opt_enum("train.on_nonfinite", &t.on_nonfinite, {"stop", "skip"},
                  "a non-finite loss or gradient norm (confirmed by re-running the step once): stop "
                  "with exit status 3, or skip the update"),
-        opt_int("train.max_skips", &t.max_skips, 1, big, "on_nonfinite = skip: consecutive skips before stopping"),
+        opt_int("train.max_skips", &t.max_skips, 1, big,
+                "consecutive rejected steps (non-finite under on_nonfinite = skip, spikes under on_spike) before "
+                "stopping with exit status 3"),
+        opt_enum("train.on_spike", &t.on_spike, {"none", "skip", "rerun"},
+                 "a step whose loss or pre-clip gradient norm is above mean + spike_sigma x std of the last "
+                 "spike_window accepted steps (once that many are in): skip drops its update, rerun runs it once "
+                 "more from the same state (kept if within the limits now, else skipped); none only records it"),
+        opt_int("train.spike_window", &t.spike_window, 2, 1 << 20,
+                "accepted steps the spike statistics cover; also the warm-up before any step is judged"),
+        opt_double("train.spike_sigma", &t.spike_sigma, 0, 1e6, "spike limit in standard deviations above the mean", true),
         opt_bool("train.profile", &t.profile,
                  "time every operation (GEMMs by role, attention, norms, RoPE, SwiGLU, loss, optimizer, "
                  "each axis's communication): /timing/op/<name> in metrics.h5 for every step, and a table at "
@@ -385,6 +394,11 @@ std::vector<DeckOption> deck_options(Deck& d) {
                    "start from the weights of this checkpoint (any layout; seq_len and [rope] may "
                    "differ) at step 0 with a fresh optimizer; a checkpoint in run_dir (resume) wins"),
         opt_int("checkpoint.keep", &c.keep, 0, big, "complete checkpoints kept; 0 = all"),
+        opt_bool("checkpoint.async", &c.async,
+                 "copy each rank's checkpoint values into a staging buffer (its share of the weights and "
+                 "optimizer state, allocated at the start and counted as buffers memory) and write them on a thread "
+                 "of their own while training goes on; the next checkpoint, a stop and the end of the run wait "
+                 "for it. false: every rank waits for each write"),
         opt_bool("checkpoint.allow_tokenizer_change", &c.allow_tokenizer_change,
                  "resume or init_from on a token file whose tokenizer is not the checkpoint's; init_from may "
                  "extend the vocabulary (new embedding and output rows start as the mean of the trained ones). "
@@ -827,6 +841,12 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
                             S(d.data.micro_batch_size) + " = " + S(per) + " (each replica runs global_batch / (dp x "
                             "micro_batch_size) microbatches)");
     }
+    // The spike policy judges a step only after a full window of accepted steps.
+    if (d.train.on_spike != "none" && d.train.steps > 0 && d.train.spike_window > d.train.steps)
+        config_fail("train.spike_window", S(d.train.spike_window),
+                    "exceeds train.steps = " + S(d.train.steps) + ": train.on_spike = " + d.train.on_spike +
+                        " would never judge a step (it waits for a full window of accepted steps); valid: 2 .. " +
+                        S(d.train.steps));
     if (d.train.lr_min > d.train.lr)
         config_fail("train.lr_min", deck_value(d, "train.lr_min"), "must not exceed train.lr = " + deck_value(d, "train.lr"));
     // A warm-up longer than the run never reaches train.lr. The default (10) is let through

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "checkpoint_checksum.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/comm/mpi_communicator.hpp"
 #include "quintet/io/h5.hpp"
@@ -34,48 +35,6 @@ std::string step_name(int64_t step) {
 std::vector<hsize_t> logical_shape(int rows, int cols, int ndim) {
     if (ndim == 1) return {hsize_t(rows)};
     return {hsize_t(rows), hsize_t(cols)};
-}
-
-// The checksum of a tensor (docs/formats.md): the wrapping sum over its elements of a 64-bit
-// mix of (logical index, float bits). Order-independent, so each rank sums the elements it writes
-// and one all-reduce completes it; any change of one element (or of where it sits) changes it.
-uint64_t element_hash(uint64_t index, uint32_t bits) {
-    uint64_t z = index * 0x9E3779B97F4A7C15ull + bits + 0x632BE59BD9B4E019ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-// Local elements [a, b) of shard s, src[0] being element a.
-uint64_t shard_checksum(const ParamSpec& s, const float* src, size_t a, size_t b) {
-    uint64_t h = 0;
-    const size_t lc = size_t(s.lcols), cols = size_t(s.cols);
-    for (size_t j = a; j < b; ++j) {
-        uint32_t bits;
-        std::memcpy(&bits, src + (j - a), 4);
-        h += element_hash((s.row0 + j / lc) * cols + s.col0 + j % lc, bits);
-    }
-    return h;
-}
-
-uint64_t whole_checksum(const float* v, size_t n) {
-    uint64_t h = 0;
-    for (size_t i = 0; i < n; ++i) {
-        uint32_t bits;
-        std::memcpy(&bits, v + i, 4);
-        h += element_hash(i, bits);
-    }
-    return h;
-}
-
-// fsync of a file or a directory (the rename and `latest` must reach the disk in order).
-void sync_path(const fs::path& p) {
-    const int fd = ::open(p.c_str(), O_RDONLY);
-    if (fd < 0) rank_fail("cannot open " + p.string() + " to fsync it: " + std::strerror(errno));
-    const int rc = ::fsync(fd);
-    const int err = errno;
-    ::close(fd);
-    if (rc != 0) rank_fail("fsync of " + p.string() + " failed: " + std::strerror(err));
 }
 
 // Selects, in `fspace` of the logical tensor, the local elements [a, b) of this rank's shard
@@ -117,11 +76,6 @@ void select_local(hid_t fspace, const ParamSpec& s, size_t a, size_t b) {
     add(r1, 0, c1 ? 1 : 0, c1);
 }
 
-// Tensors of at most this many floats are written with independent I/O by the ranks that hold
-// them (no collective per tiny tensor: norms, and later thousands of small experts); larger ones
-// with one collective H5Dwrite each, which MPI-IO can aggregate.
-constexpr hsize_t kIndependentMax = 1 << 16;
-
 // Which tensors a group of the file holds: /params every tensor; AdamW's moments the trainable
 // tensors but Muon's matrices; Muon's momentum those matrices.
 enum class Part { params, moments, momentum };
@@ -150,87 +104,6 @@ void for_each_overlap(const std::vector<ArenaRange>& ranges, size_t lo, size_t h
 std::vector<ArenaRange> sorted(std::vector<ArenaRange> r) {
     std::sort(r.begin(), r.end(), [](const ArenaRange& x, const ArenaRange& y) { return x.arena.lo < y.arena.lo; });
     return r;
-}
-
-// The whole matrix of logical tensor i whose momentum this rank keeps, or null.
-const float* momentum_of(const OptimizerStateIo* st, size_t i) {
-    if (!st) return nullptr;
-    for (const auto& w : st->momentum)
-        if (w.logical == i) return w.data;
-    return nullptr;
-}
-
-// This rank's share of the checksum of every tensor of a group (table.logical order, the
-// tensors of `part`), from the same pieces write_group writes. `data` is params (Part::params)
-// or a moment array, indexed through the ranges' state_index; momentum: the state's whole matrices.
-void group_checksums(const ParamTable& table, const float* data, Part part, const OptimizerStateIo* st,
-                     const std::vector<ArenaRange>& writes, std::vector<uint64_t>& out) {
-    for (size_t i = 0; i < table.logical.size(); ++i) {
-        const LogicalTensor& lt = table.logical[i];
-        if (!in_part(part, lt, st)) continue;
-        uint64_t h = 0;
-        if (part == Part::momentum) {
-            if (const float* w = momentum_of(st, i)) h = whole_checksum(w, lt.numel());
-        } else if (const ParamSpec* s = table.writer_spec(lt.name)) {
-            for_each_overlap(writes, s->offset, s->offset + s->numel(), [&](const ArenaRange& w, size_t a, size_t b) {
-                const float* src = part != Part::params ? data + w.state_index + (a - w.arena.lo) : data + a;
-                h += shard_checksum(*s, src, a - s->offset, b - s->offset);
-            });
-        }
-        out.push_back(h);
-    }
-}
-
-// Collective: every rank creates every dataset (HDF5 metadata is collective); each writes the
-// parts of its writer shards that fall in `writes` (momentum: the whole matrices it keeps).
-void write_group(hid_t file, const std::string& group, const ParamTable& table, const float* data, Part part,
-                 const OptimizerStateIo* st, const std::vector<ArenaRange>& writes, hid_t coll, hid_t indep,
-                 const uint64_t*& checksum) {
-    for (size_t i = 0; i < table.logical.size(); ++i) {
-        const LogicalTensor& lt = table.logical[i];
-        if (!in_part(part, lt, st)) continue;
-        const std::string path = group + "/" + lt.name;
-        auto shape = logical_shape(lt.rows, lt.cols, lt.ndim);
-        h5::Handle fs = h5::space(
-            h5::check(H5Screate_simple(int(shape.size()), shape.data(), nullptr), "dataspace of " + path));
-        h5::Handle ds = h5::dataset(h5::check(
-            H5Dcreate2(file, path.c_str(), H5T_IEEE_F32LE, fs, H5P_DEFAULT, h5::dataset_create_plist(), H5P_DEFAULT),
-            "create dataset " + path));
-        uint64_t sum = *checksum++;
-        int64_t as_i64;
-        std::memcpy(&as_i64, &sum, 8);
-        h5::write_attr_i64(ds, "checksum", as_i64);
-        const bool collective = lt.numel() > kIndependentMax;
-        bool any = false;
-        if (part == Part::momentum) {
-            if (const float* w = momentum_of(st, i)) {  // the whole matrix, from the rank that keeps it
-                h5::check(H5Sselect_all(fs), "select " + path);
-                hsize_t n = lt.numel();
-                h5::Handle ms = h5::space(h5::check(H5Screate_simple(1, &n, nullptr), "memory dataspace"));
-                h5::check(H5Dwrite(ds, H5T_NATIVE_FLOAT, ms, fs, collective ? coll : indep, w), "write " + path);
-                any = true;
-            }
-        } else if (const ParamSpec* s = table.writer_spec(lt.name)) {
-            // The pieces of this tensor in the write ranges (at most one per range).
-            for_each_overlap(writes, s->offset, s->offset + s->numel(), [&](const ArenaRange& w, size_t a, size_t b) {
-                if (collective && any) return;  // collective: one call per rank (a writer's part is one range)
-                select_local(fs, *s, a - s->offset, b - s->offset);
-                hsize_t n = b - a;
-                h5::Handle ms = h5::space(h5::check(H5Screate_simple(1, &n, nullptr), "memory dataspace"));
-                const float* src = part != Part::params ? data + w.state_index + (a - w.arena.lo) : data + a;
-                h5::check(H5Dwrite(ds, H5T_NATIVE_FLOAT, ms, fs, collective ? coll : indep, src), "write " + path);
-                any = true;
-            });
-        }
-        if (collective && !any) {  // take part in the collective write with nothing
-            h5::check(H5Sselect_none(fs), "select none in " + path);
-            hsize_t zero = 0;
-            h5::Handle ms = h5::space(h5::check(H5Screate_simple(1, &zero, nullptr), "dataspace"));
-            h5::check(H5Sselect_none(ms), "select none in " + path);
-            static const float nothing = 0.0f;
-            h5::check(H5Dwrite(ds, H5T_NATIVE_FLOAT, ms, fs, coll, &nothing), "write " + path);
-        }
-    }
 }
 
 // The tensors with a row per token id: a weights-only load into a larger vocabulary (training
@@ -295,150 +168,9 @@ void read_group(hid_t file, const std::string& group, const ParamTable& table, f
     }
 }
 
-void write_text_atomically(const fs::path& path, const std::string& text) {
-    fs::path tmp = path;
-    tmp += ".tmp";
-    {
-        std::ofstream f(tmp);
-        f << text;
-        f.flush();
-        if (!f) rank_fail("cannot write " + tmp.string());
-    }
-    sync_path(tmp);
-    fs::rename(tmp, path);
-}
-
-}  // namespace
-
-namespace {
-std::string save(const MpiCommunicator& comm, const std::string& run_dir, const CheckpointMeta& meta, const ParamTable& table,
-                 const float* params, const std::vector<ArenaRange>& writes, const OptimizerStateIo& st, int keep,
-                 const fs::path& dir, const fs::path& final_path, const fs::path& tmp_path);
 }  // namespace
 
 bool OptimizerStateIo::muon_tensor(const LogicalTensor& t) const { return optimizer == "muon" && muon_takes(t); }
-
-std::string checkpoint_save(const MpiCommunicator& comm, const std::string& run_dir, const CheckpointMeta& meta,
-                            const ParamTable& table, const float* params, const std::vector<ArenaRange>& writes,
-                            const OptimizerStateIo& state, int keep) {
-    const int rank = comm.rank();
-    fs::path dir = fs::path(run_dir) / "checkpoints";
-    fs::path final_path = dir / step_name(meta.step);
-    fs::path tmp_path = final_path;
-    tmp_path += ".tmp";
-    // Room for the file first (a clear error before anything is written): the tensors and the
-    // optimizer state of the trainable ones (two moments, or Muon's momentum), in fp32, plus a
-    // margin for HDF5's metadata.
-    char full[512] = {0};
-    if (rank == 0) {
-        std::error_code ec;
-        fs::create_directories(dir, ec);
-        double bytes = 0;
-        for (const auto& lt : table.logical)
-            bytes += double(lt.numel()) * 4 * (!lt.trainable ? 1 : state.muon_tensor(lt) ? 2 : 3);
-        bytes = bytes * 1.02 + 65536 + 1024.0 * double(table.logical.size());
-        bytes += double(meta.tokenizer.file.size() + 8 * meta.tokenizer.merges.size());  // the tokenizer group
-        const fs::space_info sp = fs::space(dir, ec);
-        if (!ec && double(sp.available) < bytes)
-            std::snprintf(full, sizeof full,
-                          "the checkpoint of step %lld needs about %.1f MiB and the file system of %s has "
-                          "%.1f MiB free (No space left on device); nothing was written, the earlier "
-                          "checkpoints are intact (latest: %s)",
-                          (long long)meta.step, bytes / 1048576.0, dir.c_str(), double(sp.available) / 1048576.0,
-                          checkpoint_latest(run_dir).c_str());
-    }
-    comm.broadcast(full, sizeof full, 0);
-    if (full[0]) throw IoError(full);
-    try {
-        return save(comm, run_dir, meta, table, params, writes, state, keep, dir, final_path, tmp_path);
-    } catch (const std::exception& e) {
-        const int err = errno;
-        std::error_code ec;
-        fs::remove(tmp_path, ec);
-        throw IoError(std::string("the checkpoint of step ") + std::to_string(meta.step) + " could not be written (" +
-                  e.what() + (err ? std::string("; ") + std::strerror(err) : std::string()) +
-                  "); its partial file is removed and the earlier checkpoints are intact (latest: " +
-                  checkpoint_latest(run_dir) + ")");
-    }
-}
-
-namespace {
-std::string save(const MpiCommunicator& comm, const std::string& run_dir, const CheckpointMeta& meta, const ParamTable& table,
-                 const float* params, const std::vector<ArenaRange>& writes_in, const OptimizerStateIo& st, int keep,
-                 const fs::path& dir, const fs::path& final_path, const fs::path& tmp_path) {
-    (void)run_dir;
-    const std::vector<ArenaRange> writes = sorted(writes_in), moments = sorted(st.ranges);
-    const int rank = comm.rank();
-    comm.barrier();
-
-    h5::Handle fapl = h5::plist(h5::check(H5Pcreate(H5P_FILE_ACCESS), "file access property list"));
-    h5::check(H5Pset_fapl_mpio(fapl, comm.handle(), MPI_INFO_NULL), "H5Pset_fapl_mpio");
-    // Metadata (thousands of dataset headers for MoE models) written collectively, in few calls.
-    h5::check(H5Pset_coll_metadata_write(fapl, true), "H5Pset_coll_metadata_write");
-    h5::Handle file = h5::file(h5::check(
-        H5Fcreate(tmp_path.c_str(), H5F_ACC_TRUNC, h5::file_create_plist(), fapl), "create " + tmp_path.string()));
-    h5::Handle coll = h5::plist(h5::check(H5Pcreate(H5P_DATASET_XFER), "transfer property list"));
-    h5::check(H5Pset_dxpl_mpio(coll, H5FD_MPIO_COLLECTIVE), "H5Pset_dxpl_mpio");
-    h5::Handle indep = h5::plist(h5::check(H5Pcreate(H5P_DATASET_XFER), "transfer property list"));
-    h5::check(H5Pset_dxpl_mpio(indep, H5FD_MPIO_INDEPENDENT), "H5Pset_dxpl_mpio");
-    h5::write_attr_i64(file, "step", meta.step);
-    h5::write_attr_i64(file, "tokens_seen", meta.tokens_seen);
-    h5::write_attr_string(file, "deck", meta.deck);
-    h5::write_attr_i64(file, "format_version", kCheckpointFormatVersion);
-    h5::write_attr_string(file, "layout", meta.layout);
-    h5::write_attr_i64(file, "trained_context", meta.trained_context);
-    if (!meta.param_groups.empty()) h5::write_attr_string(file, "param_groups", meta.param_groups);
-    h5::write_attr_string(file, "optimizer", st.optimizer);
-    if (!meta.blend.empty()) h5::write_attr_string(file, "data_blend", meta.blend);
-    // Every rank creates the group (collective metadata); rank 0 writes its bytes.
-    if (!meta.tokenizer.empty()) tokenizer_store_write(file, "tokenizer", meta.tokenizer, rank == 0);
-    const bool muon = st.optimizer == "muon";
-    for (const char* g : {"/params", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq", "/optim/momentum"})
-        if (muon || std::string(g) != "/optim/momentum")
-            h5::group(h5::check(H5Gcreate2(file, g, H5P_DEFAULT, h5::group_create_plist(), H5P_DEFAULT), g));
-    // Every tensor's checksum, completed over the ranks before the datasets (and their
-    // "checksum" attributes, collective metadata) are created.
-    std::vector<uint64_t> sums;
-    group_checksums(table, params, Part::params, &st, writes, sums);
-    group_checksums(table, st.exp_avg, Part::moments, &st, moments, sums);
-    group_checksums(table, st.exp_avg_sq, Part::moments, &st, moments, sums);
-    if (muon) group_checksums(table, nullptr, Part::momentum, &st, moments, sums);
-    comm.all_reduce_sum(sums.data(), sums.size());
-    const uint64_t* next = sums.data();
-    write_group(file, "/params", table, params, Part::params, &st, writes, coll, indep, next);
-    write_group(file, "/optim/exp_avg", table, st.exp_avg, Part::moments, &st, moments, coll, indep, next);
-    write_group(file, "/optim/exp_avg_sq", table, st.exp_avg_sq, Part::moments, &st, moments, coll, indep, next);
-    if (muon) write_group(file, "/optim/momentum", table, nullptr, Part::momentum, &st, moments, coll, indep, next);
-    h5::check(H5Fflush(file, H5F_SCOPE_GLOBAL), "flush " + tmp_path.string());
-    h5::check(H5Fclose(file.release()), "close " + tmp_path.string());
-    comm.barrier();
-    if (rank == 0) {
-        // The file reaches the disk before its name, the name before `latest`, and `latest`
-        // before any older checkpoint is pruned: a crash at any point leaves a loadable one.
-        sync_path(tmp_path);
-        fs::rename(tmp_path, final_path);
-        sync_path(dir);
-        write_text_atomically(dir / "latest", final_path.filename().string() + "\n");
-        sync_path(dir);
-        std::vector<fs::path> all;
-        for (auto& e : fs::directory_iterator(dir)) {
-            auto n = e.path().filename().string();
-            if (n.rfind("step_", 0) == 0 && e.path().extension() == ".h5") all.push_back(e.path());
-            // A .tmp of a job killed while writing is never a checkpoint.
-            if (n.rfind("step_", 0) == 0 && e.path().extension() == ".tmp") fs::remove(e.path());
-        }
-        std::sort(all.begin(), all.end());
-        if (keep > 0)
-            for (size_t i = 0; i + keep < all.size(); ++i) {
-                fs::remove(all[i]);
-                std::error_code ec;
-                fs::remove(checkpoint_metrics_path(all[i].string()), ec);
-            }
-    }
-    comm.barrier();
-    return final_path.string();
-}
-}  // namespace
 
 std::string checkpoint_path(const std::string& run_dir, int64_t step) {
     return (fs::path(run_dir) / "checkpoints" / step_name(step)).string();
@@ -518,6 +250,17 @@ CheckpointMeta read_meta(hid_t file, const std::string& path) {
     if (h5::has_attr(file, "optimizer")) meta.optimizer = h5::read_attr_string(file, "optimizer");
     if (h5::has_attr(file, "data_blend")) meta.blend = h5::read_attr_string(file, "data_blend");
     meta.tokenizer = tokenizer_store_read(file, "tokenizer", "checkpoint '" + path + "'");
+    const std::string window = std::string(kCheckpointStateGroup) + "/" + kCheckpointSpikeWindow;
+    if (h5::exists(file, window)) {
+        std::vector<hsize_t> dims;
+        meta.spike_window = h5::read_f64(file, window, &dims);
+        if (dims.size() != 2 || dims[1] != 2)
+            throw ConfigError("checkpoint '" + path + "': " + window + " is not an [n, 2] array");
+    }
+    if (h5::exists(file, kCheckpointStateGroup)) {
+        h5::Handle g = h5::group(H5Gopen2(file, kCheckpointStateGroup, H5P_DEFAULT));
+        if (g.valid() && h5::has_attr(g, "skips_in_row")) meta.skips_in_row = h5::read_attr_i64(g, "skips_in_row");
+    }
     return meta;
 }
 
@@ -589,6 +332,7 @@ std::string checkpoint_verify(const std::string& path, const MpiCommunicator& co
         else if (H5Ovisit2(file, H5_INDEX_NAME, H5_ITER_INC, list_datasets, &names, H5O_INFO_BASIC) < 0)
             why = "its tensors cannot be listed (corrupt)";
         std::vector<float> v;
+        std::vector<double> v64;
         // Each rank checks every size-th tensor: one read of the file, shared.
         for (size_t k = size_t(rank); why.empty() && k < names.size(); k += size_t(size)) {
             const std::string& n = names[k];
@@ -597,14 +341,25 @@ std::string checkpoint_verify(const std::string& path, const MpiCommunicator& co
             h5::Handle d = h5::dataset(ds);
             size_t count = 1;
             for (hsize_t x : h5::dataset_shape(d)) count *= size_t(x);
-            v.resize(count);
-            if (count && H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0) {
+            // float32 tensors; the run state's float64 arrays (/train_state) are summed as such.
+            h5::Handle type = h5::type(H5Dget_type(d));
+            const bool f64 = type.valid() && H5Tget_class(type) == H5T_FLOAT && H5Tget_size(type) == 8;
+            herr_t rc = 0;
+            if (f64) {
+                v64.resize(count);
+                if (count) rc = H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v64.data());
+            } else {
+                v.resize(count);
+                if (count) rc = H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+            }
+            if (rc < 0) {
                 why = "tensor " + n + " cannot be read (truncated?)";
                 break;
             }
             if (!h5::has_attr(d, "checksum")) continue;  // written before checksums: readable is all we know
             const int64_t want = h5::read_attr_i64(d, "checksum");
-            const uint64_t got = whole_checksum(v.data(), count);
+            const uint64_t got = f64 ? checkpoint_checksum::run_f64(v64.data(), 0, count)
+                                     : checkpoint_checksum::run_f32(v.data(), 0, count);
             int64_t got_i64;
             std::memcpy(&got_i64, &got, 8);
             if (got_i64 != want) why = "tensor " + n + " does not match its checksum";

@@ -91,12 +91,12 @@ MetricsFile::MetricsFile(const std::string& run_dir, const std::string& deck_tex
     h5::write_attr_string(file_, "deck", deck_text);
     if (!keep) return;
     // Drop rows of steps >= first_step in every group that has a "step" column.
-    // /eval has its own step column; /timing (and /timing/op), /pipeline, /moe and /memory rows
-    // align with /train's. (A group's subgroups are skipped: they are listed themselves.)
+    // /eval and /checkpoint have their own step column; /timing (and /timing/op), /pipeline,
+    // /moe and /memory rows align with /train's. (A group's subgroups are skipped: they are
+    // listed themselves.)
     for (const char* group : metrics_schema::kStepGroups) {
-        const std::string steps = metrics_schema::path(group == std::string(metrics_schema::kEval) ? metrics_schema::kEval
-                                                                                                   : metrics_schema::kTrain,
-                                                       metrics_schema::kStep);
+        const std::string own = metrics_schema::path(group, metrics_schema::kStep);
+        const std::string steps = h5::exists(file_, own) ? own : metrics_schema::path(metrics_schema::kTrain, metrics_schema::kStep);
         if (!h5::exists(file_, steps) || !h5::exists(file_, group)) continue;
         h5::Handle ds = h5::dataset(H5Dopen2(file_, steps.c_str(), H5P_DEFAULT));
         auto shape = h5::dataset_shape(ds);
@@ -233,7 +233,7 @@ std::vector<double> MetricsFile::read_all(const std::string& path) {
     return v;
 }
 
-void MetricsFile::snapshot_to(const std::string& to) {
+std::string MetricsFile::snapshot_to(const std::string& to, bool durable) {
     flush();
     ssize_t size = 0;
     H5Fget_filesize(file_, reinterpret_cast<hsize_t*>(&size));
@@ -263,7 +263,7 @@ void MetricsFile::snapshot_to(const std::string& to) {
                 else done += w;
             }
         }
-        if (why.empty() && ::fsync(out) != 0) why = std::strerror(errno);
+        if (why.empty() && durable && ::fsync(out) != 0) why = std::strerror(errno);
         if (in >= 0) ::close(in);
         if (out >= 0 && ::close(out) != 0 && why.empty()) why = std::strerror(errno);
         if (!why.empty()) {
@@ -271,8 +271,10 @@ void MetricsFile::snapshot_to(const std::string& to) {
             throw IoError("cannot copy the metrics to " + tmp + ": " + why);
         }
     }
+    if (!durable) return tmp;
     fs::rename(tmp, to, ec);
     if (ec) throw IoError("cannot rename " + tmp + ": " + ec.message());
+    return to;
 }
 
 void MetricsFile::flush() { H5Fflush(file_, H5F_SCOPE_GLOBAL); }

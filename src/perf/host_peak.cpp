@@ -53,6 +53,66 @@ double status_kib(const char* key) {
 double process_rss_bytes() { return status_kib("VmRSS:"); }
 double process_peak_rss_bytes() { return status_kib("VmHWM:"); }
 
+namespace {
+// The first number of a one-line file (or the value of `key` in a "key value" file), -1 when
+// absent; cgroup v2's "max" reads as no limit.
+double read_number(const std::string& path, const char* key = nullptr) {
+    std::ifstream f(path);
+    std::string word;
+    if (!key) return f >> word && word != "max" ? std::atof(word.c_str()) : -1;
+    double v = 0;
+    while (f >> word >> v)
+        if (word == key) return v;
+    return -1;
+}
+
+// The memory limit of this process's cgroup less what the cgroup uses, or -1 without one. The
+// path /proc/self/cgroup names may be the host's (inside a container the mount shows only the
+// container's part): its tails are tried until one exists under the mount.
+double cgroup_available_bytes() {
+    std::ifstream f("/proc/self/cgroup");
+    std::string line;
+    double best = -1;
+    while (std::getline(f, line)) {
+        const size_t a = line.find(':'), b = line.find(':', a + 1);
+        if (a == std::string::npos || b == std::string::npos) continue;
+        const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+        const bool v1 = controllers.find("memory") != std::string::npos, v2 = controllers.empty();
+        if (!v1 && !v2) continue;
+        for (size_t cut = 0; cut != std::string::npos; cut = path.find('/', cut + 1)) {
+            const std::string tail = path.substr(cut);
+            double limit = -1, used = -1;
+            static const char* const kV1[] = {"/sys/fs/cgroup/memory", nullptr};
+            static const char* const kV2[] = {"/sys/fs/cgroup", "/sys/fs/cgroup/unified"};
+            for (const char* mount : v1 ? kV1 : kV2) {
+                if (!mount) break;
+                const std::string dir = std::string(mount) + (tail == "/" ? "" : tail);
+                if (!std::filesystem::is_directory(dir)) continue;
+                // v1: the effective limit of the hierarchy; v2: memory.max of this group.
+                limit = v1 ? read_number(dir + "/memory.stat", "hierarchical_memory_limit") : read_number(dir + "/memory.max");
+                used = read_number(dir + (v1 ? "/memory.usage_in_bytes" : "/memory.current"));
+                break;
+            }
+            if (used < 0) continue;
+            if (limit > 0 && limit < 1e18) best = best < 0 ? limit - used : std::min(best, limit - used);
+            break;
+        }
+    }
+    return best;
+}
+}  // namespace
+
+double host_available_memory_bytes() {
+    double avail = -1;
+    std::ifstream f("/proc/meminfo");
+    std::string line;
+    while (std::getline(f, line))
+        if (line.compare(0, 13, "MemAvailable:") == 0) avail = std::atof(line.c_str() + 13) * 1024.0;
+    const double group = cgroup_available_bytes();
+    if (group >= 0) avail = avail < 0 ? group : std::min(avail, group);
+    return avail;
+}
+
 int host_cores() {
     if (const char* e = std::getenv("QUINTET_CORES"); e && std::atoi(e) > 0) return std::atoi(e);
     return std::max(1, int(sysconf(_SC_NPROCESSORS_ONLN)));

@@ -75,6 +75,7 @@ struct PlanCache {
 // sends the update's pieces back; every rank stages the pieces of the matrices others own.
 struct MuonFigures {
     double floats = 0;  // the largest rank's momentum, exchange buffers and scratch
+    double momentum = 0;  // that rank's momentum alone (checkpoint.async stages it)
     double flops = 0;   // the most Newton-Schulz FLOPs one rank runs per step
     double tp_floats = 0, dp_floats = 0;  // the most floats one rank sends per step to its tp peers / other replicas
 };
@@ -84,12 +85,13 @@ struct MuonFigures {
 // slices cut tensors where they fall: exact in total, approximate per rank).
 struct MuonRanks {
     std::vector<double> floats, flops, tp, dp;  // floats: momentum and exchange buffers
+    std::vector<double> momentum;               // the momentum of the matrices each rank owns
     std::vector<double> largest, side;         // the largest owned matrix and its smaller side squared
 };
 MuonRanks muon_ranks(const std::vector<MuonEntry>& mats, int tp, int R, bool sharded, int steps) {
     const size_t G = size_t(tp) * size_t(R);
     const std::vector<double> zeros(G, 0.0);
-    MuonRanks out{zeros, zeros, zeros, zeros, zeros, zeros};
+    MuonRanks out{zeros, zeros, zeros, zeros, zeros, zeros, zeros};
     if (mats.empty()) return out;
     std::vector<MuonMatrix> shapes;
     for (const MuonEntry& e : mats) shapes.push_back(e.whole);
@@ -127,6 +129,7 @@ MuonRanks muon_ranks(const std::vector<MuonEntry>& mats, int tp, int R, bool sha
         const double staged = G > 1 ? (pieces - own[g]) + gather[g] + (replicas[g] ? scatter[g] : 0.0) : 0.0;
         out.floats[g] = momentum[g] + staged;
     }
+    out.momentum = momentum;
     return out;
 }
 
@@ -140,7 +143,10 @@ MuonFigures muon_figures(const ModelInventory::MuonStage& st, int tp, int dp_cp,
             const size_t a = size_t(t + tp * j), b = size_t(t + tp * (j / ep));
             // One scratch for both groups: two of the largest owned matrix, two of its side squared.
             const double scratch = 2 * std::max(d.largest[a], e.largest[b]) + 2 * std::max(d.side[a], e.side[b]);
-            f.floats = std::max(f.floats, d.floats[a] + e.floats[b] + scratch);
+            if (d.floats[a] + e.floats[b] + scratch > f.floats) {
+                f.floats = d.floats[a] + e.floats[b] + scratch;
+                f.momentum = d.momentum[a] + e.momentum[b];
+            }
             f.flops = std::max(f.flops, d.flops[a] + e.flops[b]);
             f.tp_floats = std::max(f.tp_floats, d.tp[a] + e.tp[b]);
             f.dp_floats = std::max(f.dp_floats, d.dp[a] + e.dp[b]);
@@ -216,6 +222,16 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
         }
         mem.grads = total * 4 + shards * 4;
         mem.optimizer = 2 * std::max(state, 1.0) * 4;
+        // checkpoint.async: the staging copy of what the rank writes (train/checkpointing): its
+        // dp-owned slice of each trainable region with its optimizer state (AdamW's two moments;
+        // under Muon, for AdamW's tensors only, and the momentum of the matrices the rank
+        // orthogonalises, whole), and (the first rank of its dp x cp group, the largest) the buffers.
+        double written = 0, written_buffers = 0;
+        for (int r = 0; r < kNumRegions; ++r) {
+            if (Replicas(r) == Replicas::none) written_buffers += used.r[size_t(r)];
+            else written += std::ceil(used.r[size_t(r)] / pad[r]);
+        }
+        double staging = written_buffers + 3 * written;
         // ZeRO-2/3: this rank's slices of every unit and the windows (train/zero_state), from the
         // trainer's own byte functions (model/params.hpp).
         std::vector<ModelInventory::Unit> units;
@@ -227,6 +243,7 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
             mem.grads = zero_grad_bytes(z);
             mem.optimizer = 2 * double(std::max<size_t>(z.trainable, 1)) * 4;
             state = double(z.trainable);
+            written = double(z.trainable), written_buffers = double(z.buffers);
         }
         // Muon: AdamW's two moments for the other tensors only, Muon's momentum and exchange
         // (train/optimizer, train/muon). Under ZeRO Muon's share of a rank's slices is taken as
@@ -241,6 +258,8 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
             muon_worst.flops = std::max(muon_worst.flops, f.flops);
             muon_worst.tp_floats = std::max(muon_worst.tp_floats, f.tp_floats);
             muon_worst.dp_floats = std::max(muon_worst.dp_floats, f.dp_floats);
+            const double adam_written = written - ms.floats.r[0] / pad[0] - ms.floats.r[1] / pad[1];
+            staging = written_buffers + written + 2 * std::max(std::round(adam_written), 0.0) + f.momentum;
         }
         // Each chunk keeps as many slots as it had microbatches in flight at once (the executor
         // allocates them on demand); activations are what its blocks declare (the trainer's own
@@ -271,6 +290,7 @@ void plan_host(PlanRow& row, const Deck& deck, int world, const MachineModel& mm
         mem.buffers = double(1 + locals) * double(bs.Nr) * C * sizeof(float);
         if (p.cp > 1) mem.buffers += double(ContextParallel::buffer_bytes(ring_kv, ring_out, ring_lse));
         if (p.ep > 1 && exchange > 0) mem.buffers += double(ExpertParallel::buffer_bytes(exchange));
+        if (deck.checkpoint.async) mem.buffers += std::max(staging, 1.0) * sizeof(float);
         mem.runtime = mm.runtime_base_bytes + mm.data_bytes;
         mem.total = mem.params + mem.grads + mem.optimizer + mem.activations + mem.buffers + mem.runtime;
         // Compute of this stage, per microbatch: its layers' share and (last stage) the head,

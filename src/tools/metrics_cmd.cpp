@@ -31,7 +31,8 @@ const char* kUsage =
     "norm, tokens/s, MFU, ...), eval (one row per evaluation; <source>/loss per validation source),\n"
     "timing (seconds and bytes per step), pipeline (idle fraction and activations per stage), moe\n"
     "(expert load, imbalance, ... per layer), memory (bytes by category per rank), data (samples\n"
-    "drawn per training source), ranks (step time, compute and communication wait per rank).\n"
+    "drawn per training source), ranks (step time, compute and communication wait per rank),\n"
+    "checkpoint (one row per checkpoint: seconds the step was blocked, seconds the write took).\n"
     "Matrix datasets become one column per element: moe's\n"
     "expert_load.<layer>.<expert>, memory's params_bytes.<rank>, data's source_samples.<name>\n"
     "(each training source by the name the file stores; by its index in files without names).\n";
@@ -134,10 +135,12 @@ int metrics_main(int argc, char** argv) {
         else throw ConfigError("metrics: one RUN_DIR only ('" + where + "', then '" + a + "')");
     }
     if (where.empty()) throw ConfigError(std::string("metrics: no RUN_DIR given\n") + kUsage);
-    const std::vector<std::string> groups = {"train", "eval", "timing", "pipeline", "moe", "memory", "data", "ranks"};
+    const std::vector<std::string> groups = {"train", "eval",   "timing", "pipeline", "moe",
+                                             "memory", "data", "ranks", "checkpoint"};
     if (std::find(groups.begin(), groups.end(), group) == groups.end())
         throw ConfigError("metrics: --group '" + group +
-                          "': valid are train, eval, timing, pipeline, moe, memory, data, ranks");
+                          "': valid are train, eval, timing, pipeline, moe, memory, data, ranks, checkpoint");
+    const bool own_steps = group == "train" || group == "eval" || group == "checkpoint";  // a step column of its own
     const fs::path file = fs::is_directory(where) ? fs::path(where) / "metrics.h5" : fs::path(where);
     if (!fs::exists(file)) throw ConfigError("metrics: '" + file.string() + "' does not exist (a run's output.run_dir holds metrics.h5)");
     h5::silence_errors();
@@ -145,8 +148,8 @@ int metrics_main(int argc, char** argv) {
     if (!f.valid()) throw ConfigError("metrics: '" + file.string() + "' is not a readable HDF5 file");
     const std::string path = "/" + group;
     std::vector<Column> cols;
-    // Rows are steps: every group but eval aligns with /train/step, which leads.
-    if (group != "train" && group != "eval") {
+    // Rows are steps: every group but eval and checkpoint aligns with /train/step, which leads.
+    if (!own_steps) {
         Column step{ms::kStep, h5::read_f64(f, ms::path(ms::kTrain, ms::kStep)), 1, {}};
         cols.push_back(step);
     }
@@ -160,7 +163,7 @@ int metrics_main(int argc, char** argv) {
         if (path + "/" + name == ms::kSourceSamples && c.inner.size() == 1) c.labels = source_names(f, c.width);
         cols.push_back(std::move(c));
     }
-    if (cols.empty() || (cols.size() == 1 && group != "train" && group != "eval"))
+    if (cols.empty() || (cols.size() == 1 && !own_steps))
         throw ConfigError("metrics: '" + file.string() + "' has no " + path + " (a run without that kind of data)");
     size_t rows = SIZE_MAX;
     for (const auto& c : cols) rows = std::min(rows, c.v.size() / c.width);

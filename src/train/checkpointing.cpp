@@ -1,17 +1,82 @@
 #include "quintet/train/checkpointing.hpp"
 
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
+#include <cstring>
+#include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "quintet/core/clock.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/io/checkpoint.hpp"
+#include "quintet/io/metrics_schema.hpp"
+#include "quintet/perf/host_peak.hpp"
+#include "quintet/perf/planner.hpp"
+#include "quintet/train/signals.hpp"
 
 namespace quintet {
 
 namespace {
 const std::string kCheckpointComm = "world (checkpoint I/O)";
+
+std::string mib(double bytes) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1f MiB", bytes / 1048576.0);
+    return b;
+}
+std::string secs(double s) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.2f s", s);
+    return b;
+}
+
+// The state of a background write, as every rank reports it in step_end's all-reduce (the
+// largest value wins): nothing to do, still writing, failed, past its deadline.
+enum WriteState : int { kIdleOrDone = 0, kWriting = 1, kFailed = 2, kOverdue = 3 };
+
+// Whether all n floats are finite (an exponent not all ones); one read pass.
+bool all_finite(const float* v, size_t n) {
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; ++i) {
+        uint32_t b;
+        std::memcpy(&b, v + i, 4);
+        bad |= uint32_t((~b & 0x7f800000u) == 0);
+    }
+    return bad == 0;
+}
+
+// dst = src (host memory), and whether all n floats are finite: the staging copy and the
+// finiteness check in one pass.
+bool copy_all_finite(float* dst, const float* src, size_t n) {
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; ++i) {
+        uint32_t b;
+        std::memcpy(&b, src + i, 4);
+        std::memcpy(dst + i, &b, 4);
+        bad |= uint32_t((~b & 0x7f800000u) == 0);
+    }
+    return bad == 0;
+}
+
+// One phase of a checkpoint on the training thread, timed by the watchdog as one operation.
+struct TimedPhase {
+    Watchdog* w;
+    TimedPhase(const ProcessGrid& grid, const char* what, int64_t step, double deadline) : w(grid.watchdog()) {
+        if (w) w->begin(what, &kCheckpointComm, grid.rank(), grid.world().size(), uint64_t(step), deadline,
+                        &grid.world().world_ranks());
+    }
+    ~TimedPhase() { end(); }
+    void end() {
+        if (w) w->end();
+        w = nullptr;
+    }
+};
 }  // namespace
 
 WeightsSource resolve_weights_source(Deck& deck, const MpiCommunicator& comm) {
@@ -164,6 +229,26 @@ std::vector<std::string> report_changes(const WeightsSource& source, const Deck&
     return lines;
 }
 
+// A save whose values are staged and whose bytes are being written by `thread` (phase 2 of
+// io/checkpoint_writer.hpp); phases 1 and 3 run on the training thread, which owns HDF5 and MPI.
+struct Checkpointing::InFlight {
+    int64_t step = 0;
+    std::unique_ptr<CheckpointWriter> writer;
+    std::thread thread;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool finished = false;  // under mu, as error and write_s
+    std::string error;
+    double write_s = 0;
+    std::atomic<bool> cancel{false};
+    double started = 0, blocked_s = 0, staging_s = 0;
+    // This rank's WriteState (mu held).
+    int state(double deadline) const {
+        if (!finished) return deadline > 0 && now_s() - started > deadline ? kOverdue : kWriting;
+        return error.empty() ? kIdleOrDone : kFailed;
+    }
+};
+
 Checkpointing::Checkpointing(RankModel& model, const GradientSync& sync, Optimizer& opt, std::string deck_text,
                              TokenizerState tokenizer, WeightsSource source, const FaultInjection& faults,
                              std::function<void(const std::string&)> log)
@@ -173,45 +258,194 @@ Checkpointing::Checkpointing(RankModel& model, const GradientSync& sync, Optimiz
     const ProcessGrid& grid = model.grid();
     io_comm_ = grid.world().split(0, grid.rank(), kCheckpointComm);
     io_comm_->set_deadline(0);
-}
-
-Checkpointing::~Checkpointing() = default;
-
-std::vector<ArenaRange> Checkpointing::writes() const {
-    std::vector<ArenaRange> w = opt_.param_write_ranges();
-    if (model_.grid().dp_cp().rank() != 0) return w;
-    // Buffers (no moments): the region, or under ZeRO-2/3 each unit's buffer part.
-    if (const ZeroState* z = model_.zero()) {
-        for (const ZeroPiece& p : z->layout().pieces)
-            if (Replicas(p.region) == Replicas::none) w.push_back({p.part, 0});
-        return w;
+    if (model.deck().checkpoint.async) {
+        const size_t n = staged_floats();
+        check_staging_fits(double(n) * sizeof(float));
+        // Allocated and touched now: resident from the start (the memory table and the check
+        // above count it), and no page faults in the first checkpoint's copy.
+        staging_.assign(std::max<size_t>(n, 1), 0.0f);
     }
-    const Range buf = model_.table().region[int(Replicas::none)];
-    if (buf.size() > 0) w.push_back({buf, 0});
-    return w;
 }
 
-std::vector<float> Checkpointing::whole_from_shard() const {
-    // ZeRO-3: this rank's slices (and buffers) at their arena offsets -- all it writes.
-    const ZeroState& z = *model_.zero();
-    std::vector<float> whole(model_.table().total, 0.0f);
-    for (const ZeroPiece& p : z.layout().pieces)
-        model_.backend().to_host(whole.data() + p.owned.lo, z.param_shard() + p.at, p.owned.size());
-    return whole;
+Checkpointing::~Checkpointing() {
+    if (!flight_) return;
+    // An error path (the run is ending with an exception): the write is abandoned. A writer that
+    // does not stop within 5 s (a hung file system) is left running, detached, with
+    // what it reads: the process is about to end.
+    InFlight& f = *flight_;
+    f.cancel.store(true);
+    bool done = false;
+    {
+        std::unique_lock<std::mutex> lock(f.mu);
+        done = f.cv.wait_for(lock, std::chrono::seconds(5), [&] { return f.finished; });
+    }
+    if (done) {
+        f.thread.join();
+        flight_.reset();  // the writer removes its partial file (rank 0)
+    } else {
+        // Left with what it may still read: its writer and the staging copy.
+        f.thread.detach();
+        (void)flight_.release();
+        (void)new std::vector<float>(std::move(staging_));
+    }
 }
 
-void Checkpointing::save(int64_t step, int64_t tokens_seen, MetricsFile* metrics) {
+Checkpointing::Sources Checkpointing::sources() const {
+    Sources out;
+    const bool first_of_group = model_.grid().dp_cp().rank() == 0;
+    // The parameters.
+    if (const ZeroState* z = model_.zero()) {
+        // ZeRO-2/3: each trainable slice (where the shard keeps it), the buffers whole.
+        for (const ZeroPiece& p : z->layout().pieces) {
+            const bool trainable = Replicas(p.region) != Replicas::none;
+            if (!trainable && !first_of_group) continue;
+            const Range r = trainable ? p.owned : p.part;
+            if (r.size() > 0) out.ranges.push_back({r, z->param_at(p, r.lo)});
+        }
+    } else {
+        const float* params = model_.params();
+        for (const ArenaRange& w : opt_.param_write_ranges())
+            if (w.arena.size() > 0) out.ranges.push_back({w.arena, params + w.arena.lo});
+        const Range buf = model_.table().region[int(Replicas::none)];
+        if (first_of_group && buf.size() > 0) out.ranges.push_back({buf, params + buf.lo});
+    }
+    // The optimizer state of the same parts: AdamW's moments of its tensors, and Muon's momentum
+    // of the whole matrices this rank orthogonalises.
+    const OptimizerStateIo st = opt_.state(/*for_save=*/true);
+    for (const ArenaRange& r : st.ranges)
+        if (r.arena.size() > 0)
+            out.ranges.push_back({r.arena, nullptr, st.exp_avg + r.state_index, st.exp_avg_sq + r.state_index});
+    for (const auto& w : st.momentum) out.momentum.push_back({w.logical, w.data});
+    return out;
+}
+
+size_t Checkpointing::staged_floats() const {
+    size_t n = 0;
+    const Sources src = sources();
+    for (const CheckpointSource& s : src.ranges) n += s.arena.size() * ((s.params ? 1 : 0) + (s.exp_avg ? 2 : 0));
+    for (const CheckpointWhole& w : src.momentum) n += model_.table().logical[w.logical].numel();
+    return n;
+}
+
+Checkpointing::Sources Checkpointing::stage(float* to, bool* finite) const {
+    Backend& be = model_.backend();
+    const bool host = model_.host_arena();
+    Sources out;
+    size_t at = 0;
+    auto copy = [&](const float* from, size_t n, bool check) {
+        float* dst = to + at;
+        at += n;
+        if (host && check) {
+            *finite = copy_all_finite(dst, from, n) && *finite;
+        } else {
+            be.to_host(dst, from, n);
+            if (check) *finite = all_finite(dst, n) && *finite;
+        }
+        return dst;
+    };
+    *finite = true;
+    const Sources src = sources();
+    for (const CheckpointSource& s : src.ranges) {
+        const size_t n = s.arena.size();
+        CheckpointSource h{s.arena};
+        if (s.params) h.params = copy(s.params, n, true);
+        if (s.exp_avg) h.exp_avg = copy(s.exp_avg, n, false), h.exp_avg_sq = copy(s.exp_avg_sq, n, false);
+        out.ranges.push_back(h);
+    }
+    for (const CheckpointWhole& w : src.momentum)
+        out.momentum.push_back({w.logical, copy(w.data, model_.table().logical[w.logical].numel(), false)});
+    return out;
+}
+
+void Checkpointing::check_staging_fits(double bytes) const {
+    const ProcessGrid& grid = model_.grid();
+    const MpiCommunicator& world = grid.world();
+    // The activations still to be allocated in host memory (the executor allocates a step's
+    // slots on demand): the planner's figure for the largest rank, less what this rank holds
+    // already. (On a device backend they are the device's.)
+    double later = 0;
+    if (model_.host_arena()) {
+        Deck d = model_.deck();
+        d.parallel.dp = grid.dp().size();
+        MachineModel mm;
+        mm.matmul_gflops_per_core = 1;
+        try {
+            const PlanRow plan = plan_layout(d, world.size(), mm);
+            if (plan.valid) later = std::max(0.0, plan.memory.activations - model_.activation_bytes());
+        } catch (const std::exception&) {
+            // no figure: the copy alone is checked
+        }
+    }
+    double need[2] = {bytes, bytes + later};
+    const std::unique_ptr<MpiCommunicator> node = world.split_node();
+    node->all_reduce_sum(need, 2);
+    char why[768] = {0};
+    if (node->rank() == 0) {
+        const double avail = host_available_memory_bytes();
+        char host[128] = {0};
+        gethostname(host, sizeof host - 1);
+        if (avail >= 0 && need[1] > avail)
+            std::snprintf(why, sizeof why,
+                          "checkpoint.async = true: the staging copy that background checkpoints write from "
+                          "needs %s on node %s (its %d rank(s)' share of the weights and the optimizer state), and "
+                          "with the %s of activations the first steps will still allocate, the node would "
+                          "need %s, but it has %s available (MemAvailable, or the memory cgroup's limit less "
+                          "its usage); set checkpoint.async = false (a blocking checkpoint needs no copy), or "
+                          "spread the model over more ranks or nodes (the copy is each rank's share)",
+                          mib(need[0]).c_str(), host, node->size(), mib(need[1] - need[0]).c_str(),
+                          mib(need[1]).c_str(), mib(avail).c_str());
+    }
+    int first = why[0] ? world.rank() : world.size();
+    world.all_reduce_min(&first, 1);
+    if (first == world.size()) return;
+    world.broadcast(why, sizeof why, first);
+    throw ConfigError(why);
+}
+
+void Checkpointing::record(MetricsFile* metrics, int64_t step, const std::string& path, double blocked,
+                           double staging, double write_s, bool background) {
+    namespace ms = metrics_schema;
+    // The slowest rank's figures: the step waits for it at its next collective.
+    double v[3] = {blocked, staging, write_s};
+    model_.grid().world().all_reduce_max(v, 3);
+    if (metrics)
+        metrics->append(ms::kCheckpoint, {{ms::kStep, double(step)}, {ms::kBlocked, v[0]}, {ms::kStaging, v[1]},
+                                          {ms::kWriteTime, v[2]}});
+    log_("checkpoint " + path +
+         (background ? " (the step blocked " + secs(v[0]) + ", of which the copy " + secs(v[1]) + "; written in " +
+                           secs(v[2]) + " in the background)"
+                     : " (" + secs(v[0]) + ")"));
+    last_ = path;
+}
+
+void Checkpointing::save(int64_t step, int64_t tokens_seen, const RunState& state, MetricsFile* metrics,
+                         bool complete_now) {
+    complete(metrics, "the checkpoint of step " + std::to_string(step));
+    const double t0 = now_s();
     const Deck& deck = model_.deck();
     const ProcessGrid& grid = model_.grid();
-    Backend& be = model_.backend();
     const ParamTable& table = model_.table();
-    // Never checkpoint non-finite weights over good ones (every rank checks its arena, or its
-    // ZeRO-3 slices).
-    const ZeroState* z = model_.zero();
-    const bool sharded_params = z && !model_.params();
-    const double ss = sharded_params ? be.sumsq(z->param_shard(), z->layout().trainable + z->layout().buffers)
-                                     : be.sumsq(model_.params(), table.total);
-    double bad = std::isfinite(ss) ? 0.0 : 1.0;
+    // The values: staged (a background write reads the copy while training changes the
+    // arenas), or through host memory on a device backend, or read in place -- checked finite on
+    // the way: never checkpoint non-finite weights over good ones (each rank checks the
+    // parameters it writes; together, every parameter of the checkpoint).
+    const bool background = !staging_.empty() && !complete_now;
+    std::vector<float> host;
+    Sources src;
+    bool finite = true;
+    const double t_copy = now_s();
+    if (background) {
+        src = stage(staging_.data(), &finite);
+    } else if (!model_.host_arena()) {
+        host.resize(staged_floats());
+        src = stage(host.data(), &finite);
+    } else {
+        src = sources();
+        for (const CheckpointSource& c : src.ranges)
+            if (c.params) finite = all_finite(c.params, c.arena.size()) && finite;
+    }
+    const double staging = background || !model_.host_arena() ? now_s() - t_copy : 0.0;
+    double bad = finite ? 0.0 : 1.0;
     grid.world().all_reduce_max(&bad, 1);
     if (bad > 0) {
         const std::string msg = "the weights are not finite at step " + std::to_string(step) +
@@ -226,52 +460,138 @@ void Checkpointing::save(int64_t step, int64_t tokens_seen, MetricsFile* metrics
     meta.layout = grid.layout().describe() + " zero=" + std::to_string(deck.parallel.zero);
     meta.trained_context = std::max<int64_t>(source_.trained_context, deck.data.seq_len);
     meta.tokenizer = tokenizer_;
+    meta.spike_window = state.spike_window;
+    meta.skips_in_row = state.skips_in_row;
     meta.param_groups = groups_text(summarise_groups(deck.model, deck.init, deck.groups));
     meta.blend = blend_;
-    // On the CPU backend the arenas are host memory; a device backend stages them through host.
-    const float* p = model_.params();
-    OptimizerStateIo st = opt_.state(/*for_save=*/true);
-    std::vector<float> hp, hm, hv;
-    std::vector<std::vector<float>> hmom;
-    if (sharded_params) {  // staged through host memory: a whole arena holding this rank's slices
-        hp = whole_from_shard();
-        p = hp.data();
-    }
-    if (!model_.host_arena()) {
-        const size_t ns = std::max<size_t>(opt_.moment_floats(), 1);
-        if (!sharded_params) {
-            hp.resize(table.total);
-            be.to_host(hp.data(), model_.params(), table.total);
-        }
-        hm.resize(ns);
-        hv.resize(ns);
-        be.to_host(hm.data(), opt_.exp_avg(), ns);
-        be.to_host(hv.data(), opt_.exp_avg_sq(), ns);
-        p = hp.data(), st.exp_avg = hm.data(), st.exp_avg_sq = hv.data();
-        for (auto& w : st.momentum) {
-            hmom.emplace_back(table.logical[w.logical].numel());
-            be.to_host(hmom.back().data(), w.data, hmom.back().size());
-            w.data = hmom.back().data();
-        }
-    }
-    const double t0 = now_s();
+    meta.optimizer = deck.train.optimizer;
     // The metrics history up to this step beside the checkpoint, complete before it is: a resume
-    // rebuilds an unreadable metrics.h5 from it.
-    if (metrics) metrics->snapshot_to(checkpoint_metrics_path(checkpoint_path(deck.output.run_dir, step)));
-    // The whole write (its barriers and collective I/O) under the collective deadline.
-    Watchdog* w = grid.watchdog();
-    if (w) w->begin("checkpoint write", &kCheckpointComm, grid.rank(), grid.world().size(), uint64_t(step),
-                    deck.train.collective_timeout_s, &grid.world().world_ranks());
-    faults_.in_checkpoint(step);
-    std::string path = checkpoint_save(*io_comm_, deck.output.run_dir, meta, table, p, writes(), st, deck.checkpoint.keep);
-    if (w) w->end();
-    char secs[32];
-    std::snprintf(secs, sizeof secs, " (%.2f s)", now_s() - t0);
-    log_("checkpoint " + path + secs);
-    last_ = path;
+    // rebuilds an unreadable metrics.h5 from it. Copied now; made durable by the writer.
+    std::string metrics_tmp;
+    if (metrics) metrics_tmp = metrics->snapshot_to(checkpoint_metrics_path(checkpoint_path(deck.output.run_dir, step)), false);
+    // Each phase on this thread (its barriers and collective I/O) under the collective deadline.
+    std::unique_ptr<CheckpointWriter> writer;
+    {
+        TimedPhase timed(grid, "checkpoint write", step, deck.train.collective_timeout_s);
+        writer = std::make_unique<CheckpointWriter>(*io_comm_, deck.output.run_dir, meta, table, std::move(src.ranges),
+                                                    std::move(src.momentum),
+                                                    deck.checkpoint.keep, metrics_tmp);
+        if (!background) {
+            faults_.in_checkpoint(step);
+            const double t1 = now_s();
+            const std::string error = writer->write();
+            const double write_s = now_s() - t1;
+            const std::string path = writer->commit(error);
+            timed.end();
+            record(metrics, step, path, now_s() - t0, staging, write_s, false);
+            return;
+        }
+    }
+    flight_ = std::make_unique<InFlight>();
+    InFlight& f = *flight_;
+    f.step = step;
+    f.writer = std::move(writer);
+    f.started = now_s();
+    f.thread = std::thread([this, &f] {
+        faults_.in_checkpoint(f.step);  // SIGSTOP inside the write (tests)
+        const double t1 = now_s();
+        std::string error = f.writer->write(&f.cancel);
+        std::lock_guard<std::mutex> lock(f.mu);
+        f.error = std::move(error);
+        f.write_s = now_s() - t1;
+        f.finished = true;
+        f.cv.notify_all();
+    });
+    f.blocked_s = now_s() - t0;
+    f.staging_s = staging;
 }
 
-int64_t Checkpointing::start(int64_t* tokens_seen) {
+bool Checkpointing::step_end(MetricsFile* metrics) {
+    int state = kIdleOrDone;
+    if (flight_) {
+        InFlight& f = *flight_;
+        std::lock_guard<std::mutex> lock(f.mu);
+        state = f.state(model_.deck().train.collective_timeout_s);
+    }
+    // Stop signals and the write's state in one all-reduce: every rank checkpoints the same step
+    // and commits (or fails) the same save.
+    double v[2] = {stop_requested() ? 1.0 : 0.0, double(state)};
+    model_.grid().world().all_reduce_max(v, 2);
+    if (flight_ && int(v[1]) != kWriting) finish(metrics, int(v[1]));
+    return v[0] > 0;
+}
+
+void Checkpointing::complete(MetricsFile* metrics, const std::string& before) {
+    if (!flight_) return;
+    InFlight& f = *flight_;
+    const double deadline = model_.deck().train.collective_timeout_s, t0 = now_s();
+    int state;
+    {
+        std::unique_lock<std::mutex> lock(f.mu);
+        if (!f.finished)
+            log_("waiting for the background write of the checkpoint of step " + std::to_string(f.step) + " before " +
+                 before);
+        // Asleep, checking the deadline (counted from the write's start) every 100 ms.
+        while (!f.finished && !(deadline > 0 && now_s() - f.started > deadline))
+            f.cv.wait_for(lock, std::chrono::milliseconds(100));
+        state = f.state(deadline);
+    }
+    f.blocked_s += now_s() - t0;
+    double v = double(state);
+    model_.grid().world().all_reduce_max(&v, 1);
+    finish(metrics, int(v));
+}
+
+void Checkpointing::finish(MetricsFile* metrics, int agreed) {
+    InFlight& f = *flight_;
+    const Deck& deck = model_.deck();
+    const ProcessGrid& grid = model_.grid();
+    const double t0 = now_s();
+    if (agreed == kOverdue) {
+        // Some rank's write ran past the deadline: abandoned on every rank (a write stuck in the
+        // file system cannot be waited for), the run ends as after any missed deadline.
+        bool mine;
+        {
+            std::lock_guard<std::mutex> lock(f.mu);
+            mine = !f.finished;
+        }
+        throw DeadlineError("the background write of checkpoint " + f.writer->path() + " (step " +
+                            std::to_string(f.step) + ") did not complete within " +
+                            std::to_string(int(deck.train.collective_timeout_s)) +
+                            " s (train.collective_timeout_s)" + (mine ? " on this rank" : " on another rank") +
+                            ": its file system stopped answering or a rank stopped; it is abandoned, the earlier "
+                            "checkpoints are intact (latest: " + checkpoint_latest(deck.output.run_dir) + ")");
+    }
+    if (agreed == kFailed) {
+        // Another rank failed: this rank's write stops at its next piece (a write stuck in the
+        // file system past the deadline is abandoned: the run ends as after any missed one).
+        f.cancel.store(true);
+        std::unique_lock<std::mutex> lock(f.mu);
+        const double deadline = deck.train.collective_timeout_s;
+        while (!f.finished && !(deadline > 0 && now_s() - f.started > deadline))
+            f.cv.wait_for(lock, std::chrono::milliseconds(100));
+        if (!f.finished)
+            throw DeadlineError("the background write of checkpoint " + f.writer->path() +
+                                " did not stop within train.collective_timeout_s after another rank's write failed");
+    }
+    f.thread.join();
+    std::string path;
+    {
+        TimedPhase timed(grid, "checkpoint commit", f.step, deck.train.collective_timeout_s);
+        try {
+            path = f.writer->commit(f.error);
+        } catch (...) {
+            flight_.reset();
+            throw;
+        }
+    }
+    const int64_t step = f.step;
+    const double blocked = f.blocked_s + (now_s() - t0), staging = f.staging_s, write_s = f.write_s;
+    flight_.reset();
+    record(metrics, step, path, blocked, staging, write_s, true);
+}
+
+int64_t Checkpointing::start(int64_t* tokens_seen, RunState* state) {
     const Deck& deck = model_.deck();
     const std::string& mode = deck.checkpoint.resume;
     *tokens_seen = 0;
@@ -320,6 +640,8 @@ int64_t Checkpointing::start(int64_t* tokens_seen) {
     }
     model_.refresh_bf16_weights();
     *tokens_seen = meta.tokens_seen;
+    state->spike_window = meta.spike_window;
+    state->skips_in_row = meta.skips_in_row;
     last_ = path;
     log_("resumed from " + path + " at step " + std::to_string(meta.step) + " (written with " + meta.layout + ")");
     return meta.step;

@@ -84,9 +84,9 @@ std::string locate_nonfinite(const std::string& name, const MpiCommunicator& wor
     return "rank " + std::to_string(r) + ", " + buf;
 }
 
-NonFinitePolicy::NonFinitePolicy(const TrainConfig& train, std::string run_dir, int rank,
+NonFinitePolicy::NonFinitePolicy(const TrainConfig& train, std::string run_dir, int rank, SkipBudget& skips,
                                  std::function<void(const std::string&)> log)
-    : t_(train), run_dir_(std::move(run_dir)), rank_(rank), log_(std::move(log)) {}
+    : t_(train), run_dir_(std::move(run_dir)), rank_(rank), skips_(skips), log_(std::move(log)) {}
 
 StepStats NonFinitePolicy::handle(int64_t s, const StepStats& first,
                                   const std::function<StepStats(bool locate)>& rerun,
@@ -109,7 +109,7 @@ StepStats NonFinitePolicy::handle(int64_t s, const StepStats& first,
                             "it first appears on " + (again.origin.empty() ? "no rank's local values (in a reduction)" : again.origin);
     int origin_rank = -1;
     std::sscanf(again.origin.c_str(), "rank %d", &origin_rank);
-    if (t_.on_nonfinite == "stop" || skips_in_row_ + 1 >= t_.max_skips) {
+    if (t_.on_nonfinite == "stop" || skips_.exhausted()) {
         if (rank_ == 0) write_fault_file(run_dir_, "diverged", s + 1, origin_rank, msg);
         throw DivergedError(msg + (t_.on_nonfinite == "skip" ? "; " + std::to_string(t_.max_skips) +
                                        " steps in a row skipped (train.max_skips)" : "") +
@@ -117,27 +117,44 @@ StepStats NonFinitePolicy::handle(int64_t s, const StepStats& first,
                             (last_checkpoint.empty() ? "none" : last_checkpoint) +
                             " (train.on_nonfinite = " + t_.on_nonfinite + ")");
     }
-    ++skips_in_row_;
+    skips_.skipped();
     log_("warning: " + msg + "; the update is skipped (train.on_nonfinite = skip, " +
-         std::to_string(skips_in_row_) + " in a row of at most " + std::to_string(t_.max_skips) + ")");
+         std::to_string(skips_.in_row()) + " in a row of at most " + std::to_string(t_.max_skips) + ")");
     *skipped = true;
     return again;
 }
 
 FaultInjection::FaultInjection(int rank) : rank_(rank) {
     const char* spec = std::getenv("QUINTET_INJECT_FAULT");
-    char mode[24] = "fail";
+    if (!spec) return;
     int r = -1;
     long long step = -1, until = -1;
-    if (!spec || std::sscanf(spec, "rank=%d,step=%lld,mode=%23[a-z_],until=%lld", &r, &step, mode, &until) < 2)
-        return;
-    target_ = r, step_ = step, until_ = until, mode_ = mode;
-    if (mode_ == "slow") {  // rank=R,step=S,mode=slow,factor=F[,until=E]: until the end without until
-        const char* f = std::strstr(spec, ",factor=");
-        factor_ = f ? std::atof(f + 8) : 0.0;
-        const char* u = std::strstr(spec, ",until=");
-        until_ = u ? std::atoll(u + 7) : INT64_MAX;
-        if (factor_ <= 1.0) target_ = -1;  // malformed: nothing
+    std::string mode = "fail";
+    double factor = 1;
+    // key=value pairs separated by commas; rank and step required.
+    std::string text = spec;
+    size_t at = 0;
+    while (at <= text.size()) {
+        const size_t end = std::min(text.find(',', at), text.size());
+        const std::string kv = text.substr(at, end - at);
+        const size_t eq = kv.find('=');
+        if (eq == std::string::npos) return;
+        const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
+        char* stop = nullptr;
+        if (key == "rank") r = int(std::strtol(value.c_str(), &stop, 10));
+        else if (key == "step") step = std::strtoll(value.c_str(), &stop, 10);
+        else if (key == "until") until = std::strtoll(value.c_str(), &stop, 10);
+        else if (key == "factor") factor = std::strtod(value.c_str(), &stop);
+        else if (key == "mode") mode = value;
+        else return;
+        if (stop && *stop) return;
+        at = end + 1;
+    }
+    if (r < 0 || step < 0) return;
+    target_ = r, step_ = step, until_ = until, mode_ = mode, factor_ = factor;
+    if (mode_ == "slow") {  // until the end without until; a factor of 1 or less is malformed: nothing
+        if (until < 0) until_ = INT64_MAX;
+        if (factor_ <= 1.0) target_ = -1;
     }
 }
 
@@ -145,29 +162,35 @@ bool FaultInjection::hits(int64_t s) const {
     return target_ >= 0 && rank_ == target_ && s >= step_ && s <= std::max(step_, until_);
 }
 
-bool FaultInjection::at_step_start(int64_t s) {
+StepFault FaultInjection::at_step_start(int64_t s) {
+    StepFault f;
     if (mode_ == "slow") {  // this rank's compute spans spin (core/trace.hpp) for the steps it hits
         if (target_ >= 0 && rank_ == target_) trace::set_stretch(hits(s) ? factor_ : 1.0);
-        return false;
+        return f;
     }
-    if (!hits(s)) return false;
-    if (mode_ == "nan") return true;
-    if (mode_ == "nan_once") {
-        if (fired_once_) return false;
+    if (!hits(s)) return f;
+    if (mode_ == "nan" || mode_ == "spike" || ((mode_ == "nan_once" || mode_ == "spike_once") && !fired_once_)) {
         fired_once_ = true;
-        return true;
+        if (mode_.rfind("nan", 0) == 0) f.nan = true;
+        else f.grad_factor = float(factor_);
+        return f;
     }
+    if (mode_ == "nan_once" || mode_ == "spike_once") return f;
     if (mode_ == "hang")
         for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     if (mode_ == "stop") std::raise(SIGSTOP);  // the whole process, watchdog thread included
     if (mode_ == "kill") std::raise(SIGKILL);  // a dying rank
-    if (mode_ == "stop_checkpoint") return false;  // at the checkpoint of that step (in_checkpoint)
+    if (mode_ == "stop_checkpoint" || mode_ == "hang_checkpoint") return f;  // at that step's checkpoint (in_checkpoint)
     rank_fail("injected fault (QUINTET_INJECT_FAULT) at step " + std::to_string(s));
 }
 
 void FaultInjection::in_checkpoint(int64_t step) const {
-    // The others wait for this rank in the write's barrier.
-    if (mode_ == "stop_checkpoint" && hits(step - 1)) std::raise(SIGSTOP);
+    if (!hits(step - 1)) return;
+    // The others wait for this rank in the write's barrier (or the process is held there).
+    if (mode_ == "stop_checkpoint") std::raise(SIGSTOP);
+    // A write that never returns (a hung file system): the thread that writes sleeps.
+    if (mode_ == "hang_checkpoint")
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
 }  // namespace quintet

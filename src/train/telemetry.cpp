@@ -133,7 +133,7 @@ MemoryBytes Telemetry::memory_account() const {
     m.grads = grads_bytes_;
     m.optimizer = optimizer_bytes_;
     m.activations = model_.activation_bytes();
-    m.buffers = model_.buffer_bytes();
+    m.buffers = model_.buffer_bytes() + checkpoint_bytes_;
     m.total = process_peak_rss_bytes();
     m.runtime = m.total - (m.params + m.grads + m.optimizer + m.activations + m.buffers);
     return m;
@@ -213,7 +213,7 @@ void Telemetry::take_profile(const StepStats& st, bool steady) {
     if (metrics_) metrics_->append(ms::kTimingOp, ops);
 }
 
-void Telemetry::record_step(int64_t s, const StepStats& st, bool skipped, const MoeCounts& moe) {
+void Telemetry::record_step(int64_t s, const StepStats& st, bool skipped, bool spike, const MoeCounts& moe) {
     const ProcessGrid& grid = model_.grid();
     const int pp = grid.pp().size(), stage = grid.coord(kPP), world = grid.world().size();
     const int64_t gb = int64_t(grid.dp().size()) * deck_.parallel.microbatches * deck_.data.micro_batch_size;
@@ -300,7 +300,9 @@ void Telemetry::record_step(int64_t s, const StepStats& st, bool skipped, const 
             {ms::kStep, double(s)}, {ms::kLoss, st.loss}, {ms::kCeLoss, st.ce_loss},
             {ms::kAuxLoss, st.aux_loss}, {ms::kLr, st.lr}, {ms::kGradNorm, st.grad_norm},
             {ms::kTokensPerS, tps}, {ms::kMfu, mfu}, {ms::kMfuMatmul, mfu_matmul},
-            {ms::kStepTime, st.step_time}, {ms::kSkipped, skipped ? 1.0 : 0.0}};
+            {ms::kStepTime, st.step_time}, {ms::kSkipped, skipped ? 1.0 : 0.0},
+            {ms::kSpike, spike ? 1.0 : 0.0}, {ms::kSpikeLossLimit, st.spike_loss_limit},
+            {ms::kSpikeGradNormLimit, st.spike_grad_norm_limit}};
         if (deck_.model.mtp_depth > 0) train_row.push_back({ms::kMtpLoss, st.mtp_loss});
         metrics_->append(ms::kTrain, train_row);
         metrics_->append(ms::kTiming, {{ms::kTimePipeline, st.t_pipeline}, {ms::kTimePipelineWait, st.t_wait},

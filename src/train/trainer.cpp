@@ -32,7 +32,10 @@ Trainer::Trainer(RankModel& model, const std::string& deck_text, const DataSet& 
       telemetry_(model, deck_text),
       checkpoints_(model, *sync_, *opt_, deck_text, data.tokenizer.state(), std::move(source), faults_,
                    [this](const std::string& l) { telemetry_.log(l); }),
-      nonfinite_(deck_.train, deck_.output.run_dir, grid_.rank(), [this](const std::string& l) { telemetry_.log(l); }),
+      skips_(deck_.train.max_skips),
+      nonfinite_(deck_.train, deck_.output.run_dir, grid_.rank(), skips_,
+                 [this](const std::string& l) { telemetry_.log(l); }),
+      spikes_(deck_.train, deck_.output.run_dir, grid_.rank(), skips_, [this](const std::string& l) { telemetry_.log(l); }),
       timeline_(grid_, deck_, [this](const std::string& l) { telemetry_.log(l); }),
       lock_(lock) {
     if (deck_.eval.every > 0) {
@@ -51,6 +54,7 @@ Trainer::Trainer(RankModel& model, const std::string& deck_text, const DataSet& 
     telemetry_.set_training_bytes(model.zero() ? model.zero()->grad_bytes()
                                                : double(model.table().total) * 4 + double(opt_->shard_floats()) * 4,
                                   opt_->bytes());
+    telemetry_.set_checkpoint_bytes(checkpoints_.staging_bytes());
     telemetry_.log(opt_->describe());
     if (model.moe())  // the MTP modules' MoE layers count as layers n_layers + k
         moe_ = MoeCounts(deck_.model.n_layers + deck_.model.mtp_depth, deck_.model.moe.experts, grid_.ep().size());
@@ -67,7 +71,11 @@ int64_t Trainer::global_batch() const {
 }
 
 StepStats Trainer::step(int64_t s, bool locate) {
-    const bool poison = faults_.at_step_start(s);
+    const StepFault fault = faults_.at_step_start(s);
+    const bool poison = fault.nan;
+    // An injected spike (tests): this rank's gradient scaled, so the step runs without the
+    // overlapped reduction (as `locate` does), the whole local gradient present after the backward.
+    const bool scaled = fault.grad_factor != 1.0f;
     StepStats st;
     const auto& p = deck_.parallel;
     const int mbs = deck_.data.micro_batch_size, T = deck_.data.seq_len;
@@ -113,7 +121,9 @@ StepStats Trainer::step(int64_t s, bool locate) {
     RmsProbe probe;
     if (deck_.train.probe_rms)
         for (auto& c : model_.chunks()) c->set_probe(&probe);
-    PipelineExecutor::Result r = model_.executor().run(params, grads_, grad_scale, data, locate ? nullptr : sync_->hook());
+    PipelineExecutor::Result r =
+        model_.executor().run(params, grads_, grad_scale, data, locate || scaled ? nullptr : sync_->hook());
+    if (scaled && !zero) be_.scale(grads_, model_.table().total, fault.grad_factor);
     if (deck_.train.probe_rms) {
         for (auto& c : model_.chunks()) c->set_probe(nullptr);
         grid_.world().all_reduce_sum(probe.sumsq.data(), probe.sumsq.size());
@@ -130,6 +140,7 @@ StepStats Trainer::step(int64_t s, bool locate) {
         QUINTET_PROFILE("comm.dp");
         return sync_->finish_step(grads_, opt_->shards());
     }();
+    if (scaled && zero) be_.scale(zero->grad_shard(), zero->layout().trainable, fault.grad_factor);  // its reduced slices
     if (locate && zero) st.origin = locate_nonfinite(zero_nonfinite(r.ce_sum + r.aux_sum), grid_.world());
     // 3. The step's loss: cross-entropy summed over every target token of the global batch
     //    (only the last stage has it), aux averaged over the microbatches.
@@ -146,11 +157,30 @@ StepStats Trainer::step(int64_t s, bool locate) {
     const double norm = opt_->grad_norm(grads_, grid_.world());
     if (!std::isfinite(sums[0]) || !std::isfinite(sums[1]) || !std::isfinite(sums[2]) || !std::isfinite(norm)) {
         st.nonfinite = true;
+        st.lr = lr_at(deck_.train, s);  // what the step would have used
         st.what = !std::isfinite(sums[0]) ? "the loss" : !std::isfinite(sums[1]) ? "the MoE aux loss" : "the gradient norm";
         st.loss = sums[0] / (double(gb) * T) + sums[1];
         st.grad_norm = norm;
         st.step_time = now_s() - t0;
         close_times(st);
+        moe_.clear();  // a skipped step routes nothing
+        return st;
+    }
+    //    Then the spike policy (train/spikes): the loss and the norm against the window of
+    //    accepted steps, world rank 0's values on every rank (an all-reduce may round
+    //    differently on different ranks), so every rank takes the same decision; a spike it acts
+    //    on leaves the state untouched, as a non-finite step does.
+    const double ce = sums[0] / (double(gb) * T), aux = sums[1] / double(grid_.dp().size() * p.microbatches);
+    // MTP (docs/math.md §11): each module's cross-entropy normalised like the main one, their mean.
+    const double mtp = deck_.model.mtp_depth > 0 ? sums[2] / (double(gb) * T) / deck_.model.mtp_depth : 0.0;
+    double judged[2] = {ce + aux + deck_.train.mtp_weight * mtp, norm};
+    if (spikes_.acts()) grid_.world().broadcast(judged, sizeof judged, 0);
+    spikes_.check(judged[0], judged[1], st);
+    if (st.spike) {
+        st.ce_loss = ce, st.aux_loss = aux, st.mtp_loss = mtp, st.loss = judged[0];
+        st.lr = lr_at(deck_.train, s);  // what the step would have used
+        st.grad_norm = norm;
+        st.step_time = now_s() - t0;
         moe_.clear();  // a skipped step routes nothing
         return st;
     }
@@ -169,11 +199,10 @@ StepStats Trainer::step(int64_t s, bool locate) {
     optimizer_span.reset();  // (a stretched compute span spins here, inside the step)
     phase.reset();
     const double t4 = now_s();
-    st.ce_loss = sums[0] / (double(gb) * T);
-    st.aux_loss = sums[1] / double(grid_.dp().size() * p.microbatches);
-    // MTP (docs/math.md §11): each module's cross-entropy normalised like the main one, their mean.
-    if (deck_.model.mtp_depth > 0) st.mtp_loss = sums[2] / (double(gb) * T) / deck_.model.mtp_depth;
-    st.loss = st.ce_loss + st.aux_loss + deck_.train.mtp_weight * st.mtp_loss;
+    st.ce_loss = ce;
+    st.aux_loss = aux;
+    st.mtp_loss = mtp;
+    st.loss = ce + aux + deck_.train.mtp_weight * mtp;
     st.lr = lr;
     st.grad_norm = norm;
     st.t_wait = r.t_wait;
@@ -237,6 +266,13 @@ int Trainer::run() {
         timeline_.finish();
         throw;
     }
+}
+
+RunState Trainer::run_state() const {
+    RunState r;
+    r.spike_window = spikes_.window();
+    r.skips_in_row = skips_.in_row();
+    return r;
 }
 
 void Trainer::set_up_blend() {
@@ -324,7 +360,14 @@ int Trainer::run_steps() {
     if (!deck_.given.count("train.warmup") && t.steps > 0 && t.warmup > t.steps)
         telemetry_.log("warning: train.warmup = " + std::to_string(t.warmup) + " (the default) exceeds train.steps = " +
                        std::to_string(t.steps) + ": the learning rate never reaches train.lr; set train.warmup");
-    start_step_ = checkpoints_.start(&tokens_seen_);
+    RunState resumed;
+    start_step_ = checkpoints_.start(&tokens_seen_, &resumed);
+    skips_.restore(resumed.skips_in_row);
+    spikes_.restore(resumed.spike_window);
+    if (checkpoints_.source().resume && start_step_ > 0 && spikes_.acts() && resumed.spike_window.empty())
+        telemetry_.log("note: " + checkpoints_.source().path + " keeps no spike window (written before it was "
+                       "checkpointed): train.on_spike judges steps again after " + std::to_string(t.spike_window) +
+                       " accepted steps");
     if (grid_.rank() == 0) remove_stop_file(deck_.output.run_dir);  // it speaks of an earlier start
     if (checkpoints_.source().resume && t.steps > 0 && start_step_ >= t.steps) {
         // A finished run: nothing to do, and nothing is written (its metrics stay as they are).
@@ -337,7 +380,7 @@ int Trainer::run_steps() {
     set_up_blend();
     timeline_.begin(start_step_);
     if (t.steps == 0 || start_step_ >= t.steps) {
-        if (start_step_ == 0) checkpoints_.save(0, tokens_seen_, telemetry_.metrics());
+        if (start_step_ == 0) checkpoints_.save(0, tokens_seen_, run_state(), telemetry_.metrics(), true);
         return 0;
     }
     int64_t s = start_step_;
@@ -345,15 +388,28 @@ int Trainer::run_steps() {
     while (s < t.steps) {
         timeline_.before_step(s);
         StepStats st = step(s);
-        bool skipped = false;
-        if (st.nonfinite)
-            st = nonfinite_.handle(s, st, [&](bool locate) { return step(s, locate); }, checkpoints_.last(), &skipped);
-        if (!skipped) nonfinite_.finite_step();
+        bool skipped = false, spike = st.over_limit;
+        // A rejected step: re-run, skipped or the end of the run, by its policy; a rerun may be
+        // rejected for the other reason (a non-finite rerun of a spike), hence the loop.
+        for (int round = 0; !skipped && (st.nonfinite || st.spike); ++round) {
+            QUINTET_CHECK(round < 4, "step " + std::to_string(s + 1) + " rejected again and again");
+            // The policy may end the run (naming the last good checkpoint): a save in flight first.
+            checkpoints_.complete(telemetry_.metrics(), "handling step " + std::to_string(s + 1));
+            if (st.nonfinite)
+                st = nonfinite_.handle(s, st, [&](bool locate) { return step(s, locate); }, checkpoints_.last(), &skipped);
+            else
+                st = spikes_.handle(s, st, [&] { return step(s); }, checkpoints_.last(), &skipped);
+            spike = spike || st.over_limit;
+        }
+        if (!skipped) {
+            skips_.accepted();
+            spikes_.accept(st);
+        }
         if (lock_) lock_->touch();
         ++s;
         steps_done_.store(s);
         tokens_seen_ += tokens_per_step;
-        telemetry_.record_step(s, st, skipped, moe_);
+        telemetry_.record_step(s, st, skipped, spike, moe_);
         telemetry_.record_data(s, sampler_.source_samples(s * global_batch()), sampler_.train_sources(),
                                sampler_.take_wait_seconds());
         if (eval_ && (s % deck_.eval.every == 0 || s == t.steps)) {
@@ -363,14 +419,16 @@ int Trainer::run_steps() {
             telemetry_.record_eval(s, loss, per_source, sampler_.val_sources());
         }
         telemetry_.end_step(s);
-        // Stop signals are agreed on by all ranks, so everyone checkpoints the same step.
-        bool stop = stop_agreed(grid_.world());
+        // Stop signals are agreed on by all ranks, so everyone checkpoints the same step; a
+        // background checkpoint written everywhere is completed here.
+        bool stop = checkpoints_.step_end(telemetry_.metrics());
         const bool exit_now = t.exit_after > 0 && s - start_step_ >= t.exit_after;
         const bool periodic = deck_.checkpoint.every > 0 && s % deck_.checkpoint.every == 0;
         if (periodic || s == t.steps || stop || exit_now) {
+            // The last checkpoint of this run is complete before it ends: no copy, no thread.
             {
                 trace::Span write(trace::Track::checkpoint, "checkpoint");
-                checkpoints_.save(s, tokens_seen_, telemetry_.metrics());
+                checkpoints_.save(s, tokens_seen_, run_state(), telemetry_.metrics(), s == t.steps || stop || exit_now);
             }
             // A signal that arrived during the write stops at the checkpoint just written.
             if (!stop) stop = stop_agreed(grid_.world());
@@ -384,6 +442,7 @@ int Trainer::run_steps() {
         }
         if (s == t.steps) telemetry_.report_finished();
     }
+    checkpoints_.complete(telemetry_.metrics(), "the end of the run");
     if (profile::enabled()) telemetry_.report_profile();
     return 0;
 }

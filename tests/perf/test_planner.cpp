@@ -179,6 +179,17 @@ TEST_F(PlannerTest, PipelineSchedules) {
 
 TEST_F(PlannerTest, ContextParallel) { check(2, "cp2", "--parallel.cp=2"); }
 
+// checkpoint.async: the staging copy (each rank's dp-owned slice with both moments, the buffers
+// on the first rank of its group; under ZeRO-3 its slices) is counted in buffers, exactly.
+TEST_F(PlannerTest, BackgroundCheckpointStagingIsBuffers) {
+    check(2, "dp2_async", "--checkpoint.async=true --checkpoint.every=5");
+    check(4, "tp2_dp2_zero3_async", "--parallel.tp=2 --parallel.sequence_parallel=true --parallel.zero=3 --checkpoint.async=true");
+    check(4, "moe_ep2_async", std::string(kMoe) + " --parallel.ep=2 --moe.balance=aux_free --checkpoint.async=true");
+    // Muon: AdamW's moments of its tensors only, and the momentum of the matrices the rank owns.
+    check(1, "muon1_async", "--train.optimizer=muon --checkpoint.async=true");
+    check(2, "muon_tp2_async", "--train.optimizer=muon --parallel.tp=2 --checkpoint.async=true");
+}
+
 TEST_F(PlannerTest, ExpertsAndPrecisionAndRecompute) {
     check(1, "moe1", kMoe);
     check(2, "moe_ep2", std::string(kMoe) + " --parallel.ep=2");

@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -74,6 +75,8 @@ std::vector<double> metrics_column(const fs::path& run_dir, const std::string& p
 namespace {
 herr_t collect(hid_t loc, const char* name, const H5O_info_t* info, void* op) {
     if (info->type != H5O_TYPE_DATASET) return 0;
+    // The tensors (not /tokenizer's bytes, nor the run state of /train_state).
+    if (std::strncmp(name, "params/", 7) != 0 && std::strncmp(name, "optim/", 6) != 0) return 0;
     auto* out = static_cast<std::vector<std::pair<std::string, std::vector<float>>>*>(op);
     h5::Handle ds = h5::dataset(H5Dopen2(loc, name, H5P_DEFAULT));
     h5::Handle sp = h5::space(H5Dget_space(ds));
@@ -90,6 +93,68 @@ std::vector<std::pair<std::string, std::vector<float>>> checkpoint_tensors(const
     h5::Handle file = h5::file(h5::check(H5Fopen(f.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "open " + f));
     H5Ovisit2(file, H5_INDEX_NAME, H5_ITER_INC, collect, &out, H5O_INFO_BASIC);
     return out;
+}
+
+namespace {
+// Every object's path under a file (groups and datasets), root first.
+herr_t list_objects(hid_t, const char* name, const H5O_info_t*, void* op) {
+    static_cast<std::vector<std::string>*>(op)->push_back(name);
+    return 0;
+}
+herr_t list_attrs(hid_t, const char* name, const H5A_info_t*, void* op) {
+    static_cast<std::vector<std::string>*>(op)->push_back(name);
+    return 0;
+}
+// The raw bytes of an attribute or a dataset, read with its own (file) type converted to the
+// native one: equal values give equal bytes.
+std::vector<char> attr_bytes(hid_t a) {
+    h5::Handle t = h5::type(H5Aget_type(a));
+    h5::Handle n = h5::type(H5Tget_native_type(t, H5T_DIR_ASCEND));
+    h5::Handle sp = h5::space(H5Aget_space(a));
+    std::vector<char> v(size_t(H5Sget_simple_extent_npoints(sp)) * H5Tget_size(n) + 1, 0);
+    H5Aread(a, n, v.data());
+    return v;
+}
+std::vector<char> dataset_bytes(hid_t d) {
+    h5::Handle t = h5::type(H5Dget_type(d));
+    h5::Handle n = h5::type(H5Tget_native_type(t, H5T_DIR_ASCEND));
+    h5::Handle sp = h5::space(H5Dget_space(d));
+    std::vector<char> v(size_t(H5Sget_simple_extent_npoints(sp)) * H5Tget_size(n) + 1, 0);
+    if (v.size() > 1) H5Dread(d, n, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+    return v;
+}
+}  // namespace
+
+std::string checkpoint_difference(const std::string& a, const std::string& b, const std::vector<std::string>& except) {
+    h5::silence_errors();
+    h5::Handle fa = h5::file(H5Fopen(a.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    h5::Handle fb = h5::file(H5Fopen(b.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    if (!fa.valid() || !fb.valid()) return "cannot open " + (fa.valid() ? b : a);
+    std::vector<std::string> oa, ob;
+    H5Ovisit2(fa, H5_INDEX_NAME, H5_ITER_INC, list_objects, &oa, H5O_INFO_BASIC);
+    H5Ovisit2(fb, H5_INDEX_NAME, H5_ITER_INC, list_objects, &ob, H5O_INFO_BASIC);
+    if (oa != ob) return "the files hold different objects (" + std::to_string(oa.size()) + " and " +
+                         std::to_string(ob.size()) + ")";
+    for (const std::string& name : oa) {
+        h5::Handle xa(H5Oopen(fa, name.c_str(), H5P_DEFAULT), H5Oclose), xb(H5Oopen(fb, name.c_str(), H5P_DEFAULT), H5Oclose);
+        std::vector<std::string> aa, ab;
+        hsize_t i = 0;
+        H5Aiterate2(xa, H5_INDEX_NAME, H5_ITER_INC, &i, list_attrs, &aa);
+        i = 0;
+        H5Aiterate2(xb, H5_INDEX_NAME, H5_ITER_INC, &i, list_attrs, &ab);
+        if (aa != ab) return name + ": different attributes";
+        for (const std::string& at : aa) {
+            if (name == "." && std::find(except.begin(), except.end(), at) != except.end()) continue;
+            h5::Handle pa = h5::attr(H5Aopen(xa, at.c_str(), H5P_DEFAULT)), pb = h5::attr(H5Aopen(xb, at.c_str(), H5P_DEFAULT));
+            if (attr_bytes(pa) != attr_bytes(pb)) return name + ": attribute " + at + " differs";
+        }
+        H5O_info_t info;
+        H5Oget_info2(xa, &info, H5O_INFO_BASIC);
+        if (info.type != H5O_TYPE_DATASET) continue;
+        if (h5::dataset_shape(xa) != h5::dataset_shape(xb)) return name + ": different shapes";
+        if (dataset_bytes(xa) != dataset_bytes(xb)) return name + ": different values";
+    }
+    return "";
 }
 
 void make_token_file(const fs::path& p, size_t n, int V, uint32_t seed) {

@@ -31,6 +31,11 @@ void expect_close(const std::vector<double>& a, const std::vector<double>& b, do
                   size_t from = 0);
 // Every dataset under /params and /optim of a checkpoint, as raw float32, by path.
 std::vector<std::pair<std::string, std::vector<float>>> checkpoint_tensors(const std::string& file);
+// "" when two checkpoint files hold the same objects, the same bytes in every dataset and the
+// same attributes (the checksums included), else the first difference. Root attributes named in
+// `except` (e.g. "deck") are left out.
+std::string checkpoint_difference(const std::string& a, const std::string& b,
+                                  const std::vector<std::string>& except = {});
 // A token file with learnable structure (a noisy cyclic pattern) of n tokens over vocab V.
 void make_token_file(const std::filesystem::path& p, size_t n, int V, uint32_t seed);
 // Packed documents: the same kind of pattern over ids < 250, cut by the end-of-document token

@@ -46,6 +46,9 @@ struct TrainConfig {
     std::string on_nonfinite = "stop";  // stop | skip: a step whose loss or gradient norm is not finite
     bool profile = false;               // per-operation times: /timing/op/<name> and a table at the end
     int max_skips = 5;                  // skip: consecutive skipped steps before stopping (exit 3)
+    std::string on_spike = "none";      // none | skip | rerun: a loss or gradient norm far above its window
+    int spike_window = 128;             // accepted steps the spike statistics cover (and the warm-up)
+    double spike_sigma = 6;             // a spike is above mean + spike_sigma x std of the window
     // train.trace_steps = A-B: steps A..B (1-based, as logged) on every rank's timeline
     // (run_dir/trace/rank<r>.json); 0-0 = none
     int trace_from = 0, trace_to = 0;
@@ -65,6 +68,7 @@ struct CheckpointConfig {
     std::string init_from = "";    // weights only from this checkpoint, then a fresh run
     int keep = 3;                  // complete checkpoints kept; 0 = all
     bool allow_tokenizer_change = false;  // train on data whose tokenizer is not the checkpoint's
+    bool async = false;            // write checkpoints in the background from a staging copy
     bool allow_optimizer_change = false;  // resume with another train.optimizer (its state starts at zero)
 };
 

@@ -1,4 +1,5 @@
-// Checkpoints: one HDF5 file per checkpoint, written collectively with parallel HDF5 (MPI-IO).
+// Checkpoints: one HDF5 file per checkpoint, written by every rank together (io/checkpoint_writer:
+// rank 0 lays out the file with HDF5, each rank writes its part of every tensor into it).
 // Every tensor is stored whole, under its Hugging Face name and logical shape; each rank writes
 // the part of the flat arena it owns, so a checkpoint loads into any other layout.
 // The file is written as step_NNNNNNNN.h5.tmp, fsync'd and renamed when complete; `latest` (a
@@ -20,6 +21,11 @@
 namespace quintet {
 
 constexpr int64_t kCheckpointFormatVersion = 1;
+// The run state kept beside the tensors (docs/formats.md): group /train_state, its attribute
+// `skips_in_row` and the dataset spike_window [n, 2] float64 (loss, gradient norm of the last n
+// accepted steps, oldest first; train/spikes).
+inline constexpr const char* kCheckpointStateGroup = "/train_state";
+inline constexpr const char* kCheckpointSpikeWindow = "spike_window";
 
 struct CheckpointMeta {
     int64_t step = 0;
@@ -41,6 +47,10 @@ struct CheckpointMeta {
     // The data blend's segments (data/sampler.hpp, blend_segments_text): "" in checkpoints older
     // than the attribute (the deck's weights from sample 0).
     std::string blend;
+    // The run state (/train_state; empty and 0 in checkpoints older than it): the spike window,
+    // [n][2] row-major, and the skipped steps in a row at the checkpoint.
+    std::vector<double> spike_window;
+    int64_t skips_in_row = 0;
 };
 
 // The optimizer state of a checkpoint (docs/formats.md): for every trainable tensor AdamW's two
@@ -83,9 +93,9 @@ std::string tokenizer_source_note(const std::string& checkpoint, const std::stri
 
 // Collective over `comm` (every rank of the job). params: this rank's local arena; `writes`:
 // the ranges of it this rank writes (tensors it holds as a non-writer replica are skipped);
-// `state`: its optimizer state (ranges: the parts it writes). Small tensors go with independent
-// I/O, large ones with one collective write each. Returns the final path. Old checkpoints beyond
-// `keep` are removed. meta.optimizer is taken from state.optimizer.
+// `state`: its optimizer state (ranges: the parts it writes). Returns the final path. Old
+// checkpoints beyond `keep` are removed. meta.optimizer is taken from state.optimizer. The three
+// phases of io/checkpoint_writer.hpp in a row.
 std::string checkpoint_save(const MpiCommunicator& comm, const std::string& run_dir, const CheckpointMeta& meta,
                             const ParamTable& table, const float* params, const std::vector<ArenaRange>& writes,
                             const OptimizerStateIo& state, int keep);

@@ -7,6 +7,7 @@
 // /moe/expert_load [step, layer, expert], /moe/{imbalance, dead_experts, dropped_tokens, aux}
 // [step, layer, 1], /moe/ep_tokens [step, layer, ep] (aligned with /train/step)
 // /data/source_samples [step, source] (aligned with /train/step), /eval/<source>/loss (with /eval/step)
+// /checkpoint/{step, blocked_s, write_s} (one row per checkpoint written, its own step column)
 #pragma once
 #include <map>
 #include <string>
@@ -27,7 +28,9 @@ public:
                 const std::string& snapshot = "");
     std::vector<std::string> warnings;
     // A consistent copy of the file (flushed first) at `to`, written as to.tmp, fsync'd, renamed.
-    void snapshot_to(const std::string& to);
+    // durable = false: only to.tmp is written (not fsync'd): the caller makes it durable and
+    // renames it (the checkpoint writer does, off the training thread). Returns the path written.
+    std::string snapshot_to(const std::string& to, bool durable = true);
     ~MetricsFile();
     // Appends one row to each named dataset of `group` (creating it on first use).
     void append(const std::string& group, const std::vector<std::pair<std::string, double>>& row);

@@ -18,9 +18,10 @@ inline constexpr const char* kMoe = "/moe";
 inline constexpr const char* kMemory = "/memory";       // <category>_bytes [step, rank]
 inline constexpr const char* kData = "/data";           // source_samples [step, source]
 inline constexpr const char* kRanks = "/ranks";         // step_time_s, compute_s, comm_wait_s [step, rank]
+inline constexpr const char* kCheckpoint = "/checkpoint";  // one row per checkpoint written, its own step column
 inline constexpr const char* kProbe = "/probe";         // train.probe_rms: <kind> (model/probe.hpp)
-inline constexpr std::array<const char*, 10> kStepGroups = {kTrain, kEval,   kTiming, kTimingOp, kPipeline,
-                                                            kMoe,   kMemory, kData,   kRanks,    kProbe};
+inline constexpr std::array<const char*, 11> kStepGroups = {kTrain, kEval, kTiming, kTimingOp, kPipeline, kMoe,
+                                                            kMemory, kData, kRanks, kProbe, kCheckpoint};
 
 // /data/source_samples [step, source]: samples drawn so far from each training source; its
 // attribute `sources` names them, comma-separated. /eval/<source>/loss: each validation source's
@@ -46,7 +47,19 @@ inline constexpr const char* kTokensPerS = "tokens_per_s";
 inline constexpr const char* kMfu = "mfu";
 inline constexpr const char* kMfuMatmul = "mfu_matmul";  // the share of the measured sgemm rate
 inline constexpr const char* kStepTime = "step_time_s";
-inline constexpr const char* kSkipped = "skipped";       // 1: the update was skipped (non-finite)
+inline constexpr const char* kSkipped = "skipped";       // 1: the update was skipped (non-finite, or a spike)
+// train.on_spike (train/spikes): 1 when the step's first run had a loss or gradient norm above its
+// limit; the limits in force (mean + spike_sigma x std of the window; NaN while it warms up).
+inline constexpr const char* kSpike = "spike";
+inline constexpr const char* kSpikeLossLimit = "spike_loss_limit";
+inline constexpr const char* kSpikeGradNormLimit = "spike_grad_norm_limit";
+
+// /checkpoint columns, one row per checkpoint: its step, the seconds the training thread spent on
+// it (the step it was taken at was slower by about that much, counting the staging copy and, for a
+// background save, waiting for it and completing it), and the seconds its bytes took to write.
+inline constexpr const char* kBlocked = "blocked_s";
+inline constexpr const char* kStaging = "staging_s";  // of blocked_s, the copy into host memory
+inline constexpr const char* kWriteTime = "write_s";
 
 // /timing columns.
 inline constexpr const char* kTimePipeline = "pipeline", *kTimePipelineWait = "pipeline_wait",

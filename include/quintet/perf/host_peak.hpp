@@ -65,6 +65,9 @@ void sgemm_note_achieved(double gflops_per_core);
 // This process's resident set now (VmRSS) and at its peak (VmHWM), bytes; 0 without /proc.
 double process_rss_bytes();
 double process_peak_rss_bytes();
+// The memory this node can still give, bytes: MemAvailable, or less when the process's memory
+// cgroup (v1 or v2) has a limit (its limit less its usage); -1 when neither can be read.
+double host_available_memory_bytes();
 
 // Cores of this host (online), QUINTET_CORES overriding (as threads_per_rank does).
 int host_cores();

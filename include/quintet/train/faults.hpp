@@ -41,6 +41,24 @@ std::string locate_nonfinite(const ParamTable& table, Backend& be, const float* 
 // gradients exist only as each rank's reduced slices. collective over world
 std::string locate_nonfinite(const std::string& local_what, const MpiCommunicator& world);
 
+// The steps skipped in a row (non-finite, or spikes: train/spikes), counted against
+// train.max_skips: the max_skips-th rejected step in a row stops the run instead (exit 3).
+// Checkpointed (/train_state), so a resumed run counts on.
+class SkipBudget {
+public:
+    explicit SkipBudget(int max_skips) : max_(max_skips) {}
+    bool exhausted() const { return in_row_ + 1 >= max_; }  // one more rejected step stops the run
+    void skipped() { ++in_row_; }
+    void accepted() { in_row_ = 0; }
+    int in_row() const { return in_row_; }
+    int max() const { return max_; }
+    void restore(int64_t in_row) { in_row_ = int(in_row); }
+
+private:
+    int max_;
+    int in_row_ = 0;
+};
+
 // train.on_nonfinite. A step whose loss or gradient norm is not finite (every rank agrees: both
 // are all-reduced) left the state untouched; it is run again from the same state: finite now is a
 // transient fault (logged, recorded, the run continues with the rerun's result); reproduced, it
@@ -48,36 +66,41 @@ std::string locate_nonfinite(const std::string& local_what, const MpiCommunicato
 // skips in a row) with DivergedError, or the step is skipped.
 class NonFinitePolicy {
 public:
-    NonFinitePolicy(const TrainConfig& train, std::string run_dir, int rank,
+    NonFinitePolicy(const TrainConfig& train, std::string run_dir, int rank, SkipBudget& skips,
                     std::function<void(const std::string&)> log);
     // `first` came back non-finite from step s (0-based); rerun(locate) runs it again. Returns
     // the stats to record and sets *skipped when the update is left out.
     StepStats handle(int64_t s, const StepStats& first, const std::function<StepStats(bool locate)>& rerun,
                      const std::string& last_checkpoint, bool* skipped);
-    void finite_step() { skips_in_row_ = 0; }
 
 private:
     const TrainConfig& t_;
     std::string run_dir_;
     int rank_;
+    SkipBudget& skips_;
     std::function<void(const std::string&)> log_;
-    int skips_in_row_ = 0;
 };
 
-// QUINTET_INJECT_FAULT = "rank=R,step=S[,mode=fail|hang|stop|kill|stop_checkpoint|nan|nan_once[,until=E]]"
-// makes world rank R, at the start of step S (0-based: the step logged as S+1; with until, each
-// step S..E), throw (fail), stop responding (hang: its main thread sleeps), stop with SIGSTOP
-// (stop), die with SIGKILL (kill), SIGSTOP inside that step's checkpoint write
-// (stop_checkpoint), or poison one element of its gradient with NaN each time the step runs
-// (nan) or only the first time (nan_once: the rerun is finite). "...,mode=slow,factor=F[,until=E]"
-// makes rank R compute F times as long from step S (to E, else to the end) by spinning at the end
-// of each compute span (core/trace.hpp's stretch), not by sleeping in a collective: a straggler
-// to rehearse the straggler report on. Unset or malformed: nothing.
+// QUINTET_INJECT_FAULT = "rank=R,step=S[,mode=M][,factor=F][,until=E]" (keys in any order after
+// rank and step) makes world rank R, at the start of step S (0-based: the step logged as S+1;
+// with until, each step S..E), do M: throw (fail, the default), stop responding (hang: its main
+// thread sleeps), stop with SIGSTOP (stop), die with SIGKILL (kill), SIGSTOP inside that step's
+// checkpoint write (stop_checkpoint), never return from that write (hang_checkpoint: the writing
+// thread sleeps, as in a hung file system), poison one element of its gradient with NaN each time
+// the step runs (nan) or only the first time (nan_once: the rerun is finite), multiply its
+// gradient by F each time the step runs (spike) or only the first time (spike_once), or compute F
+// times as long from step S (to E, else to the end) by spinning at the end of each compute span
+// (slow: core/trace.hpp's stretch, not a sleep in a collective; a straggler to rehearse the
+// straggler report on). Unset or malformed: nothing.
+struct StepFault {
+    bool nan = false;         // poison one gradient element
+    float grad_factor = 1;    // multiply this rank's gradient
+};
 class FaultInjection {
 public:
     explicit FaultInjection(int rank);
-    // At the start of step s: acts, and returns true when the gradient is to be poisoned.
-    bool at_step_start(int64_t s);
+    // At the start of step s: acts, and returns what to do to the step's gradient.
+    StepFault at_step_start(int64_t s);
     // Inside the checkpoint write of step `step` (steps done).
     void in_checkpoint(int64_t step) const;
 

@@ -2,6 +2,7 @@
 // non-finite policy and the tests read.
 #pragma once
 #include <array>
+#include <limits>
 
 #include "quintet/model/probe.hpp"
 #include <string>
@@ -29,6 +30,14 @@ struct StepStats {
     std::array<double, kNumProbeKinds> probe_rms{};  // train.probe_rms: each kind's RMS over the step (all ranks)
     bool nonfinite = false;
     std::string what, origin;
+    // The spike policy (train/spikes): the loss and gradient norm every rank judged (world rank
+    // 0's), the limits in force (NaN while the window fills), whether a value was above its limit
+    // (over_limit, also under on_spike = none) and whether the update was therefore not applied
+    // (spike; `what` says which value).
+    double checked_loss = 0, checked_grad_norm = 0;
+    double spike_loss_limit = std::numeric_limits<double>::quiet_NaN();
+    double spike_grad_norm_limit = std::numeric_limits<double>::quiet_NaN();
+    bool over_limit = false, spike = false;
 };
 
 }  // namespace quintet

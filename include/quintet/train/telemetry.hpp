@@ -30,6 +30,8 @@ public:
     // Bytes of the gradients (the arena and the reduced shards) and of the optimizer's moments on
     // this rank: the trainer's, constant over the run.
     void set_training_bytes(double grads, double optimizer) { grads_bytes_ = grads, optimizer_bytes_ = optimizer; }
+    // The staging copy of checkpoint.async (train/checkpointing), counted with the buffers.
+    void set_checkpoint_bytes(double staging) { checkpoint_bytes_ = staging; }
 
     // Before the first step: the model line, metrics.h5 opened (rank 0; a resumed run keeps its
     // history up to start_step, rebuilt from `resumed_from`'s copy when unreadable), the
@@ -40,8 +42,9 @@ public:
     // After step s (s steps done): every rank's memory, pipeline and time figures gathered (one
     // gather), the rows of metrics.h5, the straggler lines, the progress line every
     // output.log_every steps. `moe`: the step's counts summed over all ranks (empty for a dense
-    // model). collective over the world
-    void record_step(int64_t s, const StepStats& st, bool skipped, const MoeCounts& moe);
+    // model); `spike`: the step's first run was above a spike limit (train/spikes). collective
+    // over the world
+    void record_step(int64_t s, const StepStats& st, bool skipped, bool spike, const MoeCounts& moe);
     // /eval and its line (NaN = interrupted); with per_source (one loss per validation source),
     // /eval/<source>/loss too.
     void record_eval(int64_t s, double loss, const std::vector<double>& per_source = {},
@@ -82,7 +85,7 @@ private:
     // The job's cores as MFU counts them (peak_flops_ / one core's peak), 0 under train.peak_tflops:
     // a step's rate per core, against the cached figures (host_peak.hpp).
     double host_cores_used_ = 0;
-    double grads_bytes_ = 0, optimizer_bytes_ = 0;
+    double grads_bytes_ = 0, optimizer_bytes_ = 0, checkpoint_bytes_ = 0;
     bool raised_matmul_ = false, raised_peak_ = false;  // a denominator was below a step's rate (said once)
     std::string peak_what_;
     std::unique_ptr<MetricsFile> metrics_;  // rank 0

@@ -21,6 +21,7 @@
 #include "quintet/train/grad_sync.hpp"
 #include "quintet/train/optimizer.hpp"
 #include "quintet/train/rank_model.hpp"
+#include "quintet/train/spikes.hpp"
 #include "quintet/train/step_stats.hpp"
 #include "quintet/train/telemetry.hpp"
 #include "quintet/train/timeline.hpp"
@@ -37,12 +38,14 @@ public:
     ~Trainer();
     int run();  // the whole job; returns the exit status. collective over the grid
     // One optimizer step (collective). A step whose loss or gradient norm is not finite (agreed
-    // on every rank) returns with `nonfinite` set and the state untouched, so that it can be run
-    // again; `locate` runs it without the overlapped reduction and finds where it began.
+    // on every rank), or a spike the spike policy acts on, returns with `nonfinite` (`spike`)
+    // set and the state untouched, so that it can be run again; `locate` runs it without the
+    // overlapped reduction and finds where it began.
     StepStats step(int64_t s, bool locate = false);
 
 private:
     int run_steps();
+    RunState run_state() const;  // what a checkpoint keeps of the run besides the tensors
     // The blend's segments: the checkpoint's, and a new one from the resumed step when the deck's
     // weights differ; logged with what each source gives over the run, recorded in /runs.
     void set_up_blend();
@@ -61,7 +64,9 @@ private:
     FaultInjection faults_;
     Telemetry telemetry_;
     Checkpointing checkpoints_;
+    SkipBudget skips_;  // rejected steps in a row (non-finite or spikes), against train.max_skips
     NonFinitePolicy nonfinite_;
+    SpikePolicy spikes_;
     Timeline timeline_;  // train.trace_steps
     MoeCounts moe_;  // the step's counts of every MoE layer, summed over all ranks
     const RunLock* lock_;

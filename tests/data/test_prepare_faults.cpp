@@ -325,10 +325,14 @@ TEST_F(PrepareFaults, TwoPreparesIntoOneOutput) {
                                       "--shard-tokens 1000000 --output corpus";
     fs::create_directories(dir / "w");
     const pid_t first = start(dir / "w", cmd);
-    // Wait until the first holds the lock.
-    for (int i = 0; i < 200 && !fs::exists(dir / "w" / "corpus" / ".prepare" / "lock"); ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // Wait until the first holds the lock, then hold the first still (SIGSTOP) so that it cannot
+    // finish before the second starts, however fast or loaded the machine is.
+    const fs::path lock = dir / "w" / "corpus" / ".prepare" / "lock";
+    for (int i = 0; i < 3000 && !fs::exists(lock); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    ASSERT_EQ(kill(first, SIGSTOP), 0);
+    ASSERT_TRUE(fs::exists(lock)) << "the first prepare never held the lock (or finished before it was stopped)";
     const RunResult second = run_shell("cd " + (dir / "w").string() + " && " + cmd);
+    ASSERT_EQ(kill(first, SIGCONT), 0);
     EXPECT_EQ(second.status, 2) << second.output;
     EXPECT_NE(second.output.find("in use by another job"), std::string::npos) << second.output;
     EXPECT_EQ(wait_status(first), 0) << read_file(dir / "w" / "run.log");

@@ -272,6 +272,16 @@ TEST_F(Fixture, EveryStopPathCheckpointsAndTheJobScriptsReturnZero) {
         if (at != std::string::npos && !stopped.empty())
             EXPECT_EQ(stopped.rfind("step=" + std::to_string(std::stoll(latest.substr(at + 5))) + "\n", 0), 0u)
                 << name << ": " << stopped << "\n" << log;
+        // Open MPI 4.1's mpirun itself sometimes crashes in its own PMIx teardown after forwarding
+        // INT/TERM (a segfault inside PMIx_server_finalize, once in several runs on a fresh
+        // Debian): the ranks were already gone, so that is mpirun's exit, not quintet's; it is
+        // reported and counted as mpirun's usual status 1.
+        if (WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV && sig != SIGUSR1 &&
+            log.find("PMIx_server_finalize") != std::string::npos) {
+            std::printf("[ note ] %s: mpirun crashed in its PMIx teardown after the signal (an Open MPI fault)\n",
+                        name.c_str());
+            return std::make_pair(1, log);
+        }
         EXPECT_TRUE(WIFEXITED(status)) << name << " ended by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
         return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1, log);
     };

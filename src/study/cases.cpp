@@ -19,6 +19,22 @@ std::string failed_marker(const Study& st, const Case& c) { return run_dir(st, c
 
 namespace {
 
+// Fills in a case's dp where its deck leaves it 0 and, given a global batch (> 0), the
+// microbatches that make it; returns why the trainer would refuse the case, or "".
+std::string check_case(Deck& d, int dp, int mp, int w, int64_t global_batch) {
+    if (d.parallel.dp == 0 && dp > 0) d.parallel.dp = dp;
+    if (global_batch > 0 && dp > 0 && global_batch % (int64_t(dp) * d.data.micro_batch_size) == 0)
+        d.parallel.microbatches = int(global_batch / (int64_t(dp) * d.data.micro_batch_size));
+    try {
+        if (dp == 0)
+            throw ConfigError("tp x cp x pp = " + std::to_string(mp) + " does not divide the world size " + std::to_string(w));
+        deck_validate(d, w, false);
+    } catch (const ConfigError& e) {
+        return e.what();
+    }
+    return "";
+}
+
 // A [laws] study: every (budget, shape, seed) on the study's one world, layout and thread count,
 // trained on D = C / (6 N) tokens with N counted as the study says.
 std::vector<Case> make_laws_cases(const Study& st) {
@@ -83,20 +99,7 @@ std::vector<Case> make_laws_cases(const Study& st) {
                 const auto& p = d.parallel;
                 const int mp = p.tp * p.cp * p.pp;
                 const int dp = p.dp > 0 ? p.dp : (w % mp == 0 ? w / mp : 0);
-                if (c.skip.empty()) {
-                    Deck probe = d;
-                    if (probe.parallel.dp == 0 && dp > 0) probe.parallel.dp = dp;
-                    if (dp > 0 && gb % (int64_t(dp) * probe.data.micro_batch_size) == 0)
-                        probe.parallel.microbatches = int(gb / (int64_t(dp) * probe.data.micro_batch_size));
-                    try {
-                        if (dp == 0)
-                            throw ConfigError("tp x cp x pp = " + std::to_string(mp) + " does not divide the world size " + std::to_string(w));
-                        deck_validate(probe, w, false);
-                    } catch (const ConfigError& e) {
-                        c.skip = e.what();
-                    }
-                    d = probe;
-                }
+                if (c.skip.empty()) c.skip = check_case(d, dp, mp, w, gb);
                 ov.push_back("--output.run_dir=" + run_dir(st, c));
                 ov.push_back("--train.threads=" + std::to_string(t));
                 c.overrides = ov;
@@ -187,18 +190,7 @@ std::vector<Case> make_cases(const Study& st, bool parity) {
                         for (const auto& [k, v] : g)
                             if (multi.count(k)) name += "_" + k.substr(k.find('.') + 1) + v;
                         c.name = name;
-                        if (c.skip.empty()) {
-                            Deck probe = d;
-                            if (probe.parallel.dp == 0 && dp > 0) probe.parallel.dp = dp;
-                            try {
-                                if (dp == 0) throw ConfigError("tp x cp x pp = " + std::to_string(mp) +
-                                                               " does not divide the world size " + std::to_string(w));
-                                deck_validate(probe, w, false);
-                            } catch (const ConfigError& e) {
-                                c.skip = e.what();
-                            }
-                            d = probe;
-                        }
+                        if (c.skip.empty()) c.skip = check_case(d, dp, mp, w, 0);
                         ov.push_back("--output.run_dir=" + run_dir(st, c));
                         ov.push_back("--train.threads=" + std::to_string(t));
                         c.overrides = ov;

@@ -185,10 +185,13 @@ def tensors(path):
         f.visititems(lambda n, o: out.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) else None)
     return out
 a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
-assert a.keys() == b.keys(), "different tensors"
+# A format may grow (a new state dataset) but never lose what an older one wrote.
+assert set(a) <= set(b), f"datasets the new binary no longer writes: {sorted(set(a) - set(b))}"
 for k in a:
     assert np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32)), k
-print(f"step-0 checkpoint of the old binary = the new one's ({len(a)} tensors, bit for bit)")
+added = sorted(set(b) - set(a))
+print(f"step-0 checkpoint of the old binary = the new one's ({len(a)} tensors, bit for bit)"
+      + (f"; the new one adds {', '.join(added)}" if added else ""))
 PY
 # A checkpoint written by the old binary resumes with the new one (same model, same curve).
 mpirun --oversubscribe -n 2 "$new" train "$work/deck" --parallel.microbatches=4 --train.steps=10 \

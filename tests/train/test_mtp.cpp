@@ -1,12 +1,12 @@
 // DeepSeek-V3's multi-token prediction through the real binary under mpirun (docs/math.md §11):
 // model.mtp_depth = 2 on tp2+SP, pp2, cp2, dp2 with ZeRO-1, 2 and 3, the zero-bubble schedules
-// (zb_h1, zbv: the modules on the stage that holds the head), depth 1 as well, bf16, and an MLA +
-// MoE model with ep2, ZeRO-3 and zb_h1, against the single-rank run of the same deck -- the loss
-// (main + mtp_weight/D x the modules'), the modules' own /train/mtp_loss and the eval curve to fp32
-// reduction order (bf16: to bf16 noise); the modules' tensors in the checkpoint under DeepSeek-V3's
-// names (the layers after the last decoder layer); generation ignores them unless --speculative
-// mtp drafts with them (plain greedy's tokens, exactly); a sample too short for the deepest module
-// is refused naming the key.
+// (zb_h1, zbv: the modules on the stage that holds the head), depth 1 as well, a tied head, bf16,
+// and an MLA + MoE model with ep2, ZeRO-3 and zb_h1, against the single-rank run of the same deck
+// -- the loss (main + mtp_weight/D x the modules'), the modules' own /train/mtp_loss and the eval
+// curve to fp32 reduction order (bf16: to bf16 noise); the modules' tensors in the checkpoint
+// under DeepSeek-V3's names (the layers after the last decoder layer); generation ignores them
+// unless --speculative mtp drafts with them (plain greedy's tokens, exactly); a sample too short
+// for the deepest module is refused naming the key.
 // ctest: labels=mpi timeout=1200 launches_mpirun
 #include <gtest/gtest.h>
 
@@ -111,8 +111,13 @@ const std::vector<std::pair<int, std::string>> kShardedAndSplit = {
 TEST_F(Mtp, ZeroAndZeroBubbleSchedulesMatchOneRank) {
     auto layouts = kShardedAndSplit;
     layouts.push_back({4, "--parallel.pp=2 --parallel.schedule=zb_h1 --parallel.microbatches=4 --parallel.zero=3"});
+    layouts.push_back({4, "--parallel.tp=2 --parallel.sequence_parallel=true --parallel.microbatches=4 --parallel.zero=3"});
     compare("--model.n_layers=4", layouts);
     compare("--model.n_layers=4 --model.mtp_depth=1", kShardedAndSplit);
+    // A tied head: the modules read the embedding's unit (one stage, zbv's V) or the last stage's
+    // copy in unit "head" (pp2 x dp2).
+    compare("--model.n_layers=4 --model.tie_embeddings=true",
+            {kShardedAndSplit[1], kShardedAndSplit[3], {4, "--parallel.pp=2 --parallel.microbatches=4 --parallel.zero=3"}});
 }
 
 // bf16: a layout changes fp32 summation orders, and a GEMM output that then rounds to the other

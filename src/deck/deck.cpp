@@ -700,12 +700,6 @@ void deck_validate(const Deck& d, int world, bool check_host_memory) {
                         "own rows, as in Megatron-Core): set parallel.sequence_parallel = true");
     }
     if (m.mtp_depth > 0) {  // docs/math.md §11
-        if (p.zero >= 2)
-            config_fail("parallel.zero", S(p.zero),
-                        "model.mtp_depth > 0 runs with parallel.zero = 0 or 1 (the MTP modules are not ZeRO units)");
-        if (p.schedule == "zb_h1" || p.schedule == "zbv")
-            config_fail("parallel.schedule", p.schedule,
-                        "model.mtp_depth > 0 needs a schedule that runs each backward whole: 1f1b, interleaved or gpipe");
         if (d.data.seq_len <= m.mtp_depth)
             config_fail("model.mtp_depth", S(m.mtp_depth),
                         "module k predicts the token k+1 ahead: data.seq_len = " + S(d.data.seq_len) +

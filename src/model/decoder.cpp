@@ -68,7 +68,7 @@ Decoder::Decoder(Backend& be, const ModelConfig& model, const RopeConfig& rope, 
              decode_options(train_seq_len, max_len)),
       params_(params.data()) {
     for (const auto& l : chunk_.layers_) caches_.push_back(l.attn->make_cache(max_len, full_kv));
-    for (const auto& md : chunk_.mtp_) mtp_caches_.push_back(md.block.attn->make_cache(max_len, full_kv));
+    for (const auto& md : chunk_.mtp_.modules) mtp_caches_.push_back(md.block.attn->make_cache(max_len, full_kv));
 }
 
 ModelChunk& Decoder::rows(int n) {

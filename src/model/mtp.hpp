@@ -15,7 +15,7 @@ LinearDecl mtp_eh_decl(size_t Nr, size_t C);
 // attention, feed-forward; the layer kinds of the last decoder layer) and its own -- the
 // shifted ids, the embedding rows, the norms' statistics, the projection's input, the layer's
 // input and output, the head's input and logits. Per slot under every schedule; the layer is
-// never recomputed.
+// never recomputed. `out.deferred`: what W needs of B (per slot under a split schedule).
 void mtp_declare_buffers(const ModelConfig& m, const ModelDims& d, const BufferShape& s, int layer, BufferDecl& out);
 
 }  // namespace quintet

@@ -322,6 +322,8 @@ ParamTable make_param_table(const ModelConfig& m, const ShardPlan& plan) {
         if (holds_last && !holds_first) b.add(second, true, false);
     }
     if (!d.tied && d.mtp > 0 && second_copy && holds_last) {  // the MTP modules' embedding
+        // A unit of its own, as the first stage's: ZeRO reduces the tied pair's slices alike.
+        b.begin_unit("embed");
         ParamSpec second = emb;
         second.writer = false;
         b.add(second, true, false);

@@ -133,9 +133,11 @@ ChunkBuffers chunk_buffers(const ModelConfig& m, const ModelDims& d, const Chunk
         for (int k = 0; k < m.mtp_depth; ++k) {
             BufferDecl mod;
             mtp_declare_buffers(m, d, s, m.n_layers + k, mod);
+            // What W needs of B: per slot in the module's own bytes under a split schedule.
+            if (s.split_bw) mod.saved.insert(mod.saved.end(), mod.deferred.begin(), mod.deferred.end());
             cb.mtp.push_back(mod.saved);
             merge_shared(shared.shared, mod.shared, s.bf16);
-            merge_shared(shared.shared, mod.deferred, s.bf16);
+            if (!s.split_bw) merge_shared(shared.shared, mod.deferred, s.bf16);
             shared.operands(mod.operand);
             cb.ring_kv = std::max(cb.ring_kv, mod.ring_kv);
             cb.ring_out = std::max(cb.ring_out, mod.ring_out);

@@ -100,7 +100,7 @@ int ModelChunk::add_slot() {
         }
     }
     if (final_norm_ && lin_.split_bw) final_norm_->add_w_slot(s.dxf);
-    if (!mtp_.empty()) mtp_add_slot(s);
+    if (!mtp_.modules.empty()) mtp_add_slot(s);
     return a.index;
 }
 
@@ -161,7 +161,7 @@ double ModelChunk::loss(Slot& s, const float* params, float grad_scale, bool nee
         UnitScope n(units_, lin_, norm_unit_, params, nullptr, true);
         final_norm_->forward(s.xf, lin_.full_a, s.rstd_f, s.res.back(), n.params, ctx_.Nr);
         // The first MTP module's input: the final norm's output in fp32 (in bf16 the staging).
-        if (!mtp_.empty() && need_grad)
+        if (!mtp_.modules.empty() && need_grad)
             be_.copy(s.mtp_h0, lin_.bf16() ? lin_.full_a : s.xf.f, size_t(ctx_.Nr) * ctx_.d.C);
         UnitScope h(units_, lin_, head_unit_, params, nullptr, true);
         head_->forward(s.xf, s.logits, h.params);
@@ -189,24 +189,21 @@ double ModelChunk::forward(int si, const float* params, const int32_t* ids, cons
     run_layers(si, params, nullptr);
     if (!plan_.last) return 0.0;
     const double ce = loss(s, params, grad_scale, need_grad);
-    if (!mtp_.empty()) {
-        if (need_grad) mtp_forward(si, params, targets, grad_scale);
-        else mtp_sums_[size_t(si)] = 0.0;  // evaluation: the main loss only
-    }
+    if (!mtp_.modules.empty()) mtp_forward(si, params, targets, grad_scale, need_grad);
     return ce;
 }
 
 double ModelChunk::aux_loss(int si) const {
     double a = 0.0;
     for (const auto& l : layers_) a += l.ffn->aux_loss(store_.block_slot(si));
-    for (const auto& md : mtp_) a += md.block.ffn->aux_loss(si);
+    for (const auto& md : mtp_.modules) a += md.block.ffn->aux_loss(si);
     return a;
 }
 
 int ModelChunk::moe_experts() const {
     int e = 0;
     for (const auto& l : layers_) e = std::max(e, l.ffn->experts());
-    for (const auto& md : mtp_) e = std::max(e, md.block.ffn->experts());
+    for (const auto& md : mtp_.modules) e = std::max(e, md.block.ffn->experts());
     return e;
 }
 
@@ -214,17 +211,16 @@ int ModelChunk::moe_experts() const {
 void ModelChunk::take_moe_counts(MoeCounts& counts) {
     for (size_t i = 0; i < layers_.size(); ++i)
         if (layers_[i].ffn->experts() > 0) layers_[i].ffn->take_counts(counts, plan_.layer_begin + int(i));
-    for (size_t k = 0; k < mtp_.size(); ++k)
-        if (mtp_[k].block.ffn->experts() > 0) mtp_[k].block.ffn->take_counts(counts, ctx_.d.L + int(k));
+    for (size_t k = 0; k < mtp_.modules.size(); ++k)
+        if (mtp_.modules[k].block.ffn->experts() > 0) mtp_.modules[k].block.ffn->take_counts(counts, ctx_.d.L + int(k));
 }
 
 void ModelChunk::update_balance_bias(float* params, const MoeCounts& step) {
-    for (size_t i = 0; i < layers_.size(); ++i)
-        if (layers_[i].ffn->experts() > 0)
-            layers_[i].ffn->update_bias(units_ ? units_->buffers(layers_[i].unit) : params, step,
-                                        plan_.layer_begin + int(i));
-    for (size_t k = 0; k < mtp_.size(); ++k)
-        if (mtp_[k].block.ffn->experts() > 0) mtp_[k].block.ffn->update_bias(params, step, ctx_.d.L + int(k));
+    auto update = [&](Layer& l, int layer) {
+        if (l.ffn->experts() > 0) l.ffn->update_bias(units_ ? units_->buffers(l.unit) : params, step, layer);
+    };
+    for (size_t i = 0; i < layers_.size(); ++i) update(layers_[i], plan_.layer_begin + int(i));
+    for (size_t k = 0; k < mtp_.modules.size(); ++k) update(mtp_.modules[k].block, ctx_.d.L + int(k));
 }
 
 void ModelChunk::backward(int si, const float* params, float* grads, GradReadyHook* hook) {
@@ -278,32 +274,36 @@ void ModelChunk::backward_pass(int si, const float* params, float* grads, Pass p
             G = u.grads();
         }
         if (pass != Pass::input) u.reduce_at_end();
-        // Feed-forward branch; dres flows straight through the residual.
-        if (pass == Pass::whole) {
-            const float* dhn = layer.ffn->backward_input(bs, si, u.params, l.xn2, dres);
-            layer.ffn->backward_weight(bs, si, G, l.xn2);
-            layer.norm2.backward(dres, G, dhn, l.h, u.params, l.rstd2, Nr);
-        } else if (pass == Pass::input) {
-            layer.norm2.backward_input(si, dres, layer.ffn->backward_input(bs, si, u.params, l.xn2, dres), l.h,
-                                       u.params, l.rstd2, Nr);
-        } else {
-            layer.ffn->backward_weight(bs, si, G, l.xn2);
-            layer.norm2.backward_weight(si, G, l.h, l.rstd2, Nr);
-        }
-        // Attention branch.
-        if (pass == Pass::whole) {
-            const float* dxn = layer.attn->backward_input(bs, si, s.tok, u.params, l.xn1, dres);
-            layer.attn->backward_weight(bs, si, s.tok, G, l.xn1, false);
-            layer.norm1.backward(dres, G, dxn, s.res[size_t(i)], u.params, l.rstd1, Nr);
-        } else if (pass == Pass::input) {
-            layer.norm1.backward_input(si, dres, layer.attn->backward_input(bs, si, s.tok, u.params, l.xn1, dres),
-                                       s.res[size_t(i)], u.params, l.rstd1, Nr);
-        } else {
-            layer.attn->backward_weight(bs, si, s.tok, G, l.xn1, true);
-            layer.norm1.backward_weight(si, G, s.res[size_t(i)], l.rstd1, Nr);
-        }
+        layer_backward(layer, bs, si, s.tok, l, s.res[size_t(i)], dres, u.params, G, pass);
     }
     if (plan_.first && pass != Pass::input) embedding_weight(s, grads);
+}
+
+void ModelChunk::layer_backward(Layer& layer, int bs, int si, const TokenInfo& tok, const LayerSaved& l,
+                                const float* x, float* dres, const float* P, float* G, Pass pass) {
+    const int Nr = ctx_.Nr;
+    // Feed-forward branch; dres flows straight through the residual.
+    if (pass == Pass::whole) {
+        const float* dhn = layer.ffn->backward_input(bs, si, P, l.xn2, dres);
+        layer.ffn->backward_weight(bs, si, G, l.xn2);
+        layer.norm2.backward(dres, G, dhn, l.h, P, l.rstd2, Nr);
+    } else if (pass == Pass::input) {
+        layer.norm2.backward_input(si, dres, layer.ffn->backward_input(bs, si, P, l.xn2, dres), l.h, P, l.rstd2, Nr);
+    } else {
+        layer.ffn->backward_weight(bs, si, G, l.xn2);
+        layer.norm2.backward_weight(si, G, l.h, l.rstd2, Nr);
+    }
+    // Attention branch.
+    if (pass == Pass::whole) {
+        const float* dxn = layer.attn->backward_input(bs, si, tok, P, l.xn1, dres);
+        layer.attn->backward_weight(bs, si, tok, G, l.xn1, false);
+        layer.norm1.backward(dres, G, dxn, x, P, l.rstd1, Nr);
+    } else if (pass == Pass::input) {
+        layer.norm1.backward_input(si, dres, layer.attn->backward_input(bs, si, tok, P, l.xn1, dres), x, P, l.rstd1, Nr);
+    } else {
+        layer.attn->backward_weight(bs, si, tok, G, l.xn1, true);
+        layer.norm1.backward_weight(si, G, x, l.rstd1, Nr);
+    }
 }
 
 // The last chunk's start of the backward, from grad_scale * dL/dlogits (the loss left it in
@@ -312,6 +312,9 @@ void ModelChunk::backward_pass(int si, const float* params, float* grads, Pass p
 void ModelChunk::head_backward(int si, const float* params, float* grads, Pass pass) {
     const int Nr = ctx_.Nr;
     Slot& s = store_.slot(si);
+    // The MTP modules first, under their own scopes: their gradient into the final norm's
+    // output joins the head's.
+    float* dh0 = mtp_.modules.empty() ? nullptr : mtp_backward(si, params, grads, pass);
     const bool head_here = !(units_ && head_is_local_embedding_);
     UnitScope n(units_, lin_, norm_unit_, params, grads, pass != Pass::weight);
     UnitScope h(units_, lin_, head_unit_, params, grads, pass != Pass::weight);
@@ -319,9 +322,6 @@ void ModelChunk::head_backward(int si, const float* params, float* grads, Pass p
     if (pass != Pass::input) n.reduce_at_end();
     float* Gh = pass != Pass::input && head_here ? h.grads() : nullptr;
     const float* dxf = nullptr;
-    // The MTP modules first (whole passes only: mtp_build): their gradient into the final norm's
-    // output joins the head's.
-    float* dh0 = mtp_.empty() ? nullptr : mtp_backward(si, params, grads);
     if (pass == Pass::weight) {
         if (Gh) head_->backward_weight(s.logits, s.xf, Gh);
     } else {

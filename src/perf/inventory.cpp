@@ -209,9 +209,12 @@ std::vector<ModelInventory::Unit> ModelInventory::stage_units(const std::vector<
     std::sort(layers.begin(), layers.end());
     for (int l : layers) add(kind(l).params, true);
     if (last) {
+        for (int k = 0; k < m_.mtp_depth; ++k) add(mtp_.params, true);  // units layers.<n_layers + k>
         add(final_norm_, false);
         add(head_params_, false);
-        if (m_.tie_embeddings && pp > 1 && !first) add(embed_, false);  // the tied copy, in unit "head"
+        // The embedding's second copy: the tied head (unit "head"), or what the MTP modules read
+        // (unit "embed").
+        if ((m_.tie_embeddings || m_.mtp_depth > 0) && pp > 1 && !first) add(embed_, false);
     }
     return u;
 }

@@ -188,6 +188,7 @@ TEST(Model, SplitBackwardMatchesFiniteDifferences) {
     check_model_gradient(false, false, "mla", true);
     check_model_gradient(false, false, "mla_q", true);
     check_model_gradient(false, false, "moe", true);
+    check_model_gradient(false, false, "mtp_moe", true);  // the MTP modules' B and W too
 }
 
 // train.precision = bf16: the same chunk with bf16 GEMM operands. Its loss and gradients follow
@@ -332,9 +333,9 @@ TEST(Model, RecomputationGivesTheSameBits) {
 // The zero-bubble split: B (backward_input) then W (backward_weight), with other microbatches'
 // forwards, B's and W's run in between, gives the whole backward's gradients and input gradients
 // bit for bit -- every block kind (MHA, MLA with and without query compression, SwiGLU, MoE
-// with aux loss, aux-free bias and capacity drops), tied or not, fp32 and bf16, under each
-// recomputation -- and keeps W's operands per slot only when split, most of them in the bytes
-// of what B has read.
+// with aux loss, aux-free bias and capacity drops), tied or not, with two MTP modules (dense, MLA,
+// MoE: their B gives dL/dh^0, their W runs later), fp32 and bf16, under each recomputation -- and
+// keeps W's operands per slot only when split, most of them in the bytes of what B has read.
 TEST(Model, SplitBackwardGivesTheWholeBackwardsBits) {
     struct Case {
         std::string kind;
@@ -343,10 +344,10 @@ TEST(Model, SplitBackwardGivesTheWholeBackwardsBits) {
         Recompute r;
     };
     std::vector<Case> cases;
-    for (const std::string kind : {"mha", "mla", "mla_q", "moe", "moe_free", "moe_cap"})
+    for (const std::string kind : {"mha", "mla", "mla_q", "moe", "moe_free", "moe_cap", "mtp", "mtp_mla", "mtp_moe"})
         for (Precision prec : {Precision::fp32, Precision::bf16})
             for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
-                cases.push_back({kind, kind == "mha" && r == Recompute::none, prec, r});
+                cases.push_back({kind, (kind == "mha" || kind == "mtp") && r == Recompute::none, prec, r});
     for (const Case& k : cases) {
         const std::string what = k.kind + (k.tied ? " tied" : "") + (k.prec == Precision::bf16 ? " bf16" : " fp32") +
                                  " recompute " + std::to_string(int(k.r));
@@ -382,7 +383,9 @@ TEST(Model, SplitBackwardGivesTheWholeBackwardsBits) {
             auto& g = split ? g_split : g_whole;
             auto& dx = split ? dx_split : dx_whole;
             double& l = split ? l_split : l_whole;
-            auto fwd = [&](int i) { l += m.forward(i, params.data(), mb_ids[i], mb_tgt[i], 1.0f, true) + m.aux_loss(i); };
+            auto fwd = [&](int i) {
+                l += m.forward(i, params.data(), mb_ids[i], mb_tgt[i], 1.0f, true) + m.aux_loss(i) + m.mtp_loss(i);
+            };
             auto take_dx = [&](int i) {
                 dx[size_t(i)].resize(size_t(N) * C);
                 be->to_host(dx[size_t(i)].data(), m.grad_input(i), size_t(N) * C);

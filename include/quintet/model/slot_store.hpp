@@ -29,7 +29,8 @@ struct ChunkBuffers {
     std::vector<std::vector<PlacedBuffer>> placed;
     std::vector<BufferSpec> workspace_own;       // full recompute: the recomputed layer's output
     // The last chunk's MTP modules (model.mtp_depth; docs/math.md §11): per module, what its
-    // norms, projection, decoder layer and head keep -- per slot always (never recomputed).
+    // norms, projection, decoder layer and head keep -- per slot always (never recomputed) --
+    // and, split_bw, what their W needs of B.
     std::vector<std::vector<BufferSpec>> mtp;
     size_t mtp_bytes(size_t k) const { return layout_bytes(mtp[k], bf16); }
     std::vector<BufferSpec> shared;              // the blocks' scratch, the context's, operand staging

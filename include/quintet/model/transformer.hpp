@@ -76,7 +76,7 @@ public:
     // The last chunk's MTP modules (model.mtp_depth): the sum over modules of their rows'
     // cross-entropies in slot's last training forward (0 without MTP, and after an evaluation).
     double mtp_loss(int slot) const override;
-    int mtp_depth() const { return int(mtp_.size()); }
+    int mtp_depth() const { return int(mtp_.modules.size()); }
     // MoE: the largest expert count of this chunk's layers (0: dense); the counts of this step
     // added into `counts` by layer (and reset); the aux-free biases moved from the global
     // batch's loads (the same on every rank); d(loss)/d(aux) per microbatch.
@@ -145,13 +145,27 @@ private:
     struct MtpModule {
         RmsNormLayer enorm, hnorm;   // of the embedding, of the previous depth's hidden state
         std::unique_ptr<Linear> eh;  // eh_proj [C, 2C], its input kept per slot
-        Layer block;                 // a decoder layer of the model's kinds
+        Layer block;                 // a decoder layer of the model's kinds; its unit is the module's
         RmsNormLayer head_norm;      // shared_head.norm, before the shared head
+    };
+    struct Mtp {
+        std::vector<MtpModule> modules;
+        size_t wte = 0;           // the embedding the modules read (this rank's copy)
+        int embed_unit = -1;      // ZeRO >= 2: that copy's unit
+        float weight = 0.0f;      // mtp_weight / D
+        std::vector<double> sums;   // per slot
+        std::vector<float> losses;  // [N] host
+        std::vector<int32_t> ids, tgt;  // [N] host: one module's shifted ids and targets
+        std::vector<int> masked;        // its rows past the sample's end
     };
     void mtp_build(const ModelConfig& m, const ParamTable& table, double weight);
     void mtp_add_slot(Slot& s);
-    void mtp_forward(int si, const float* params, const int32_t* targets, float grad_scale);
-    float* mtp_backward(int si, const float* params, float* grads);  // returns dL/dh^0 (scratch)
+    // The training forward of every module (their losses in mtp_.sums), or none (evaluation).
+    void mtp_forward(int si, const float* params, const int32_t* targets, float grad_scale, bool need_grad);
+    // The modules' backward as the pass says, last module first, each part under its unit's
+    // scope; returns dL/dh^0 (scratch) for whole and B, null for W.
+    float* mtp_backward(int si, const float* params, float* grads, Pass pass);
+    void mtp_shift(int ahead, const int32_t* targets);  // module ahead-1's rows: mtp_.ids, tgt, masked
     // Generation (model/decoder.cpp, speculative drafting): module k on slot 0's rows, whose ids
     // (the embedded tokens) and positions the caller set and whose h^{k-1} is in the slot's
     // mtp_h0, its attention through `cache`; h^k [N, C] and the last row's logits [V] to the host.
@@ -159,6 +173,10 @@ private:
     void run_layers(int si, const float* params, std::vector<std::unique_ptr<KvCache>>* caches);
     // Layer i of slot si on input x into y (the workspace's values under full recompute).
     void forward_layer(size_t i, int si, const float* params, const float* x, float* y, KvCache* cache);
+    // One decoder layer's backward (its blocks' slot bs, deferred slot si, input x, saved l) as
+    // the pass says: dres, dL/d(its output), becomes dL/dx (whole, B); gradients into G (whole, W).
+    void layer_backward(Layer& layer, int bs, int si, const TokenInfo& tok, const LayerSaved& l, const float* x,
+                        float* dres, const float* P, float* G, Pass pass);
     double loss(Slot& s, const float* params, float grad_scale, bool need_grad);
     // The one reverse walk: the head, the layers, the embedding, as the pass says.
     void backward_pass(int si, const float* params, float* grads, Pass pass);
@@ -184,15 +202,7 @@ private:
     VocabParallelScratch xent_;
     std::vector<float> losses_;  // [N] host
     int seq_ = 0;                // T: tokens of a sample (all cp ranks')
-    std::vector<MtpModule> mtp_;
-    size_t mtp_wte_ = 0;            // the embedding the modules read (this rank's copy)
-    float mtp_weight_ = 0.0f;       // mtp_weight / D
-    std::vector<double> mtp_sums_;  // per slot
-    std::vector<float> mtp_losses_;  // [N] host
-    struct {
-        std::vector<int32_t> ids, tgt;
-        std::vector<int> masked;
-    } mtp_host_;
+    Mtp mtp_;
     RmsProbe* probe_ = nullptr;
     void probe(ProbeKind k, const float* x, const float* minus, size_t n);  // squares of x (- minus)
 };

@@ -6,7 +6,9 @@
 
 namespace quintet {
 
-PositionedCache::PositionedCache(Backend& b, int max_len_) : be(b), max_len(max_len_) {
+PositionedCache::PositionedCache(Backend& b, int max_len_, int sequences_)
+    : be(b), max_len(max_len_), sequences(sequences_), lens_(size_t(sequences_), 0) {
+    QUINTET_CHECK(sequences >= 1, "a generation cache holds at least one sequence");
     pos = be.alloc_i32(size_t(max_len));
     std::vector<int32_t> p(static_cast<size_t>(max_len));
     for (int i = 0; i < max_len; ++i) p[size_t(i)] = i;
@@ -15,9 +17,23 @@ PositionedCache::PositionedCache(Backend& b, int max_len_) : be(b), max_len(max_
 
 PositionedCache::~PositionedCache() { be.release_i32(pos); }
 
-KvRowsCache::KvRowsCache(Backend& b, int max_len_, int kw_, int vw_) : PositionedCache(b, max_len_), kw(kw_), vw(vw_) {
-    k = be.alloc(size_t(max_len) * kw);
-    v = be.alloc(size_t(max_len) * vw);
+void PositionedCache::select(int s) {
+    QUINTET_CHECK(s >= 0 && s < sequences, "generation cache: a sequence it holds");
+    lens_[size_t(selected)] = len;
+    selected = s;
+    len = lens_[size_t(s)];
+}
+
+void PositionedCache::reset(int s) {
+    QUINTET_CHECK(s >= 0 && s < sequences, "generation cache: a sequence it holds");
+    lens_[size_t(s)] = 0;
+    if (s == selected) len = 0;
+}
+
+KvRowsCache::KvRowsCache(Backend& b, int max_len_, int kw_, int vw_, int sequences_)
+    : PositionedCache(b, max_len_, sequences_), kw(kw_), vw(vw_) {
+    k = be.alloc(size_t(sequences) * max_len * kw);
+    v = be.alloc(size_t(sequences) * max_len * vw);
 }
 
 KvRowsCache::~KvRowsCache() {
@@ -27,15 +43,39 @@ KvRowsCache::~KvRowsCache() {
 
 void KvRowsCache::attend(const float* q, const float* knew, size_t ldk, const float* vnew, size_t ldv, int n,
                          AttentionArgs a, float* out, float* lse) {
-    QUINTET_CHECK(a.B == 1 && len + n <= max_len, "KV cache: one sequence, within max_len");
-    be.copy_2d(k + size_t(len) * kw, size_t(kw), knew, ldk, size_t(n), size_t(kw), false);
-    be.copy_2d(v + size_t(len) * vw, size_t(vw), vnew, ldv, size_t(n), size_t(vw), false);
-    len += n;
-    a.Tk = len;
+    QUINTET_CHECK(a.B == 1, "KV cache: one sequence per forward, or one row per sequence");
     a.k_stride = kw, a.v_stride = vw;
     a.k_pos = pos;
     a.q_doc = a.k_doc = nullptr;
-    be.attention_forward(out, lse, q, k, v, a);
+    // Rows of one sequence [max_len, kw] apart.
+    auto keys = [&](int s) { return k + size_t(s) * max_len * kw; };
+    auto values = [&](int s) { return v + size_t(s) * max_len * vw; };
+    if (row_seq.empty()) {
+        QUINTET_CHECK(len + n <= max_len, "KV cache: within max_len");
+        be.copy_2d(keys(selected) + size_t(len) * kw, size_t(kw), knew, ldk, size_t(n), size_t(kw), false);
+        be.copy_2d(values(selected) + size_t(len) * vw, size_t(vw), vnew, ldv, size_t(n), size_t(vw), false);
+        len += n;
+        a.Tk = len;
+        be.attention_forward(out, lse, q, keys(selected), values(selected), a);
+        return;
+    }
+    // One row per sequence: each row joins its sequence and attends to it alone (a query row,
+    // the same work as a step of that sequence by itself, so the same bits).
+    QUINTET_CHECK(int(row_seq.size()) == n, "KV cache: a sequence for every new row");
+    const int was = selected;
+    const int32_t* q_pos = a.q_pos;
+    a.Tq = 1;
+    for (int r = 0; r < n; ++r) {
+        select(row_seq[size_t(r)]);
+        QUINTET_CHECK(len < max_len, "KV cache: within max_len");
+        be.copy(keys(selected) + size_t(len) * kw, knew + size_t(r) * ldk, size_t(kw));
+        be.copy(values(selected) + size_t(len) * vw, vnew + size_t(r) * ldv, size_t(vw));
+        a.Tk = ++len;
+        a.q_pos = q_pos + r;
+        be.attention_forward(out + size_t(r) * a.o_stride, lse + size_t(r) * a.NH, q + size_t(r) * a.q_stride,
+                             keys(selected), values(selected), a);
+    }
+    select(was);
 }
 
 namespace {
@@ -56,7 +96,8 @@ PositionedCache& positioned(KvCache& c) { return dynamic_cast<PositionedCache&>(
 }  // namespace
 
 Decoder::Decoder(Backend& be, const ModelConfig& model, const RopeConfig& rope, int train_seq_len,
-                 const ParamTable& table, const std::vector<float>& params, int max_len, bool full_kv)
+                 const ParamTable& table, const std::vector<float>& params, int max_len, bool full_kv,
+                 int sequences)
     : tp_(self_, false),
       be_(be),
       model_(generation_model(model)),
@@ -67,7 +108,7 @@ Decoder::Decoder(Backend& be, const ModelConfig& model, const RopeConfig& rope, 
       chunk_(be, model_, rope, table, stage_chunks(model.n_layers, 1, 1, 0, {})[0], tp_, 1, 1,
              decode_options(train_seq_len, max_len)),
       params_(params.data()) {
-    for (const auto& l : chunk_.layers_) caches_.push_back(l.attn->make_cache(max_len, full_kv));
+    for (const auto& l : chunk_.layers_) caches_.push_back(l.attn->make_cache(max_len, full_kv, sequences));
     for (const auto& md : chunk_.mtp_.modules) mtp_caches_.push_back(md.block.attn->make_cache(max_len, full_kv));
 }
 
@@ -82,15 +123,17 @@ ModelChunk& Decoder::rows(int n) {
 
 // The chunk's rows (ids, host) at positions pos0, pos0 + 1, ... through the layers with the
 // caches, then the final norm and the head on every row; the logits of the last row into `out`.
-void Decoder::run(ModelChunk& c, const int32_t* ids, int pos0, std::vector<float>& out, bool all_rows) {
+void Decoder::run(ModelChunk& c, const int32_t* ids, int pos0, std::vector<float>& out, bool all_rows,
+                  const int32_t* positions) {
     QUINTET_CHECK(c.plan_.first && c.plan_.last && c.tp_.size() == 1 && c.ctx_.B == 1 && !c.ctx_.cp && !c.documents_,
                   "generation needs the whole model on one rank, one sequence");
-    QUINTET_CHECK(pos0 + c.ctx_.T <= c.ctx_.max_positions, "generation past the RoPE tables");
+    QUINTET_CHECK(positions || pos0 + c.ctx_.T <= c.ctx_.max_positions, "generation past the RoPE tables");
     QUINTET_CHECK(!c.units_, "generation reads the whole arena (no ZeRO units)");
     if (c.store_.slots() == 0) c.add_slot();
     Slot& s = c.store_.slot(0);
     const int N = c.ctx_.N, V = c.ctx_.d.V;
-    c.store_.set_positions_from(s, pos0);
+    if (positions) c.store_.set_positions_at(s, positions);
+    else c.store_.set_positions_from(s, pos0);
     c.store_.set_tokens(s, ids, nullptr, 0, V);
     c.run_layers(0, params_, &caches_);
     c.final_norm_->forward(s.xf, c.lin_.full_a, s.rstd_f, s.res.back(), params_, N);
@@ -111,9 +154,34 @@ const std::vector<float>& Decoder::step(int id, int pos) {
 }
 
 const std::vector<float>& Decoder::prefill(const int32_t* ids, int n) {
+    QUINTET_CHECK(cached() == 0, "Decoder::prefill: a sequence with nothing cached");
     ModelChunk batch(be_, model_, rope_, table_, stage_chunks(model_.n_layers, 1, 1, 0, {})[0], tp_, 1, n,
                      decode_options(train_seq_len_, max_len_));
     run(batch, ids, 0, logits_);
+    return logits_;
+}
+
+void Decoder::select(int s) {
+    for (auto& c : caches_) positioned(*c).select(s);
+}
+
+void Decoder::reset(int s) {
+    for (auto& c : caches_) positioned(*c).reset(s);
+}
+
+int Decoder::length(int s) const { return caches_.empty() ? 0 : positioned(*caches_[0]).length(s); }
+
+const std::vector<float>& Decoder::step_batch(const int* seqs, const int32_t* ids, int n) {
+    QUINTET_CHECK(n >= 1, "Decoder::step_batch: at least one sequence");
+    ModelChunk& c = rows(n);
+    batch_pos_.resize(size_t(n));
+    for (int r = 0; r < n; ++r) {
+        batch_pos_[size_t(r)] = length(seqs[r]);
+        QUINTET_CHECK(batch_pos_[size_t(r)] < c.ctx_.max_positions, "generation past the RoPE tables");
+    }
+    for (auto& cache : caches_) positioned(*cache).row_seq.assign(seqs, seqs + n);
+    run(c, ids, 0, logits_, true, batch_pos_.data());
+    for (auto& cache : caches_) positioned(*cache).row_seq.clear();
     return logits_;
 }
 

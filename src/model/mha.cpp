@@ -96,9 +96,10 @@ public:
         qkv_.backward_weight(wslot, xn, grads);
     }
 
-    std::unique_ptr<KvCache> make_cache(int max_len, bool /*full_kv: MHA caches K|V anyway*/) const override {
+    std::unique_ptr<KvCache> make_cache(int max_len, bool /*full_kv: MHA caches K|V anyway*/,
+                                        int sequences) const override {
         QUINTET_CHECK(c_.d.tp == 1, "generation runs on one rank (tp = 1)");
-        return std::make_unique<KvRowsCache>(c_.be, max_len, NKV_ * HD_, NKV_ * HD_);
+        return std::make_unique<KvRowsCache>(c_.be, max_len, NKV_ * HD_, NKV_ * HD_, sequences);
     }
 
     void probe_logits(int slot, const TokenInfo& tok, RmsProbe& out) const override {

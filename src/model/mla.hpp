@@ -50,7 +50,7 @@ public:
     const float* backward_input(int slot, int wslot, const TokenInfo& tok, const float* params, const Act& xn,
                                 const float* dh) override;
     void backward_weight(int slot, int wslot, const TokenInfo& tok, float* grads, const Act& xn, bool later) override;
-    std::unique_ptr<KvCache> make_cache(int max_len, bool full_kv) const override;  // mla_generate.cpp
+    std::unique_ptr<KvCache> make_cache(int max_len, bool full_kv, int sequences) const override;  // mla_generate.cpp
     void probe_logits(int slot, const TokenInfo& tok, RmsProbe& out) const override;
 
 private:

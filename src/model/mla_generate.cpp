@@ -12,14 +12,14 @@ namespace {
 // uncompressed alternative, quintet generate --kv-cache full, is a KvRowsCache of per-head K|V.)
 // It also holds the absorbed query and output of the rows being added.
 struct MlaLatentCache final : PositionedCache {
-    float* lat = nullptr;   // [max_len, Lw]
+    float* lat = nullptr;   // [sequences, max_len, Lw]
     float* qlat = nullptr;  // [rows, NHl, Lw] the query in latent space
     float* olat = nullptr;  // [rows, NHl * rkv] the output in latent space
     int width = 0, rows = 0;
     size_t q_row = 0, o_row = 0;  // floats per row of qlat, olat
-    MlaLatentCache(Backend& b, int max_len_, int width_, int rows_, size_t q_row_, size_t o_row_)
-        : PositionedCache(b, max_len_), width(width_), rows(rows_), q_row(q_row_), o_row(o_row_) {
-        lat = be.alloc(size_t(max_len) * width);
+    MlaLatentCache(Backend& b, int max_len_, int width_, int rows_, size_t q_row_, size_t o_row_, int sequences_)
+        : PositionedCache(b, max_len_, sequences_), width(width_), rows(rows_), q_row(q_row_), o_row(o_row_) {
+        lat = be.alloc(size_t(sequences) * max_len * width);
         qlat = be.alloc(size_t(rows) * q_row);
         olat = be.alloc(size_t(rows) * o_row);
     }
@@ -32,6 +32,7 @@ struct MlaLatentCache final : PositionedCache {
         qlat = be.alloc(size_t(rows) * q_row);
         olat = be.alloc(size_t(rows) * o_row);
     }
+    float* rows_of(int s) { return lat + size_t(s) * max_len * width; }
     ~MlaLatentCache() override {
         be.release(lat);
         be.release(qlat);
@@ -42,11 +43,11 @@ struct MlaLatentCache final : PositionedCache {
 
 }  // namespace
 
-std::unique_ptr<KvCache> MlaAttention::make_cache(int max_len, bool full_kv) const {
+std::unique_ptr<KvCache> MlaAttention::make_cache(int max_len, bool full_kv, int sequences) const {
     QUINTET_CHECK(c_.d.tp == 1, "generation runs on one rank (tp = 1)");
-    if (full_kv) return std::make_unique<KvRowsCache>(c_.be, max_len, s_.Qw(), s_.Aw());
+    if (full_kv) return std::make_unique<KvRowsCache>(c_.be, max_len, s_.Qw(), s_.Aw(), sequences);
     return std::make_unique<MlaLatentCache>(c_.be, max_len, s_.Lw(), c_.N, size_t(s_.NHl) * s_.Lw(),
-                                            size_t(s_.NHl) * s_.rkv);
+                                            size_t(s_.NHl) * s_.rkv, sequences);
 }
 
 // The new rows (B = 1) join the cache, then attend to all of it; the output into o_proj's input.
@@ -62,15 +63,23 @@ void MlaAttention::cached_core(int slot, const TokenInfo& tok, const float* para
         return;
     }
     auto& lc = static_cast<MlaLatentCache&>(*cache);
-    QUINTET_CHECK(lc.len + N <= lc.max_len, "KV cache: within max_len");
+    const bool batched = !lc.row_seq.empty();  // row r: the next token of sequence row_seq[r]
+    QUINTET_CHECK(!batched || int(lc.row_seq.size()) == N, "MLA cache: a sequence for every new row");
     lc.reserve_rows(N);
     const int Lw = s_.Lw(), rkv = s_.rkv, dn = s_.dn, dv = s_.dv, NHl = s_.NHl;
-    // The cache row: [RMSNorm(c) | RoPE(kr)].
-    float* row = lc.lat + size_t(lc.len) * Lw;
+    // The cache rows: [RMSNorm(c) | RoPE(kr)], at the end of their sequence.
     kv_norm_.forward(stage_, s.c_rstd, s.c, params, N);
-    c_.be.copy_2d(row, Lw, stage_, rkv, N, rkv, false);
-    c_.be.copy_2d(row + rkv, Lw, kr_, s_.dr, N, s_.dr, false);
-    lc.len += N;
+    const int was = lc.selected;
+    for (int r0 = 0; r0 < N;) {
+        const int m = batched ? 1 : N;  // rows that go to one place
+        if (batched) lc.select(lc.row_seq[size_t(r0)]);
+        QUINTET_CHECK(lc.len + m <= lc.max_len, "KV cache: within max_len");
+        float* row = lc.rows_of(lc.selected) + size_t(lc.len) * Lw;
+        c_.be.copy_2d(row, Lw, stage_ + size_t(r0) * rkv, rkv, m, rkv, false);
+        c_.be.copy_2d(row + rkv, Lw, kr_ + size_t(r0) * s_.dr, s_.dr, m, s_.dr, false);
+        lc.len += m;
+        r0 += m;
+    }
     // Absorb kv_b's key half into the query: q_lat[h] = [q_nope[h] W_kb[h] | RoPE(q_rope[h])],
     // so that q_lat[h] . [cn | kr] = q_nope[h] . (W_kb[h] cn) + q_rope[h] . kr.
     const float* wkvb = params + kv_b_.offset();
@@ -84,15 +93,26 @@ void MlaAttention::cached_core(int slot, const TokenInfo& tok, const float* para
     }
     // One latent "kv head" shared by every query head (MQA over [cn | kr], values cn).
     AttentionArgs a;
-    a.B = 1, a.Tq = N, a.Tk = lc.len;
+    a.B = 1, a.Tq = batched ? 1 : N;
     a.NH = NHl, a.NKV = 1;
     a.Dqk = Lw, a.Dv = rkv;
     a.q_stride = NHl * Lw, a.k_stride = a.v_stride = Lw, a.o_stride = NHl * rkv;
     a.scale = scale_;  // the scale of the uncompressed head dims, 1/sqrt(nope + rope)
     a.causal = true;
-    a.q_pos = tok.pos, a.k_pos = lc.pos;
+    a.k_pos = lc.pos;
     float* olat = lc.olat;  // [N, NHl * rkv]
-    c_.be.attention_forward(olat, lse_scratch_, qlat, lc.lat, lc.lat, a);
+    if (!batched) {
+        a.Tk = lc.len, a.q_pos = tok.pos;
+        c_.be.attention_forward(olat, lse_scratch_, qlat, lc.rows_of(lc.selected), lc.rows_of(lc.selected), a);
+    } else {  // each row over its own sequence (the same work as that sequence's step alone)
+        for (int r = 0; r < N; ++r) {
+            const int sq = lc.row_seq[size_t(r)];
+            a.Tk = lc.length(sq), a.q_pos = tok.pos + r;
+            c_.be.attention_forward(olat + size_t(r) * a.o_stride, lse_scratch_ + size_t(r) * NHl,
+                                    qlat + size_t(r) * a.q_stride, lc.rows_of(sq), lc.rows_of(sq), a);
+        }
+        lc.select(was);
+    }
     // Absorb kv_b's value half into the output: out[h] = o_lat[h] W_vb[h]^T.
     for (int hh = 0; hh < NHl; ++hh) {
         const float* wvb = wkvb + (size_t(hh) * (dn + dv) + dn) * rkv;  // [dv, rkv]

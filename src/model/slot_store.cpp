@@ -303,8 +303,13 @@ void SlotStore::set_positions_from(Slot& s, int pos0) {
     const int N = tok_.B * tok_.T_local;
     host_.pos.resize(size_t(N));
     for (int n = 0; n < N; ++n) host_.pos[size_t(n)] = pos0 + n;
-    be_.from_host_i32(s.pos_all, host_.pos.data(), size_t(N));  // the queries' positions, for the mask
-    be_.from_host_i32(s.rope_pos, host_.pos.data(), size_t(N));
+    set_positions_at(s, host_.pos.data());
+}
+
+void SlotStore::set_positions_at(Slot& s, const int32_t* positions) {
+    const size_t N = size_t(tok_.B) * tok_.T_local;
+    be_.from_host_i32(s.pos_all, positions, N);  // the queries' positions, for the mask
+    be_.from_host_i32(s.rope_pos, positions, N);
 }
 
 }  // namespace quintet

@@ -28,14 +28,11 @@
 #include "quintet/model/speculative.hpp"
 #include "quintet/tools/commands.hpp"
 #include "quintet/deck/deck.hpp"
+#include "generate_batch.hpp"
 
 namespace po = boost::program_options;
 
 namespace quintet {
-
-namespace {
-
-}  // namespace
 
 int generate_main(int argc, char** argv) {
     std::string ckpt, prompt, data;
@@ -43,9 +40,11 @@ int generate_main(int argc, char** argv) {
     double temperature = 0.8;
     int64_t seed = 1;
     std::string kv_cache = "compact";
-    std::string prompt_ids, probs_out, speculative = "none";
+    std::string prompt_ids, probs_out, speculative = "none", prompts_file;
+    int batch = 16, stop_id = -1;
     po::options_description desc(
-        "usage: quintet generate --checkpoint CKPT.h5 --prompt TEXT [options]\n\n"
+        "usage: quintet generate --checkpoint CKPT.h5 --prompt TEXT [options]\n"
+        "       quintet generate --checkpoint CKPT.h5 --prompts FILE [options]\n\n"
         "Samples text from a checkpoint with a KV cache, with the tokenizer stored in the checkpoint\n"
         "(a checkpoint from before: the token file --data, else its deck's data.path).\n\noptions");
     desc.add_options()("help,h", "this text")(
@@ -70,7 +69,15 @@ int generate_main(int argc, char** argv) {
         "speculative", po::value(&speculative)->default_value("none"),
         "none, or mtp: the checkpoint's multi-token prediction modules (model.mtp_depth) draft the next "
         "tokens and the model verifies them in one forward; the output is plain greedy decoding's, "
-        "token for token (--temperature 0 only); the acceptance rate on stderr");
+        "token for token (--temperature 0 only); the acceptance rate on stderr")(
+        "prompts", po::value(&prompts_file),
+        "a file of prompts, one per line, decoded together (--batch at a time); one JSON line per prompt "
+        "on stdout in the file's order: index, prompt, completion, prompt_tokens, new_tokens, stop (length | "
+        "stop_id) and, with --print-ids, ids; each line is what --prompt with that prompt and --seed gives")(
+        "batch", po::value(&batch)->default_value(16),
+        "with --prompts: sequences decoded together at most (each keeps a KV cache)")(
+        "stop-id", po::value(&stop_id)->default_value(-1),
+        "a token id that ends a sequence when it is generated (not shown in the text); -1 = none");
     po::variables_map vm;
     try {
         po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -87,6 +94,16 @@ int generate_main(int argc, char** argv) {
     if (speculative != "none" && speculative != "mtp")
         throw ConfigError("generate: --speculative = '" + speculative + "': valid: none | mtp");
     const bool spec = speculative == "mtp";
+    const bool many = vm.count("prompts") > 0;
+    if (many) {
+        if (!prompt.empty() || vm.count("prompt-ids"))
+            throw ConfigError("generate: --prompts FILE gives the prompts: leave out --prompt and --prompt-ids");
+        if (!probs_out.empty() || spec)
+            throw ConfigError(std::string("generate: --prompts decodes plainly: leave out ") +
+                              (spec ? "--speculative" : "--probs") + " (or give one --prompt)");
+        read_prompts(prompts_file);  // unreadable or empty: said before any work
+    }
+    if (batch < 1) throw ConfigError("generate: --batch = " + std::to_string(batch) + ": must be >= 1");
     // Verification keeps the drafts the greedy choice agrees with; sampled tokens would need
     // another acceptance rule (and RNG use) than plain sampling's.
     if (spec && temperature != 0)
@@ -125,6 +142,9 @@ int generate_main(int argc, char** argv) {
                           std::to_string(tok.vocab_size()) + " but checkpoint '" + ckpt + "' was trained with vocabulary " +
                           std::to_string(v) + ": the token file is from another tokenizer");
     deck.model.vocab_size = tok.vocab_size();
+    if (stop_id < -1 || stop_id >= tok.vocab_size())
+        throw ConfigError("generate: --stop-id = " + std::to_string(stop_id) + ": a token id (0 to " +
+                          std::to_string(tok.vocab_size() - 1) + ") or -1 for none");
     ParamTable table = make_param_table(deck.model);
     checkpoint_inspect(ckpt, table);
     std::vector<float> params(table.total);
@@ -148,7 +168,15 @@ int generate_main(int argc, char** argv) {
     }
     if (ids.empty()) ids.push_back(uint32_t('\n') < uint32_t(tok.vocab_size()) ? '\n' : 0);
     auto be = make_cpu_backend(0);
-    const int trained = meta.trained_context > 0 ? int(meta.trained_context) : deck.data.seq_len;
+    const int trained_ctx = meta.trained_context > 0 ? int(meta.trained_context) : deck.data.seq_len;
+    const SamplingOptions sampling{temperature, top_k};
+    if (many) {
+        PromptsOptions po;
+        po.file = prompts_file, po.batch = batch, po.tokens = tokens, po.stop_id = stop_id, po.seed = seed;
+        po.print_ids = vm.count("print-ids") > 0, po.full_kv = kv_cache == "full";
+        return generate_prompts(*be, deck.model, deck.rope, trained_ctx, table, params, tok, sampling, po);
+    }
+    const int trained = trained_ctx;
     // Positions the weights never saw (as train and eval warn): past the trained context without
     // a scaling rule, or past YaRN's extended one.
     {
@@ -204,10 +232,15 @@ int generate_main(int argc, char** argv) {
     std::vector<int> order(deck.model.vocab_size);
     const size_t prompt_len = ids.size();
     size_t shown = 0;
+    bool stopped = false;  // --stop-id came
     auto show = [&](int next) {
         // What the new token adds to the decoded text (SentencePiece decodes a sequence, not
-        // token by token: a piece's leading space depends on its place).
+        // token by token: a piece's leading space depends on its place). --stop-id is not text.
         ids.push_back(uint32_t(next));
+        if (next == stop_id) {
+            stopped = true;
+            return;
+        }
         const std::string text = tok.decode(ids.data() + prompt_len, ids.size() - prompt_len);
         std::cout << text.substr(std::min(shown, text.size())) << std::flush;
         shown = text.size();
@@ -217,9 +250,9 @@ int generate_main(int argc, char** argv) {
         MtpSpeculator sp(dec, std::vector<int32_t>(ids.begin(), ids.end()));
         int next = int(std::max_element(logits->begin(), logits->end()) - logits->begin());
         show(next);
-        for (int made = 1; made < tokens;) {
+        for (int made = 1; made < tokens && !stopped;) {
             const std::vector<int32_t> got = sp.advance(next, tokens - made);
-            for (int32_t t : got) show(t);
+            for (size_t i = 0; i < got.size() && !stopped; ++i) show(got[i]);
             made += int(got.size());
             next = got.back();
         }
@@ -230,23 +263,10 @@ int generate_main(int argc, char** argv) {
                      dec.mtp_depth(), (long long)st.rounds, tokens, (long long)st.drafted, (long long)st.accepted,
                      st.rate());
     }
-    for (int n = 0; n < (spec ? 0 : tokens); ++n) {
-        const auto& z = *logits;
-        int next;
-        if (temperature == 0) {
-            next = int(std::max_element(z.begin(), z.end()) - z.begin());
-        } else {
-            std::iota(order.begin(), order.end(), 0);
-            int k = top_k > 0 ? std::min<int>(top_k, int(order.size())) : int(order.size());
-            std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                              [&](int a, int b) { return z[a] > z[b]; });
-            std::vector<double> w(k);
-            for (int i = 0; i < k; ++i) w[i] = std::exp((z[order[i]] - z[order[0]]) / temperature);
-            std::discrete_distribution<int> pick(w.begin(), w.end());
-            next = order[pick(rng)];
-        }
+    for (int n = 0; n < (spec ? 0 : tokens) && !stopped; ++n) {
+        const int next = choose_token(logits->data(), int(logits->size()), sampling, rng, order);
         show(next);
-        step(next, int(ids.size()) - 1);
+        if (!stopped) step(next, int(ids.size()) - 1);
     }
     std::cout << std::endl;  // the sample's last line ends before the statistics (stderr) begin
     if (probs && std::fclose(probs) != 0) throw RankError("generate: writing --probs '" + probs_out + "' failed");
@@ -255,14 +275,15 @@ int generate_main(int argc, char** argv) {
         std::cout << std::endl;
     }
     const double el = (now_s() - t0);
-    std::fprintf(stderr, "generate: %zu tokens (%zu prompt + %d new) in %.3f s: %.1f tokens/s\n", ids.size(),
-                 ids.size() - size_t(tokens), tokens, el, double(ids.size()) / std::max(el, 1e-9));
+    const int made = int(ids.size() - prompt_len);
+    std::fprintf(stderr, "generate: %zu tokens (%zu prompt + %d new%s) in %.3f s: %.1f tokens/s\n", ids.size(),
+                 prompt_len, made, stopped ? ", ended by --stop-id" : "", el, double(ids.size()) / std::max(el, 1e-9));
     // The prompt one token at a time through the same step as the new tokens; the new tokens'
     // time includes choosing and decoding them.
     const double prompt_s = t_prompt - t0, new_s = now_s() - t_prompt;
     std::fprintf(stderr, "generate: prompt %zu tokens in %.3f s (%.1f tok/s); %d new tokens in %.3f s (%.1f tok/s)\n",
-                 prompt_len, prompt_s, double(prompt_len) / std::max(prompt_s, 1e-9), tokens, new_s,
-                 double(tokens) / std::max(new_s, 1e-9));
+                 prompt_len, prompt_s, double(prompt_len) / std::max(prompt_s, 1e-9), made, new_s,
+                 double(made) / std::max(new_s, 1e-9));
     return 0;
 }
 

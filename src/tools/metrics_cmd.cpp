@@ -12,6 +12,7 @@
 #include <hdf5.h>
 
 #include "quintet/core/error.hpp"
+#include "quintet/core/text.hpp"
 #include "quintet/io/h5.hpp"
 #include "quintet/io/metrics_schema.hpp"
 #include "quintet/tools/commands.hpp"
@@ -70,20 +71,6 @@ std::string csv_field(const std::string& s) {
     std::string o = "\"";
     for (char c : s) o += c == '"' ? std::string("\"\"") : std::string(1, c);
     return o + "\"";
-}
-
-// A JSON string's contents.
-std::string json_escape(const std::string& s) {
-    std::string o;
-    for (char c : s) {
-        if (c == '"' || c == '\\') o += '\\', o += c;
-        else if (static_cast<unsigned char>(c) < 0x20) {
-            char b[8];
-            std::snprintf(b, sizeof b, "\\u%04x", c);
-            o += b;
-        } else o += c;
-    }
-    return o;
 }
 
 // The datasets directly in `group`, "step" first, then by name.

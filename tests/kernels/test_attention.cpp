@@ -46,10 +46,13 @@ const Case kCases[] = {
     {"one query row a sequence, documents, mixed dims", 2, 1, 70, 4, 1, 24, 16, 60, 0, true, 23},
     {"one query row, not causal", 1, 1, 65, 2, 2, 8, 12, 0, 0, false, 0},
     {"one query row that sees no key", 1, 1, 30, 2, 1, 8, 8, 0, 50, true, 0},
+    // MLA's latent cache: every head over one shared row (a group's heads split among threads).
+    {"one query row, 8 heads over one kv head, mixed dims", 1, 1, 90, 8, 1, 40, 32, 89, 0, true, 0},
+    {"one query row a sequence, 7 heads over one kv head", 3, 1, 40, 7, 1, 16, 8, 39, 0, true, 0},
 };
 
 TEST(Attention, ForwardMatchesNaiveDouble) {
-    for (int threads : {1, 2}) {
+    for (int threads : {1, 2, 3}) {
         auto be = make_cpu_backend(threads);
         for (const Case& c : kCases) {
             AttnProblem p = make_problem(c.B, c.Tq, c.Tk, c.NH, c.NKV, c.Dqk, c.Dv, c.q0, c.k0,

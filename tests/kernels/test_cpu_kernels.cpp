@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -551,16 +552,19 @@ TEST(CpuOwnGemm, MatchesADoubleLoopOnEveryEdgeAndThreadCount) {
     EXPECT_EQ(cases, int(shapes.size()) * 4 * 3);
 }
 
-// One row (M = 1) takes the matrix-vector path (no packing, no padding rows: a decoder step's
-// linear layers). Its bits are the tile kernel's: a row computed alone equals the same row
-// computed as row 0 of a two-row product (whose rows are equal) -- each transpose form, K across
-// and past the 256 K block and not a multiple of 8, column counts around the 8 lanes, alpha 1
-// and 0.7, beta 0 / 1 / 0.5, on 1 and 3 threads (so a layer's output does not depend on whether
-// a MoE expert got one row or two, nor a decoder's logits on the batch).
-TEST(CpuOwnGemm, OneRowGivesTheTileKernelsBits) {
+// Up to 8 rows (M <= 8) take the few-row path (no packing, no padding rows: a decoder step's
+// linear layers, a batch of sequences, a speculative verification). Its bits are the tile
+// kernel's: the first m rows computed alone (m = 1 .. 8) equal the same rows of a 9-row product,
+// which takes the blocked GEMM -- each transpose form, K across and past the 256 K block and not
+// a multiple of 8, column counts around the 8 lanes, alpha 1 and 0.7, beta 0 / 1 / 0.5, on 1 and
+// 3 threads (so a layer's output does not depend on whether a MoE expert got one row or two,
+// nor a decoder's logits on the batch).
+TEST(CpuOwnGemm, FewRowsGiveTheTileKernelsBits) {
     using namespace quintet::cpu;
     const std::vector<GemmKernel> kinds = host_gemm_kernels();
     if (kinds.empty()) GTEST_SKIP() << "host without AVX2 and FMA: the BLAS runs";
+    ASSERT_EQ(std::getenv("QUINTET_FEW_ROWS"), nullptr) << "the test assumes the default: 8 rows at most";
+    constexpr int kRows = 9;
     int cases = 0;
     for (GemmKernel kind : kinds)
         for (int n : {1, 7, 8, 9, 33, 600})
@@ -570,23 +574,26 @@ TEST(CpuOwnGemm, OneRowGivesTheTileKernelsBits) {
                         for (int threads : {1, 3}) {
                             const bool ta = form & 1, tb = form & 2;
                             const float alpha = (cases % 2) ? 0.7f : 1.0f;
-                            const int lda = (ta ? 2 : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;
-                            auto A = randn(size_t(ta ? k : 2) * lda + 1, 31 + k);
-                            for (int p = 0; p < k; ++p)  // op(A)'s row 1 = its row 0
-                                (ta ? A[size_t(p) * lda + 1] : A[size_t(lda) + p]) = ta ? A[size_t(p) * lda] : A[size_t(p)];
-                            auto B = randn(size_t(tb ? n : k) * ldb + 1, 37 + n);
-                            auto C2 = randn(size_t(2) * ldc, 41 + n);
-                            for (int j = 0; j < ldc; ++j) C2[size_t(ldc) + j] = C2[size_t(j)];
-                            std::vector<float> C1(C2.begin(), C2.begin() + ldc);
-                            if (beta == 0.0f)
-                                for (int j = 0; j < n; ++j) C1[size_t(j)] = std::nanf("");  // never read
-                            own_sgemm(kind, ta, tb, 2, n, k, alpha, A.data(), lda, B.data(), ldb, beta, C2.data(),
+                            const int lda = (ta ? kRows : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;
+                            const auto A = randn(size_t(ta ? k : kRows) * lda + 1, 31 + k);
+                            const auto B = randn(size_t(tb ? n : k) * ldb + 1, 37 + n);
+                            const auto C0 = randn(size_t(kRows) * ldc, 41 + n);
+                            std::vector<float> C9 = C0;
+                            own_sgemm(kind, ta, tb, kRows, n, k, alpha, A.data(), lda, B.data(), ldb, beta, C9.data(),
                                       ldc, threads);
-                            own_sgemm(kind, ta, tb, 1, n, k, alpha, A.data(), lda, B.data(), ldb, beta, C1.data(),
-                                      ldc, threads);
-                            ASSERT_EQ(std::memcmp(C1.data(), C2.data(), size_t(ldc) * 4), 0)
-                                << "n " << n << " k " << k << " form " << form << " beta " << beta << " kernel "
-                                << int(kind) << " threads " << threads;
+                            for (int m = 1; m < kRows; ++m) {
+                                std::vector<float> Cm(C0.begin(), C0.begin() + size_t(m) * ldc);
+                                if (beta == 0.0f)
+                                    for (int r = 0; r < m; ++r)
+                                        for (int j = 0; j < n; ++j) Cm[size_t(r) * ldc + j] = std::nanf("");  // never read
+                                own_sgemm(kind, ta, tb, m, n, k, alpha, A.data(), lda, B.data(), ldb, beta, Cm.data(),
+                                          ldc, threads);
+                                for (int r = 0; r < m; ++r)
+                                    ASSERT_EQ(std::memcmp(Cm.data() + size_t(r) * ldc, C9.data() + size_t(r) * ldc,
+                                                          size_t(n) * 4), 0)
+                                        << "rows " << m << " row " << r << " n " << n << " k " << k << " form " << form
+                                        << " beta " << beta << " kernel " << int(kind) << " threads " << threads;
+                            }
                             ++cases;
                         }
     EXPECT_EQ(cases, int(kinds.size()) * 6 * 6 * 4 * 3 * 2);

@@ -307,3 +307,113 @@ TEST(Decoder, MlaLatentCacheMatchesTheFullForwardWithYarn) { check(true, true, "
 TEST(Decoder, MlaFullCacheMatchesTheFullForward) { check(true, false, "mla", true); }
 
 }  // namespace
+
+// Several sequences decoded together (quintet generate --prompts): a step with one row per
+// sequence gives each row the bits that a step of that sequence alone gives (the few-row GEMM
+// keeps each row's sums; attention runs per sequence over its own cache), with prompts of
+// different lengths, sequences leaving the batch and a slot reset for a new prompt.
+void check_batch(const std::string& attention, bool full_kv, bool moe = false) {
+    const ModelConfig m = mtp_model(attention, 0, moe);
+    RopeConfig rope;
+    const int T = 24, S = 3;
+    auto be = make_cpu_backend(1);
+    InitConfig init;
+    init.std = 0.3;
+    ParamTable table = make_param_table(m);
+    std::vector<float> params(table.total);
+    init_params(params.data(), table, m, init, 11, 0, table.total);
+    // Four prompts for three slots: the fourth takes the slot of the first when it ends.
+    const std::vector<std::vector<int32_t>> prompts{{3, 9, 1, 4, 4}, {7}, {2, 2, 8}, {5, 11, 0, 6}};
+    const std::vector<int> steps{3, 8, 6, 5};  // batched steps each sequence takes
+    auto argmax = [&](const float* z) { return int32_t(std::max_element(z, z + m.vocab_size) - z); };
+    // Alone: prefill (or one step), then greedy steps; the logits of every step.
+    std::vector<std::vector<std::vector<float>>> alone(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        Decoder d(*be, m, rope, T, table, params, T, full_kv);
+        const auto& p = prompts[i];
+        std::vector<float> z = p.size() > 1 ? d.prefill(p.data(), int(p.size())) : d.step(p[0], 0);
+        alone[i].push_back(z);
+        for (int s = 0; s < steps[i]; ++s) {
+            z = d.step(argmax(z.data()), int(p.size()) + s);
+            alone[i].push_back(z);
+        }
+    }
+    Decoder dec(*be, m, rope, T, table, params, T, full_kv, S);
+    std::vector<int> slot_of{0, 1, 2, -1}, done(prompts.size(), 0);
+    std::vector<std::vector<float>> last(prompts.size());
+    auto start = [&](size_t i, int slot) {
+        dec.reset(slot);
+        dec.select(slot);
+        const auto& p = prompts[i];
+        last[i] = p.size() > 1 ? dec.prefill(p.data(), int(p.size())) : dec.step(p[0], 0);
+        EXPECT_EQ(last[i], alone[i][0]) << attention << " prompt " << i;
+        slot_of[i] = slot;
+    };
+    for (size_t i = 0; i < 3; ++i) start(i, int(i));
+    int batched_rows = 0;
+    for (;;) {
+        std::vector<int> seqs;
+        std::vector<size_t> who;
+        std::vector<int32_t> ids;
+        for (size_t i = 0; i < prompts.size(); ++i)
+            if (slot_of[i] >= 0 && done[i] < steps[i]) {
+                seqs.push_back(slot_of[i]);
+                who.push_back(i);
+                ids.push_back(argmax(last[i].data()));
+            }
+        if (seqs.empty()) break;
+        const std::vector<float>& z = dec.step_batch(seqs.data(), ids.data(), int(seqs.size()));
+        batched_rows += int(seqs.size());
+        ASSERT_EQ(z.size(), seqs.size() * size_t(m.vocab_size));
+        for (size_t r = 0; r < who.size(); ++r) {
+            const size_t i = who[r];
+            last[i].assign(z.begin() + long(r * m.vocab_size), z.begin() + long((r + 1) * m.vocab_size));
+            ++done[i];
+            EXPECT_EQ(last[i], alone[i][size_t(done[i])]) << attention << " prompt " << i << " step " << done[i];
+            EXPECT_EQ(dec.length(slot_of[i]), int(prompts[i].size()) + done[i]);
+            if (done[i] == steps[i] && i == 0) start(3, slot_of[0]);  // the fourth prompt takes slot 0
+        }
+    }
+    EXPECT_EQ(batched_rows, 3 + 8 + 6 + 5);
+}
+
+TEST(Decoder, BatchedSequencesGiveEachSequenceItsOwnBits) { check_batch("mha", false); }
+TEST(Decoder, BatchedSequencesGiveEachSequenceItsOwnBitsMlaLatent) { check_batch("mla", false); }
+TEST(Decoder, BatchedSequencesGiveEachSequenceItsOwnBitsMlaFull) { check_batch("mla", true); }
+TEST(Decoder, BatchedSequencesGiveEachSequenceItsOwnBitsMoe) {
+    check_batch("mha", false, true);
+    check_batch("mla", false, true);
+}
+
+// MLA's latent cache (kv_b absorbed into the query and the output) against the per-head K|V
+// cache that training's attention reads: the same logits to fp32 rounding at every step.
+TEST(Decoder, MlaLatentCacheEqualsTheExpandedForm) {
+    ModelConfig m = mtp_model("mla", 0);
+    m.q_lora_rank = 12;
+    RopeConfig rope;
+    rope.scaling = "yarn";
+    rope.factor = 4;
+    rope.original_max_position = 8;
+    rope.mscale = 0.707;
+    rope.mscale_all_dim = 0.707;
+    const int T = 40;
+    auto be = make_cpu_backend(1);
+    InitConfig init;
+    init.std = 0.3;
+    ParamTable table = make_param_table(m);
+    std::vector<float> params(table.total);
+    init_params(params.data(), table, m, init, 13, 0, table.total);
+    Decoder lat(*be, m, rope, 8, table, params, T, false), full(*be, m, rope, 8, table, params, T, true);
+    double worst = 0;
+    int32_t id = 1;
+    for (int t = 0; t < T; ++t) {
+        const std::vector<float>& a = lat.step(id, t);
+        const std::vector<float>& b = full.step(id, t);
+        float scale = 0;
+        for (float x : b) scale = std::max(scale, std::abs(x));
+        for (size_t v = 0; v < a.size(); ++v) worst = std::max(worst, double(std::abs(a[v] - b[v])) / scale);
+        id = int32_t(std::max_element(b.begin(), b.end()) - b.begin());
+    }
+    EXPECT_LT(worst, 2e-6) << "largest difference relative to the largest logit";
+    EXPECT_GT(worst, 0.0) << "the two forms sum in different orders: some rounding difference is expected";
+}

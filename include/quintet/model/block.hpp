@@ -124,8 +124,9 @@ public:
     virtual void backward_weight(int slot, int wslot, const TokenInfo& tok, float* grads, const Act& xn,
                                  bool later) = 0;
     // full_kv: cache what training attends to (per-head K and V) even where the kind has a
-    // compressed form (MLA's latent); for measuring what the compression saves.
-    virtual std::unique_ptr<KvCache> make_cache(int max_len, bool full_kv = false) const = 0;
+    // compressed form (MLA's latent); for measuring what the compression saves. `sequences`:
+    // how many sequences it holds (decoded together).
+    virtual std::unique_ptr<KvCache> make_cache(int max_len, bool full_kv = false, int sequences = 1) const = 0;
     // train.probe_rms: the squares of the scores q.k x scale of slot's last forward, over this
     // rank's causal (query, key) pairs of each sample and head (host work: a diagnostic).
     virtual void probe_logits(int slot, const TokenInfo& tok, RmsProbe& out) const = 0;

@@ -21,7 +21,8 @@ public:
     // rope.original_max_position = 0 (as in training).
     Decoder(Backend& be, const ModelConfig& model, const RopeConfig& rope, int train_seq_len,
             const ParamTable& table, const std::vector<float>& params, int max_len,
-            bool full_kv = false);  // full_kv: per-head K|V even where a compressed cache exists
+            bool full_kv = false,  // full_kv: per-head K|V even where a compressed cache exists
+            int sequences = 1);    // sequences decoded together (step_batch), each up to max_len
 
     // Feeds token `id` at position `pos` (0, 1, 2, ... in order); returns the logits [V] of the
     // next token. Positions must be < max_len.
@@ -30,6 +31,16 @@ public:
     // matmul has n rows, not one), filling the caches as n steps would; returns the logits [V]
     // after the last. Only on a fresh decoder; step(id, n) continues from it.
     const std::vector<float>& prefill(const int32_t* ids, int n);
+
+    // Several sequences at once (quintet generate --prompts). select(s): the sequence that
+    // step, prefill, forward, cached and truncate work on (0 at first); reset(s): sequence s
+    // forgets its tokens, for the next prompt. step_batch: one new token for each of n
+    // sequences, ids[r] the next token of sequence seqs[r] (at its cached length), in one
+    // forward of n rows; the logits [n, V], row r's the same bits as step() on that sequence.
+    void select(int s);
+    void reset(int s);
+    int length(int s) const;
+    const std::vector<float>& step_batch(const int* seqs, const int32_t* ids, int n);
     size_t cache_bytes_per_token() const;  // over all layers
 
     // Speculative decoding (model/speculative.hpp). forward: the n tokens `ids` at positions
@@ -67,9 +78,12 @@ private:
     std::map<int, std::unique_ptr<ModelChunk>> chunks_;  // by rows (> 1), built on first use
     bool keep_hidden_ = false;
     std::vector<float> hidden_;  // [n, C] of the last call (keep_hidden)
+    std::vector<int32_t> batch_pos_;  // step_batch's row positions
     ModelChunk& rows(int n);     // a chunk of n rows (chunk_ for one)
     // all_rows: the logits of every row into out [N, V], else the last row's [V].
-    void run(ModelChunk& c, const int32_t* ids, int pos0, std::vector<float>& out, bool all_rows = false);
+    // positions: each row's (host), else pos0, pos0 + 1, ...
+    void run(ModelChunk& c, const int32_t* ids, int pos0, std::vector<float>& out, bool all_rows = false,
+             const int32_t* positions = nullptr);
 };
 
 }  // namespace quintet

@@ -118,6 +118,8 @@ public:
     void set_positions(Slot& s, const int32_t* ids);
     // Generation: the queries' positions pos0, pos0 + 1, ... (one sequence, no cp).
     void set_positions_from(Slot& s, int pos0);
+    // Generation of several sequences: each query row's own position (host, B*T of them).
+    void set_positions_at(Slot& s, const int32_t* positions);
     const int32_t* targets() const { return tgt_; }
     bool positions_from_ids() const { return tok_.document_mask || tok_.document_positions; }
     int global_position(int rank, int t) const;  // row t of a sample on cp rank `rank`

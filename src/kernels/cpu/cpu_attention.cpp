@@ -191,68 +191,99 @@ void check_args(const AttentionArgs& a) {
 
 // One query row per sequence (a decoder step): the scores straight from the cache's rows. The
 // tiles would pack every key and value of the cache again at every step, which at a few hundred
-// keys costs more than the arithmetic. The same maths (exp_fast, out = 0 and lse = -inf where no
-// key is visible); the sums run in another order than the tiles', so a step's output equals the
-// whole forward's to rounding, not bit for bit (the decoder's tests hold it to 1e-4).
+// keys costs more than the arithmetic. The heads of a kv group are done together, so each cached
+// key and value row is read once per group rather than once per head (GQA's 4 heads, MLA's
+// latent cache shared by every head: the cache is read from L3 at a few hundred tokens); where
+// there are fewer groups than threads, a group's heads are split among threads. The same maths
+// (exp_fast, out = 0 and lse = -inf where no key is visible); the sums run in another order than
+// the tiles', so a step's output equals the whole forward's to rounding, not bit for bit (the
+// decoder's tests hold it to 1e-4).
 static void attention_one_row(float* out, float* lse, const float* q, const float* k, const float* v,
-                              const AttentionArgs& a) {
+                              const AttentionArgs& a, int threads) {
     const int group = a.NH / a.NKV, Dqk = a.Dqk, Dv = a.Dv, Tk = a.Tk;
-    const long tasks = long(a.B) * a.NH;
-#pragma omp parallel if (tasks > 1 && long(Tk) * (Dqk + Dv) * tasks > (1 << 16))
+    const long pairs = long(a.B) * a.NKV;
+    const int parts = int(std::max<long>(1, std::min<long>(group, threads / std::max<long>(1, pairs))));
+    const long tasks = pairs * parts;
+#pragma omp parallel if (tasks > 1 && long(Tk) * (Dqk + Dv) * a.NH * a.B > (1 << 16))
     {
         // Scratch kept per thread: it grows with the cache (by doubling), not every step.
-        static thread_local std::vector<float> S, O;
-        if (S.size() < size_t(Tk)) S.resize(std::max(size_t(Tk), 2 * S.size()));
-        if (O.size() < size_t(Dv)) O.resize(size_t(Dv));
+        static thread_local std::vector<float> S, O, Z;
 #pragma omp for schedule(static)
         for (long task = 0; task < tasks; ++task) {
-            const int b = int(task / a.NH), h = int(task % a.NH), g = h / group;
-            const float* qr = q + size_t(b) * a.q_stride + size_t(h) * Dqk;
+            const int b = int(task / (long(a.NKV) * parts)), g = int(task / parts % a.NKV), part = int(task % parts);
+            const int h0 = g * group + group * part / parts, nh = g * group + group * (part + 1) / parts - h0;
+            if (S.size() < size_t(nh) * Tk) S.resize(std::max(size_t(nh) * Tk, 2 * S.size()));
+            if (O.size() < size_t(nh) * Dv) O.resize(size_t(nh) * Dv);
+            if (Z.size() < size_t(nh)) Z.resize(size_t(nh));
+            const float* qb = q + size_t(b) * a.q_stride + size_t(h0) * Dqk;
             const int32_t qp = a.q_pos[b];
             const int32_t* kp = a.k_pos + size_t(b) * Tk;
             const int32_t* kd = a.k_doc ? a.k_doc + size_t(b) * Tk : nullptr;
             const int32_t qd = a.q_doc ? a.q_doc[b] : 0;
-            float mx = -INFINITY;
+            // Scores: S[i][t] for head h0 + i, each key row read once for the heads.
             for (int t = 0; t < Tk; ++t) {
                 const bool visible = (!a.causal || kp[t] <= qp) && (!kd || kd[t] == qd);
-                float sc = -INFINITY;
-                if (visible) {
-                    const float* kr = k + (size_t(b) * Tk + t) * a.k_stride + size_t(g) * Dqk;
-                    float dot = 0.0f;
+                const float* kr = k + (size_t(b) * Tk + t) * a.k_stride + size_t(g) * Dqk;
+                for (int i = 0; i < nh; ++i) {
+                    float sc = -INFINITY;
+                    if (visible) {
+                        const float* qr = qb + size_t(i) * Dqk;
+                        float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-                    for (int d = 0; d < Dqk; ++d) dot += qr[d] * kr[d];
-                    sc = a.scale * dot;
+                        for (int d = 0; d < Dqk; ++d) dot += qr[d] * kr[d];
+                        sc = a.scale * dot;
+                    }
+                    S[size_t(i) * Tk + t] = sc;
                 }
-                S[size_t(t)] = sc;
-                mx = std::max(mx, sc);
             }
-            float* orow = out + size_t(b) * a.o_stride + size_t(h) * Dv;
-            float* L = lse + size_t(b) * a.NH + h;
-            if (mx == -INFINITY) {  // no visible key: out is 0
-                std::memset(orow, 0, size_t(Dv) * 4);
-                *L = -INFINITY;
-                continue;
-            }
-            float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-            for (int t = 0; t < Tk; ++t) {
-                const float p = cpu::exp_fast(S[size_t(t)] - mx);
-                S[size_t(t)] = p;
-                sum += p;
-            }
+            // Softmax per head: the maximum, exp and the sum.
             float* o = O.data();
-            std::memset(o, 0, size_t(Dv) * 4);
-            for (int t = 0; t < Tk; ++t) {
-                const float p = S[size_t(t)];
-                if (p == 0.0f) continue;  // masked (exp_fast(-inf) is exactly 0)
-                const float* vr = v + (size_t(b) * Tk + t) * a.v_stride + size_t(g) * Dv;
-#pragma omp simd
-                for (int d = 0; d < Dv; ++d) o[d] += p * vr[d];
+            std::memset(o, 0, size_t(nh) * Dv * 4);
+            bool any = false;
+            for (int i = 0; i < nh; ++i) {
+                float* Si = S.data() + size_t(i) * Tk;
+                float mx = -INFINITY;
+                for (int t = 0; t < Tk; ++t) mx = std::max(mx, Si[t]);
+                float* L = lse + size_t(b) * a.NH + h0 + i;
+                if (mx == -INFINITY) {  // no visible key: out is 0
+                    *L = -INFINITY;
+                    continue;
+                }
+                float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+                for (int t = 0; t < Tk; ++t) {
+                    const float p = cpu::exp_fast(Si[t] - mx);
+                    Si[t] = p;
+                    sum += p;
+                }
+                *L = mx + std::log(sum);
+                Z[size_t(i)] = sum;
+                any = true;
             }
-            const float inv = 1.0f / sum;
+            // Values: each value row read once for the heads.
+            if (any)
+                for (int t = 0; t < Tk; ++t) {
+                    const float* vr = v + (size_t(b) * Tk + t) * a.v_stride + size_t(g) * Dv;
+                    for (int i = 0; i < nh; ++i) {
+                        const float p = S[size_t(i) * Tk + t];
+                        if (!(p > 0.0f)) continue;  // masked (exp_fast(-inf) is exactly 0), or no key at all
+                        float* oi = o + size_t(i) * Dv;
 #pragma omp simd
-            for (int d = 0; d < Dv; ++d) orow[d] = o[d] * inv;
-            *L = mx + std::log(sum);
+                        for (int d = 0; d < Dv; ++d) oi[d] += p * vr[d];
+                    }
+                }
+            for (int i = 0; i < nh; ++i) {
+                float* orow = out + size_t(b) * a.o_stride + size_t(h0 + i) * Dv;
+                const float* L = lse + size_t(b) * a.NH + h0 + i;
+                if (*L == -INFINITY) {
+                    std::memset(orow, 0, size_t(Dv) * 4);
+                    continue;
+                }
+                const float inv = 1.0f / Z[size_t(i)];
+                const float* oi = o + size_t(i) * Dv;
+#pragma omp simd
+                for (int d = 0; d < Dv; ++d) orow[d] = oi[d] * inv;
+            }
         }
     }
 }
@@ -262,7 +293,7 @@ void CpuBackend::attention_forward(float* out, float* lse, const float* q, const
                                    const float* v, const AttentionArgs& a) {
     if (a.B <= 0 || a.Tq <= 0 || a.NH <= 0) return;
     check_args(a);
-    if (a.Tq == 1) return attention_one_row(out, lse, q, k, v, a);
+    if (a.Tq == 1) return attention_one_row(out, lse, q, k, v, a, threads_);
     const int group = a.NH / a.NKV, Dqk = a.Dqk, Dv = a.Dv;
     const int nqt = (a.Tq + kBq - 1) / kBq, nkt = (a.Tk + kBk - 1) / kBk;
     tile_bounds(att_.qb, a.q_pos, a.q_doc, a.B, a.Tq, kBq);

@@ -349,47 +349,75 @@ void gemm_rect(bool ta, bool tb, int K, float alpha, const float* A, long lda, c
     }
 }
 
-// One row of C (M = 1): the matrix-vector product a decoder step runs for each linear layer.
-// Each element's sum is the tile kernels' to the bit -- in order within a K block of kKC, the
-// block's sum scaled by alpha and added to C (beta's C at the first block), block after block --
-// without packing B or computing the 11 padding rows of a register block. AVX2 with FMA (which
-// every AVX-512 host has): one lane's fused multiply-add is the same operation in 8 lanes as in
-// 16, and the rate is the memory's. Each element's sum is one chain of dependent FMAs, so G
-// groups of 8 columns run side by side (independent chains) to hide the FMA's latency; the
-// groups' count and every loop bound inside are compile-time constants so that the whole step
-// stays in registers (a run-time count kept the accumulators in memory: 17 GB/s against 30,
-// one core's read rate, measured on Zen 5).
+// A few rows of C (M <= kFewRows): the products of a decoder step (one row: a matrix-vector
+// product), of a batch of sequences decoded together, or of a speculative verification. Each
+// element's sum is the tile kernels' to the bit -- in order within a K block of kKC, the block's
+// sum scaled by alpha and added to C (beta's C at the first block), block after block -- without
+// packing B or computing the padding rows of a register block, so a row's result does not depend
+// on how many rows share the call. AVX2 with FMA (which every AVX-512 host has): one lane's fused
+// multiply-add is the same operation in 8 lanes as in 16, and the rate is the memory's. Each
+// element's sum is one chain of dependent FMAs: the R rows and G groups of 8 columns run side by
+// side (R x G independent chains) to hide the FMA's latency; R, G and every loop bound inside
+// are compile-time constants so that the whole step stays in registers (a run-time count kept
+// the accumulators in memory: 17 GB/s against 30, one core's read rate, measured on Zen 5).
+// Where B is stored [out, in] (tb), an 8 x 8 block of it goes through registers once for all R
+// rows (up to 8 rows: 8 accumulators and the 8 transposed vectors, in the 32 vector registers
+// of an AVX-512 host); more rows than kFewRows are done kFewRows at a time, each pass reading B
+// again, while the blocked GEMM packs B once: sgemm takes this path up to few_rows_max() rows,
+// 8 (measured, docs/benchmarks.md).
+constexpr int kFewRows = 8;
+// QUINTET_FEW_ROWS (for measuring) overrides the largest M that takes this path.
+int few_rows_max() {
+    static const int m = [] {
+        const char* env = std::getenv("QUINTET_FEW_ROWS");
+        return env ? std::max(0, std::atoi(env)) : 8;
+    }();
+    return m;
+}
 
-// acc[g] += the K block's sum for columns [8g, 8g + 8) of op(B) from `b` (row pc of op(B),
-// column j), all 8G columns present.
-template <int G>
-QUINTET_AVX2 inline void gemv_block(bool tb, int kc, const float* xp, const float* b, long ldb, __m256* acc) {
+// acc[r][g] += the K block's sum for row r, columns [8g, 8g + 8) of op(B) from `b` (row pc of
+// op(B), column j), all 8G columns present; xp[r * ldx + p] is row r's p-th element.
+template <int R, int G>
+QUINTET_AVX2 inline void few_rows_block(bool tb, int kc, const float* xp, long ldx, const float* b, long ldb,
+                                        __m256 (*acc)[G]) {
     if (!tb) {  // row p of op(B) is contiguous
         for (int p = 0; p < kc; ++p, b += ldb) {
-            const __m256 xv = _mm256_set1_ps(xp[p]);
-            for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(b + 8 * g), acc[g]);
+            __m256 bv[G];
+            for (int g = 0; g < G; ++g) bv[g] = _mm256_loadu_ps(b + 8 * g);
+            for (int r = 0; r < R; ++r) {
+                const __m256 xv = _mm256_set1_ps(xp[r * ldx + p]);
+                for (int g = 0; g < G; ++g) acc[r][g] = _mm256_fmadd_ps(xv, bv[g], acc[r][g]);
+            }
         }
         return;
     }
-    // Column j of op(B) is row j of storage: 8 x 8 blocks through registers.
+    // Column j of op(B) is row j of storage: 8 x 8 blocks through registers. The 8G rows are
+    // 8G short streams (a K block is 1 KiB of each) that the hardware prefetcher barely ramps
+    // up on, so the same place of the next 8G rows is asked for while these are summed (a
+    // prefetch past the matrix's end is a hint, never a fault).
     int p = 0;
     for (; p + 8 <= kc; p += 8)
         for (int g = 0; g < G; ++g) {
-            __m256 r[8];
-            for (int l = 0; l < 8; ++l) r[l] = _mm256_loadu_ps(b + (8 * g + l) * ldb + p);
-            transpose8(r);  // r[q] lane l = op(B)(p + q, 8g + l)
-            for (int q = 0; q < 8; ++q) acc[g] = _mm256_fmadd_ps(_mm256_set1_ps(xp[p + q]), r[q], acc[g]);
+            __m256 t[8];
+            for (int l = 0; l < 8; ++l)
+                _mm_prefetch(reinterpret_cast<const char*>(b + (8 * G + 8 * g + l) * ldb + p), _MM_HINT_T0);
+            for (int l = 0; l < 8; ++l) t[l] = _mm256_loadu_ps(b + (8 * g + l) * ldb + p);
+            transpose8(t);  // t[q] lane l = op(B)(p + q, 8g + l)
+            for (int q = 0; q < 8; ++q)
+                for (int r = 0; r < R; ++r)
+                    acc[r][g] = _mm256_fmadd_ps(_mm256_set1_ps(xp[r * ldx + p + q]), t[q], acc[r][g]);
         }
     for (; p < kc; ++p)
         for (int g = 0; g < G; ++g) {
             alignas(32) float t[8];
             for (int l = 0; l < 8; ++l) t[l] = b[(8 * g + l) * ldb + p];
-            acc[g] = _mm256_fmadd_ps(_mm256_set1_ps(xp[p]), _mm256_load_ps(t), acc[g]);
+            const __m256 tv = _mm256_load_ps(t);
+            for (int r = 0; r < R; ++r) acc[r][g] = _mm256_fmadd_ps(_mm256_set1_ps(xp[r * ldx + p]), tv, acc[r][g]);
         }
 }
 
 // The block's sums into C: scaled by alpha, added to beta * C (the first block) or to C.
-QUINTET_AVX2 inline void gemv_store(float* c, __m256 acc, int nj, float alpha, float beta, bool first) {
+QUINTET_AVX2 inline void few_rows_store(float* c, __m256 acc, int nj, float alpha, float beta, bool first) {
     const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(nj), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     __m256 y = alpha != 1.0f ? _mm256_mul_ps(_mm256_set1_ps(alpha), acc) : acc;
     if (!first || beta != 0.0f) {  // beta 0 never reads C (it may hold anything)
@@ -400,61 +428,90 @@ QUINTET_AVX2 inline void gemv_store(float* c, __m256 acc, int nj, float alpha, f
     else _mm256_maskstore_ps(c, mask, y);
 }
 
-// Columns [n0, n1) of C.
-QUINTET_AVX2 void gemv_cols(bool tb, int K, float alpha, const float* x, const float* B, long ldb,
-                            float beta, float* c, int n0, int n1) {
+// Rows [0, R) of C (row r of op(A) at x + r * ldx, of C at c + r * ldc), columns [n0, n1).
+template <int R>
+QUINTET_AVX2 void few_rows_cols(bool tb, int K, float alpha, const float* x, long ldx, const float* B, long ldb,
+                                float beta, float* c, long ldc, int n0, int n1) {
     constexpr int kKC = Avx512::kKC;
-    // Stored [out, in] (tb), two groups keep up with the memory; row-major, each column group
-    // is one FMA a row, so four.
     auto whole = [&](auto groups) {
         constexpr int G = decltype(groups)::value;
         for (; n0 + 8 * G <= n1; n0 += 8 * G)
             for (int pc = 0; pc < K; pc += kKC) {
-                __m256 acc[G];
-                for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
+                __m256 acc[R][G];
+                for (int r = 0; r < R; ++r)
+                    for (int g = 0; g < G; ++g) acc[r][g] = _mm256_setzero_ps();
                 const float* b = tb ? B + long(n0) * ldb + pc : B + long(pc) * ldb + n0;
-                gemv_block<G>(tb, std::min(kKC, K - pc), x + pc, b, ldb, acc);
-                for (int g = 0; g < G; ++g) gemv_store(c + n0 + 8 * g, acc[g], 8, alpha, beta, pc == 0);
+                few_rows_block<R, G>(tb, std::min(kKC, K - pc), x + pc, ldx, b, ldb, acc);
+                for (int r = 0; r < R; ++r)
+                    for (int g = 0; g < G; ++g)
+                        few_rows_store(c + r * ldc + n0 + 8 * g, acc[r][g], 8, alpha, beta, pc == 0);
             }
     };
-    if (tb) whole(std::integral_constant<int, 2>{});
-    else whole(std::integral_constant<int, 4>{});
+    // One row, stored [out, in] (tb): two groups keep up with the memory; row-major, each column
+    // group is one FMA a row, so four. Several rows are chains of their own: fewer groups.
+    if (tb) whole(std::integral_constant<int, R == 1 ? 2 : 1>{});
+    else whole(std::integral_constant<int, R == 1 ? 4 : 2>{});
     whole(std::integral_constant<int, 1>{});
     // The last 1-7 columns: through an 8-column staging of op(B)'s rows, zeros past n1.
     if (n0 < n1) {
         const int nj = n1 - n0;
-        alignas(32) float stage[8 * 8];
+        alignas(32) float stage[8];
         for (int pc = 0; pc < K; pc += kKC) {
             const int kc = std::min(kKC, K - pc);
-            __m256 acc = _mm256_setzero_ps();
+            __m256 acc[R];
+            for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
             for (int p = 0; p < kc; ++p) {
                 for (int l = 0; l < 8; ++l)
                     stage[l] = l < nj ? (tb ? B[long(n0 + l) * ldb + pc + p] : B[long(pc + p) * ldb + n0 + l]) : 0.0f;
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(x[pc + p]), _mm256_load_ps(stage), acc);
+                const __m256 sv = _mm256_load_ps(stage);
+                for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(x[r * ldx + pc + p]), sv, acc[r]);
             }
-            gemv_store(c + n0, acc, nj, alpha, beta, pc == 0);
+            for (int r = 0; r < R; ++r) few_rows_store(c + r * ldc + n0, acc[r], nj, alpha, beta, pc == 0);
         }
     }
 }
 
-void sgemv(bool ta, bool tb, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
-           float beta, float* C, int threads) {
+// Rows [0, m) of C, 1 <= m <= kFewRows, columns [n0, n1).
+QUINTET_AVX2 void few_rows(int m, bool tb, int K, float alpha, const float* x, long ldx, const float* B, long ldb,
+                           float beta, float* c, long ldc, int n0, int n1) {
+    switch (m) {
+        case 1: return few_rows_cols<1>(tb, K, alpha, x, ldx, B, ldb, beta, c, ldc, n0, n1);
+        case 2: return few_rows_cols<2>(tb, K, alpha, x, ldx, B, ldb, beta, c, ldc, n0, n1);
+        case 3: return few_rows_cols<3>(tb, K, alpha, x, ldx, B, ldb, beta, c, ldc, n0, n1);
+        case 4: return few_rows_cols<4>(tb, K, alpha, x, ldx, B, ldb, beta, c, ldc, n0, n1);
+        case 5: return few_rows_cols<5>(tb, K, alpha, x, ldx, B, ldb, beta, c, ldc, n0, n1);
+        case 6: return few_rows_cols<6>(tb, K, alpha, x, ldx, B, ldb, beta, c, ldc, n0, n1);
+        case 7: return few_rows_cols<7>(tb, K, alpha, x, ldx, B, ldb, beta, c, ldc, n0, n1);
+        default: return few_rows_cols<8>(tb, K, alpha, x, ldx, B, ldb, beta, c, ldc, n0, n1);
+    }
+}
+static_assert(kFewRows == 8, "few_rows instantiates 1 to 8 rows");
+
+void sgemm_few_rows(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                    int ldb, float beta, float* C, int ldc, int threads) {
     const float* x = A;
-    if (ta) {  // the row is a column of A's storage: gathered once
+    long ldx = lda;
+    if (ta) {  // the rows are columns of A's storage: gathered once
         Scratch& w = thread_scratch();
-        float* g = Scratch::grow(w.a, w.a_n, size_t(K));
-        for (int p = 0; p < K; ++p) g[p] = A[long(p) * lda];
-        x = g;
+        float* g = Scratch::grow(w.a, w.a_n, size_t(M) * K);
+        for (int r = 0; r < M; ++r)
+            for (int p = 0; p < K; ++p) g[size_t(r) * K + p] = A[long(p) * lda + r];
+        x = g, ldx = K;
     }
     const int blocks = (N + 7) / 8;
     // A thread per 64 columns at least: below that the fork costs more than it saves.
     const int nt = omp_in_parallel() ? 1 : std::max(1, std::min(threads, blocks / 8));
-    if (nt == 1) return gemv_cols(tb, K, alpha, x, B, ldb, beta, C, 0, N);
+    auto columns = [&](int c0, int c1) {
+        for (int r0 = 0; r0 < M; r0 += kFewRows)
+            few_rows(std::min(kFewRows, M - r0), tb, K, alpha, x + r0 * ldx, ldx, B, ldb, beta, C + long(r0) * ldc, ldc,
+                     c0, c1);
+    };
+    if (nt == 1) return columns(0, N);
 #pragma omp parallel num_threads(nt)
     {
         const int t = omp_get_thread_num();
         const int c0 = std::min(N, blocks * t / nt * 8), c1 = std::min(N, blocks * (t + 1) / nt * 8);
-        if (c0 < c1) gemv_cols(tb, K, alpha, x, B, ldb, beta, C, c0, c1);
+        if (c0 < c1) columns(c0, c1);
     }
 }
 
@@ -528,8 +585,8 @@ GemmKernel gemm_kernel() {
 
 void own_sgemm(GemmKernel kind, bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
                int lda, const float* B, int ldb, float beta, float* C, int ldc, int threads) {
-    if (M == 1 && N > 0 && K > 0 && (kind == GemmKernel::avx512 || kind == GemmKernel::avx2))
-        return sgemv(ta, tb, N, K, alpha, A, lda, B, ldb, beta, C, threads);
+    if (M >= 1 && M <= few_rows_max() && N > 0 && K > 0 && (kind == GemmKernel::avx512 || kind == GemmKernel::avx2))
+        return sgemm_few_rows(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, threads);
     if (kind == GemmKernel::avx512)
         return sgemm_blocked<Avx512>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, threads);
     if (kind == GemmKernel::avx2)

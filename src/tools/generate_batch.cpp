@@ -77,8 +77,8 @@ int generate_prompts(Backend& be, const ModelConfig& model, const RopeConfig& ro
     const int slots = int(std::min<size_t>(size_t(o.batch), seqs.size()));
     const int max_len = int(longest) + o.tokens;
     Decoder dec(be, model, rope, trained, table, params, max_len, o.full_kv, slots);
-    std::fprintf(stderr, "generate: %zu prompts, %d decoded together, KV cache %zu bytes per token per sequence\n",
-                 seqs.size(), slots, dec.cache_bytes_per_token());
+    std::fprintf(stderr, "generate: %zu prompts, %d decoded together, KV cache %zu bytes per token per sequence, %d threads\n",
+                 seqs.size(), slots, dec.cache_bytes_per_token(), be.threads());
     const int V = model.vocab_size;
     std::vector<int> order;
     std::vector<int> in_slot(size_t(slots), -1);  // the sequence each slot decodes

@@ -41,7 +41,7 @@ int generate_main(int argc, char** argv) {
     int64_t seed = 1;
     std::string kv_cache = "compact";
     std::string prompt_ids, probs_out, speculative = "none", prompts_file;
-    int batch = 16, stop_id = -1;
+    int batch = 16, stop_id = -1, threads = 0;
     po::options_description desc(
         "usage: quintet generate --checkpoint CKPT.h5 --prompt TEXT [options]\n"
         "       quintet generate --checkpoint CKPT.h5 --prompts FILE [options]\n\n"
@@ -77,7 +77,9 @@ int generate_main(int argc, char** argv) {
         "batch", po::value(&batch)->default_value(16),
         "with --prompts: sequences decoded together at most (each keeps a KV cache)")(
         "stop-id", po::value(&stop_id)->default_value(-1),
-        "a token id that ends a sequence when it is generated (not shown in the text); -1 = none");
+        "a token id that ends a sequence when it is generated (not shown in the text); -1 = none")(
+        "threads", po::value(&threads)->default_value(0),
+        "threads for the prompt and every step; 0 = OMP_NUM_THREADS, else every core this process may run on");
     po::variables_map vm;
     try {
         po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -104,6 +106,8 @@ int generate_main(int argc, char** argv) {
         read_prompts(prompts_file);  // unreadable or empty: said before any work
     }
     if (batch < 1) throw ConfigError("generate: --batch = " + std::to_string(batch) + ": must be >= 1");
+    if (threads < 0 || threads > 4096)
+        throw ConfigError("generate: --threads = " + std::to_string(threads) + ": 0 (OMP_NUM_THREADS or every core) to 4096");
     // Verification keeps the drafts the greedy choice agrees with; sampled tokens would need
     // another acceptance rule (and RNG use) than plain sampling's.
     if (spec && temperature != 0)
@@ -167,7 +171,7 @@ int generate_main(int argc, char** argv) {
         ids = tok.encode(prompt);
     }
     if (ids.empty()) ids.push_back(uint32_t('\n') < uint32_t(tok.vocab_size()) ? '\n' : 0);
-    auto be = make_cpu_backend(0);
+    auto be = make_cpu_backend(threads);
     const int trained_ctx = meta.trained_context > 0 ? int(meta.trained_context) : deck.data.seq_len;
     const SamplingOptions sampling{temperature, top_k};
     if (many) {
@@ -196,9 +200,9 @@ int generate_main(int argc, char** argv) {
     }
     Decoder dec(*be, deck.model, deck.rope, trained, table, params, int(ids.size()) + tokens,
                 kv_cache == "full");
-    std::fprintf(stderr, "generate: %s attention, KV cache %zu bytes per token (%s, all %d layers)\n",
+    std::fprintf(stderr, "generate: %s attention, KV cache %zu bytes per token (%s, all %d layers), %d threads\n",
                  deck.model.attention.c_str(), dec.cache_bytes_per_token(), kv_cache.c_str(),
-                 deck.model.n_layers);
+                 deck.model.n_layers, be->threads());
     const double t0 = now_s();
     std::mt19937_64 rng(seed);
     std::cout << prompt << std::flush;

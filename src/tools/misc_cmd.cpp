@@ -51,11 +51,12 @@ int deck_main(int argc, char** argv) {
 
 int peak_main(int argc, char** argv) {
     int threads = 0, size = 2048;
-    bool remeasure = false;
+    bool remeasure = false, memory = false;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         if (a == "--help" || a == "-h") {
             std::cout << "usage: quintet peak [--threads N] [--size N] [--remeasure]\n"
+                         "       quintet peak --memory [--threads N]\n"
                          "       mpirun -n 2 quintet peak --links\n"
                          "Measures this host's fp32 FMA peak (one core, a loop of independent FMAs in the\n"
                          "widest vector ISA; cached per host and CPU model: the denominator of MFU) and the\n"
@@ -64,16 +65,33 @@ int peak_main(int argc, char** argv) {
                          "or all cores) and with one (cached for `quintet plan`). Prints\n"
                          "fma_peak_gflops=<all cores> fma_gflops_per_core=<x> sgemm_gflops=<rate> ...\n"
                          "--links (under mpirun, 2 ranks): all-reduce bandwidth and message latency\n"
-                         "between two ranks, cached for `quintet plan`.\n";
+                         "between two ranks, cached for `quintet plan`.\n"
+                         "--memory: what bounds a decoder step (quintet generate): the rate at which 1 and N\n"
+                         "threads read a 256 MiB array, and at which products of 1, 2, 4, 8 and 16 rows with\n"
+                         "a 256 MiB [out, in] weight read it (medians of 7), each as a share of the read rate.\n";
             return 0;
         } else if (a.rfind("--threads=", 0) == 0) threads = std::atoi(a.c_str() + 10);
         else if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
         else if (a.rfind("--size=", 0) == 0) size = std::atoi(a.c_str() + 7);
         else if (a == "--size" && i + 1 < argc) size = std::atoi(argv[++i]);
         else if (a == "--remeasure") remeasure = true;
+        else if (a == "--memory") memory = true;
         else throw ConfigError("peak: unknown argument '" + a + "' (see quintet peak --help)");
     }
     auto be = make_cpu_backend(threads);
+    if (memory) {
+        for (int t : {1, be->threads()}) {
+            auto b = make_cpu_backend(t);
+            const double read = cpu_measure_read_gbs(*b);
+            std::printf("threads=%d read_gbs=%.1f\n", t, read);
+            for (int rows : {1, 2, 4, 8, 16}) {
+                const double r = cpu_measure_rows_gbs(*b, rows);
+                std::printf("threads=%d rows=%d weight_gbs=%.1f share_of_read=%.2f\n", t, rows, r, r / read);
+            }
+            if (be->threads() == 1) break;
+        }
+        return 0;
+    }
     const double g = cpu_measure_sgemm_gflops(*be, size, 5);
     auto one = make_cpu_backend(1);
     const double g1 = cpu_measure_sgemm_gflops(*one, 1024, 5);

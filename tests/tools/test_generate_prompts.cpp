@@ -146,6 +146,7 @@ TEST_F(GeneratePrompts, BadInputIsRefusedBeforeAnyWork) {
         {"--prompts " + file + " --probs " + (dir / "p.f32").string(), "leave out --probs"},
         {"--prompts " + file + " --batch 0", "--batch = 0: must be >= 1"},
         {"--prompts " + file + " --stop-id 256", "--stop-id = 256: a token id (0 to 255) or -1 for none"},
+        {"--prompts " + file + " --threads -1", "--threads = -1: 0 (OMP_NUM_THREADS or every core) to 4096"},
     };
     for (const auto& [args, said] : cases) {
         const auto r = run_quintet(0, base + args);

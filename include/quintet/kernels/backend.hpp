@@ -206,6 +206,11 @@ bool cuda_available();
 
 // Measured single-precision GEMM rate of the CPU backend (GFLOP/s) on this machine.
 double cpu_measure_sgemm_gflops(Backend& be, int size = 1024, int repeats = 4);
+// What bounds a decoder step on the CPU (quintet peak --memory): the rate (GB/s) at which the
+// backend's threads read a `mib` MiB array, and at which a product of `rows` rows with an
+// [out, in] weight of that size reads the weight; medians of `repeats`.
+double cpu_measure_read_gbs(Backend& be, int mib = 256, int repeats = 7);
+double cpu_measure_rows_gbs(Backend& be, int rows, int mib = 256, int repeats = 7);
 
 // The fp32 FMA peak of `threads` cores (GFLOP/s), measured with a loop of independent FMAs in
 // the widest vector ISA the CPU reports at run time (kernels/cpu/cpu_fma_peak.cpp).

@@ -6,7 +6,9 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
+#include <vector>
 #include <cstdint>
 
 #if QUINTET_BLAS_BLIS
@@ -69,6 +71,67 @@ double cpu_measure_sgemm_gflops(Backend& be, int n, int repeats) {
     be.release(b);
     be.release(c);
     return best;
+}
+
+namespace {
+double median_of(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+}  // namespace
+
+double cpu_measure_read_gbs(Backend& be, int mib, int repeats) {
+    const size_t n = size_t(mib) << 18;  // floats
+    float* a = be.alloc(n);
+    const int threads = be.threads();
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (size_t i = 0; i < n; ++i) a[i] = float(i % 7) * 0.125f;  // each thread's pages its own
+    std::vector<double> gbs;
+    float keep = 0;
+    for (int r = 0; r < repeats; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        float sum = 0;
+        // 64 partial sums: independent chains the compiler keeps in vector registers (one
+        // chain would bound the loop by the add's latency, not by the memory).
+#pragma omp parallel num_threads(threads) reduction(+ : sum)
+        {
+            const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+            const size_t blocks = n / 64, b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
+            float part[64] = {};
+            for (size_t blk = b0; blk < b1; ++blk)
+#pragma omp simd
+                for (int j = 0; j < 64; ++j) part[j] += a[blk * 64 + j];
+            for (float x : part) sum += x;
+        }
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        keep += sum;
+        gbs.push_back(double(n) * sizeof(float) / s / 1e9);
+    }
+    be.release(a);
+    return median_of(gbs) + (keep == -1.0f ? 1e-30 : 0.0);  // the sum is used: not optimised away
+}
+
+double cpu_measure_rows_gbs(Backend& be, int rows, int mib, int repeats) {
+    const int K = 4096, N = int((size_t(mib) << 18) / K);
+    const size_t w = size_t(N) * K;
+    float* b = be.alloc(w);
+    float* x = be.alloc(size_t(rows) * K);
+    float* y = be.alloc(size_t(rows) * N);
+    const int threads = be.threads();
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (size_t i = 0; i < w; ++i) b[i] = float(i % 5) * 0.25f;
+    for (size_t i = 0; i < size_t(rows) * K; ++i) x[i] = float(i % 3) * 0.5f;
+    std::vector<double> gbs;
+    for (int r = 0; r < repeats; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        be.gemm(false, true, rows, N, K, 1.0f, x, K, b, K, 0.0f, y, N);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        gbs.push_back(double(w) * sizeof(float) / s / 1e9);
+    }
+    be.release(b);
+    be.release(x);
+    be.release(y);
+    return median_of(gbs);
 }
 
 }  // namespace quintet

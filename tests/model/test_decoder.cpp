@@ -16,6 +16,15 @@ using namespace quintet;
 
 namespace {
 
+// The model's weights in `table`'s layout, drawn at standard deviation `std` from `seed`.
+std::vector<float> weights(const ModelConfig& m, const ParamTable& table, double std, uint64_t seed) {
+    InitConfig init;
+    init.std = std;
+    std::vector<float> params(table.total);
+    init_params(params.data(), table, m, init, seed, 0, table.total);
+    return params;
+}
+
 // attention: mha, or mla with the latent cache (kv_b absorbed) or the full per-head K|V cache.
 void check(bool yarn, bool tied, const std::string& attention = "mha", bool full_kv = false) {
     ModelConfig m;
@@ -41,12 +50,9 @@ void check(bool yarn, bool tied, const std::string& attention = "mha", bool full
         rope.factor = 4;
         rope.original_max_position = 8;
     }
-    InitConfig init;
-    init.std = 0.2;
     const int T = 20;
     ParamTable table = make_param_table(m);
-    std::vector<float> params(table.total);
-    init_params(params.data(), table, m, init, 5, 0, table.total);
+    const std::vector<float> params = weights(m, table, 0.2, 5);
     std::mt19937 g(1);
     std::vector<int32_t> ids(T), tgt(T);
     for (int t = 0; t < T; ++t) ids[t] = int32_t(g() % 23);
@@ -109,11 +115,8 @@ void check_prefill(const std::string& attention, bool full_kv) {
     RopeConfig rope;
     const int T = 12, P = 7;
     auto be = make_cpu_backend(1);
-    InitConfig init;
-    init.std = 0.2;
     ParamTable table = make_param_table(m);
-    std::vector<float> params(table.total);
-    init_params(params.data(), table, m, init, 5, 0, table.total);
+    const std::vector<float> params = weights(m, table, 0.2, 5);
     std::vector<int32_t> ids(T);
     for (int t = 0; t < T; ++t) ids[size_t(t)] = int32_t((t * 7 + 3) % m.vocab_size);
     Decoder a(*be, m, rope, T, table, params, T, full_kv), b(*be, m, rope, T, table, params, T, full_kv);
@@ -163,11 +166,8 @@ void check_truncate(const std::string& attention, bool full_kv) {
     RopeConfig rope;
     const int T = 16;
     auto be = make_cpu_backend(1);
-    InitConfig init;
-    init.std = 0.2;
     ParamTable table = make_param_table(m);
-    std::vector<float> params(table.total);
-    init_params(params.data(), table, m, init, 5, 0, table.total);
+    const std::vector<float> params = weights(m, table, 0.2, 5);
     const std::vector<int32_t> kept{3, 9, 1, 4}, wrong{7, 7, 2}, right{5, 11};
     Decoder a(*be, m, rope, T, table, params, T, full_kv), b(*be, m, rope, T, table, params, T, full_kv);
     a.forward(kept.data(), 4, 0);
@@ -193,11 +193,8 @@ void check_speculative(const std::string& attention, int depth, int prompt_len, 
     RopeConfig rope;
     const int new_tokens = 25, T = prompt_len + new_tokens;
     auto be = make_cpu_backend(1);
-    InitConfig init;
-    init.std = 0.3;
     ParamTable table = make_param_table(m);
-    std::vector<float> params(table.total);
-    init_params(params.data(), table, m, init, 9, 0, table.total);
+    const std::vector<float> params = weights(m, table, 0.3, 9);
     std::vector<int32_t> prompt(static_cast<size_t>(prompt_len));
     for (int t = 0; t < prompt_len; ++t) prompt[size_t(t)] = int32_t((t * 5 + 2) % m.vocab_size);
     auto argmax = [](const std::vector<float>& z) { return int32_t(std::max_element(z.begin(), z.end()) - z.begin()); };
@@ -254,11 +251,8 @@ void check_mtp_rows(const std::string& attention, int depth) {
     RopeConfig rope;
     const int T = 12, C = m.d_model;
     auto be = make_cpu_backend(1);
-    InitConfig init;
-    init.std = 0.3;
     ParamTable table = make_param_table(m);
-    std::vector<float> params(table.total);
-    init_params(params.data(), table, m, init, 3, 0, table.total);
+    const std::vector<float> params = weights(m, table, 0.3, 3);
     std::vector<int32_t> seq(T + 1);  // the sample and the target after its last token
     for (int t = 0; t <= T; ++t) seq[size_t(t)] = int32_t((t * 11 + 5) % m.vocab_size);
     const std::vector<int32_t> tgt(seq.begin() + 1, seq.end());
@@ -317,11 +311,8 @@ void check_batch(const std::string& attention, bool full_kv, bool moe = false) {
     RopeConfig rope;
     const int T = 24, S = 3;
     auto be = make_cpu_backend(1);
-    InitConfig init;
-    init.std = 0.3;
     ParamTable table = make_param_table(m);
-    std::vector<float> params(table.total);
-    init_params(params.data(), table, m, init, 11, 0, table.total);
+    const std::vector<float> params = weights(m, table, 0.3, 11);
     // Four prompts for three slots: the fourth takes the slot of the first when it ends.
     const std::vector<std::vector<int32_t>> prompts{{3, 9, 1, 4, 4}, {7}, {2, 2, 8}, {5, 11, 0, 6}};
     const std::vector<int> steps{3, 8, 6, 5};  // batched steps each sequence takes
@@ -398,11 +389,8 @@ TEST(Decoder, MlaLatentCacheEqualsTheExpandedForm) {
     rope.mscale_all_dim = 0.707;
     const int T = 40;
     auto be = make_cpu_backend(1);
-    InitConfig init;
-    init.std = 0.3;
     ParamTable table = make_param_table(m);
-    std::vector<float> params(table.total);
-    init_params(params.data(), table, m, init, 13, 0, table.total);
+    const std::vector<float> params = weights(m, table, 0.3, 13);
     Decoder lat(*be, m, rope, 8, table, params, T, false), full(*be, m, rope, 8, table, params, T, true);
     double worst = 0;
     int32_t id = 1;

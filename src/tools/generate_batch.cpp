@@ -32,6 +32,23 @@ int choose_token(const float* z, int V, const SamplingOptions& o, std::mt19937_6
     return order[size_t(pick(rng))];
 }
 
+void warn_untrained_positions(const RopeConfig& rope, int trained, int64_t prompt, int tokens, const std::string& what,
+                              const std::string& ckpt) {
+    const int64_t positions = prompt + tokens;
+    const bool yarn = rope.scaling == "yarn";
+    const int original = rope.original_max_position > 0 ? rope.original_max_position : trained;
+    const int64_t reach = yarn ? int64_t(std::llround(rope.factor * original)) : trained;
+    if (positions > reach)
+        std::fprintf(stderr,
+                     "generate: warning: %s (%lld tokens) and --tokens %d reach position %lld, past %s (%lld) "
+                     "of checkpoint '%s'%s: positions from %lld on were never trained; proceeding\n",
+                     what.c_str(), (long long)prompt, tokens, (long long)positions,
+                     yarn ? "the context YaRN extends it to" : "the context its weights were trained at", (long long)reach,
+                     ckpt.c_str(),
+                     yarn ? "" : " and rope.scaling = none (train or fine-tune with rope.scaling = yarn to extend it)",
+                     (long long)reach);
+}
+
 std::vector<std::string> read_prompts(const std::string& file) {
     std::ifstream in(file, std::ios::binary);
     if (!in) throw ConfigError("generate: --prompts '" + file + "': cannot read it");
@@ -74,6 +91,7 @@ int generate_prompts(Backend& be, const ModelConfig& model, const RopeConfig& ro
         s.rng.seed(uint64_t(o.seed));
         longest = std::max(longest, s.prompt_len);
     }
+    warn_untrained_positions(rope, trained, int64_t(longest), o.tokens, "the longest prompt", o.checkpoint);
     const int slots = int(std::min<size_t>(size_t(o.batch), seqs.size()));
     const int max_len = int(longest) + o.tokens;
     Decoder dec(be, model, rope, trained, table, params, max_len, o.full_kv, slots);

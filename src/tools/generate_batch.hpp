@@ -29,6 +29,7 @@ struct PromptsOptions {
     int64_t seed = 1;         // every prompt's sampling starts from this seed
     bool print_ids = false;   // the ids in each output line
     bool full_kv = false;     // --kv-cache full
+    std::string checkpoint;   // for the messages
 };
 
 // The prompts of o.file, each encoded with `tok`, decoded `batch` at a time: one forward per
@@ -37,6 +38,12 @@ struct PromptsOptions {
 int generate_prompts(Backend& be, const ModelConfig& model, const RopeConfig& rope, int trained, const ParamTable& table,
                      const std::vector<float>& params, const Tokenizer& tok, const SamplingOptions& sampling,
                      const PromptsOptions& o);
+
+// The warning for positions the weights never saw (as train and eval warn): `prompt` tokens
+// (the longest prompt, `what`) and `tokens` new ones past the context the checkpoint was trained
+// at without a scaling rule, or past YaRN's extended one.
+void warn_untrained_positions(const RopeConfig& rope, int trained, int64_t prompt, int tokens, const std::string& what,
+                              const std::string& ckpt);
 
 // The prompts of a --prompts file: its lines (a final newline ends the last one; "\r\n" is a
 // newline); ConfigError naming the file when it cannot be read or has no line.

@@ -177,27 +177,11 @@ int generate_main(int argc, char** argv) {
     if (many) {
         PromptsOptions po;
         po.file = prompts_file, po.batch = batch, po.tokens = tokens, po.stop_id = stop_id, po.seed = seed;
-        po.print_ids = vm.count("print-ids") > 0, po.full_kv = kv_cache == "full";
+        po.print_ids = vm.count("print-ids") > 0, po.full_kv = kv_cache == "full", po.checkpoint = ckpt;
         return generate_prompts(*be, deck.model, deck.rope, trained_ctx, table, params, tok, sampling, po);
     }
     const int trained = trained_ctx;
-    // Positions the weights never saw (as train and eval warn): past the trained context without
-    // a scaling rule, or past YaRN's extended one.
-    {
-        const int64_t positions = int64_t(ids.size()) + tokens;
-        const bool yarn = deck.rope.scaling == "yarn";
-        const int original = deck.rope.original_max_position > 0 ? deck.rope.original_max_position : trained;
-        const int64_t reach = yarn ? int64_t(std::llround(deck.rope.factor * original)) : trained;
-        if (positions > reach)
-            std::fprintf(stderr,
-                         "generate: warning: the prompt (%zu tokens) and --tokens %d reach position %lld, past %s (%lld) "
-                         "of checkpoint '%s'%s: positions from %lld on were never trained; proceeding\n",
-                         ids.size(), tokens, (long long)positions,
-                         yarn ? "the context YaRN extends it to" : "the context its weights were trained at", (long long)reach,
-                         ckpt.c_str(),
-                         yarn ? "" : " and rope.scaling = none (train or fine-tune with rope.scaling = yarn to extend it)",
-                         (long long)reach);
-    }
+    warn_untrained_positions(deck.rope, trained, int64_t(ids.size()), tokens, "the prompt", ckpt);
     Decoder dec(*be, deck.model, deck.rope, trained, table, params, int(ids.size()) + tokens,
                 kv_cache == "full");
     std::fprintf(stderr, "generate: %s attention, KV cache %zu bytes per token (%s, all %d layers), %d threads\n",

@@ -50,14 +50,23 @@ void warn_untrained_positions(const RopeConfig& rope, int trained, int64_t promp
 }
 
 std::vector<std::string> read_prompts(const std::string& file) {
-    std::ifstream in(file, std::ios::binary);
-    if (!in) throw ConfigError("generate: --prompts '" + file + "': cannot read it");
+    // "-" is standard input, read once: the check before any work keeps what it read.
+    static std::vector<std::string> from_stdin;
+    static bool stdin_read = false;
+    if (file == "-" && stdin_read) return from_stdin;
+    std::ifstream f;
+    if (file != "-") {
+        f.open(file, std::ios::binary);
+        if (!f) throw ConfigError("generate: --prompts '" + file + "': cannot read it");
+    }
+    std::istream& in = file == "-" ? std::cin : f;
     std::vector<std::string> lines;
     for (std::string line; std::getline(in, line);) {
         if (!line.empty() && line.back() == '\r') line.pop_back();
         lines.push_back(line);
     }
     if (in.bad()) throw ConfigError("generate: --prompts '" + file + "': reading it failed");
+    if (file == "-") stdin_read = true, from_stdin = lines;
     if (lines.empty()) throw ConfigError("generate: --prompts '" + file + "' has no line: give one prompt per line");
     return lines;
 }

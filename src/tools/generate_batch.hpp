@@ -22,7 +22,7 @@ struct SamplingOptions {
 int choose_token(const float* z, int V, const SamplingOptions& o, std::mt19937_64& rng, std::vector<int>& order);
 
 struct PromptsOptions {
-    std::string file;         // one prompt per line
+    std::string file;         // one prompt per line; "-": standard input
     int batch = 16;           // sequences decoded together at most
     int tokens = 200;         // new tokens per prompt at most
     int stop_id = -1;         // a token that ends a sequence (-1: none)
@@ -45,8 +45,8 @@ int generate_prompts(Backend& be, const ModelConfig& model, const RopeConfig& ro
 void warn_untrained_positions(const RopeConfig& rope, int trained, int64_t prompt, int tokens, const std::string& what,
                               const std::string& ckpt);
 
-// The prompts of a --prompts file: its lines (a final newline ends the last one; "\r\n" is a
-// newline); ConfigError naming the file when it cannot be read or has no line.
+// The prompts of a --prompts file ("-": standard input): its lines (a final newline ends the
+// last one; "\r\n" is a newline); ConfigError naming the file when it cannot be read or has no line.
 std::vector<std::string> read_prompts(const std::string& file);
 
 }  // namespace quintet

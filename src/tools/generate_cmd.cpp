@@ -71,7 +71,7 @@ int generate_main(int argc, char** argv) {
         "tokens and the model verifies them in one forward; the output is plain greedy decoding's, "
         "token for token (--temperature 0 only); the acceptance rate on stderr")(
         "prompts", po::value(&prompts_file),
-        "a file of prompts, one per line, decoded together (--batch at a time); one JSON line per prompt "
+        "a file of prompts (- = standard input), one per line, decoded together (--batch at a time); one JSON line per prompt "
         "on stdout in the file's order: index, prompt, completion, prompt_tokens, new_tokens, stop (length | "
         "stop_id) and, with --print-ids, ids; each line is what --prompt with that prompt and --seed gives")(
         "batch", po::value(&batch)->default_value(16),

@@ -99,6 +99,10 @@ TEST_F(GeneratePrompts, EachLineIsThatPromptAlone) {
                 ASSERT_FALSE(ol.empty());
                 EXPECT_EQ(ids_of(out[i]), ol.back()) << ck << " " << sampling << " prompt " << i;
             }
+            // The same prompts from standard input.
+            const auto piped = generate("--checkpoint " + ck + " --prompts - --batch 2 --tokens 12 --print-ids " + sampling +
+                                        " < " + (dir / "prompts.txt").string());
+            EXPECT_EQ(piped.output, batch.output) << ck << " " << sampling;
             // Valid JSON, one object per line.
             write_file(dir / "out.jsonl", batch.output);
             const auto js = run_shell("python3 -c \"import json,sys; [json.loads(l) for l in open(sys.argv[1])]\" " +

@@ -26,7 +26,8 @@ int choose_token(const float* z, int V, const SamplingOptions& o, std::mt19937_6
     std::iota(order.begin(), order.end(), 0);
     const int k = o.top_k > 0 ? std::min(o.top_k, V) : V;
     std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) { return z[a] > z[b]; });
-    std::vector<double> w(static_cast<size_t>(k));
+    static thread_local std::vector<double> w;  // kept: no allocation per token
+    w.resize(size_t(k));
     for (int i = 0; i < k; ++i) w[size_t(i)] = std::exp((z[order[size_t(i)]] - z[order[0]]) / o.temperature);
     std::discrete_distribution<int> pick(w.begin(), w.end());
     return order[size_t(pick(rng))];
@@ -168,7 +169,7 @@ int generate_prompts(Backend& be, const ModelConfig& model, const RopeConfig& ro
     };
     for (int slot = 0; slot < slots; ++slot) start(slot);
     flush();
-    std::vector<int> rows_slot;
+    std::vector<int> rows_slot, finished;  // per step, kept
     std::vector<int32_t> rows_id;
     for (;;) {
         rows_slot.clear(), rows_id.clear();
@@ -182,7 +183,7 @@ int generate_prompts(Backend& be, const ModelConfig& model, const RopeConfig& ro
         const std::vector<float>& z = dec.step_batch(rows_slot.data(), rows_id.data(), int(rows_slot.size()));
         ++steps;
         step_tokens += (long long)rows_slot.size();
-        std::vector<int> finished;
+        finished.clear();
         for (size_t r = 0; r < rows_slot.size(); ++r) {
             Sequence& s = seqs[size_t(in_slot[size_t(rows_slot[r])])];
             if (take(s, z.data() + r * size_t(V))) {

@@ -358,8 +358,8 @@ std::string checkpoint_verify(const std::string& path, const MpiCommunicator& co
             }
             if (!h5::has_attr(d, "checksum")) continue;  // written before checksums: readable is all we know
             const int64_t want = h5::read_attr_i64(d, "checksum");
-            const uint64_t got = f64 ? checkpoint_checksum::run_f64(v64.data(), 0, count)
-                                     : checkpoint_checksum::run_f32(v.data(), 0, count);
+            const uint64_t got = f64 ? checkpoint_checksum::run(v64.data(), 0, count)
+                                     : checkpoint_checksum::run(v.data(), 0, count);
             int64_t got_i64;
             std::memcpy(&got_i64, &got, 8);
             if (got_i64 != want) why = "tensor " + n + " does not match its checksum";

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace quintet::checkpoint_checksum {
 
@@ -16,22 +17,16 @@ inline uint64_t element_hash(uint64_t index, uint64_t bits) {
     return z ^ (z >> 31);
 }
 
-// Elements first .. first + n - 1 of a float32 dataset, v[0] being element `first`.
-inline uint64_t run_f32(const float* v, uint64_t first, size_t n) {
+// Elements first .. first + n - 1 of a float32 or float64 dataset, v[0] being element `first`:
+// each element's bits (4 or 8 bytes) hashed with its index.
+template <class T>
+inline uint64_t run(const T* v, uint64_t first, size_t n) {
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "float32 or float64 elements");
+    using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
     uint64_t h = 0;
     for (size_t i = 0; i < n; ++i) {
-        uint32_t bits;
-        std::memcpy(&bits, v + i, 4);
-        h += element_hash(first + i, bits);
-    }
-    return h;
-}
-
-inline uint64_t run_f64(const double* v, uint64_t first, size_t n) {
-    uint64_t h = 0;
-    for (size_t i = 0; i < n; ++i) {
-        uint64_t bits;
-        std::memcpy(&bits, v + i, 8);
+        Bits bits;
+        std::memcpy(&bits, v + i, sizeof(T));
         h += element_hash(first + i, bits);
     }
     return h;

@@ -236,7 +236,7 @@ void CheckpointWriter::create_file(const CheckpointMeta& meta, const ParamTable&
     if (!meta.spike_window.empty())
         h5::check(H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, meta.spike_window.data()),
                   "write " + window);
-    const uint64_t sum = cs::run_f64(meta.spike_window.data(), 0, meta.spike_window.size());
+    const uint64_t sum = cs::run(meta.spike_window.data(), 0, meta.spike_window.size());
     int64_t as_i64;
     std::memcpy(&as_i64, &sum, 8);
     h5::write_attr_i64(ds, "checksum", as_i64);
@@ -278,7 +278,7 @@ std::string CheckpointWriter::write(const std::atomic<bool>* cancel) noexcept {
                 const size_t n = lc == cols ? p.b - j : std::min(p.b, (row + 1) * lc) - j;
                 const uint64_t first = (uint64_t(s.row0) + row) * cols + uint64_t(s.col0) + col;
                 const float* v = p.src + (j - p.a);
-                sum += cs::run_f32(v, first, n);
+                sum += cs::run(v, first, n);
                 const std::string e =
                     pwrite_all(fd, v, n * sizeof(float), off_t(offsets_[p.dataset] + first * sizeof(float)));
                 if (!e.empty()) why = "write of " + tmp_path_ + ": " + e;

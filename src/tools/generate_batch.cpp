@@ -96,7 +96,7 @@ int generate_prompts(Backend& be, const ModelConfig& model, const RopeConfig& ro
         Sequence& s = seqs[i];
         s.prompt = lines[i];
         s.ids = tok.encode(s.prompt);
-        if (s.ids.empty()) s.ids.push_back(uint32_t('\n') < uint32_t(tok.vocab_size()) ? '\n' : 0);  // as --prompt ""
+        start_if_empty(s.ids, tok);
         s.prompt_len = s.ids.size();
         s.rng.seed(uint64_t(o.seed));
         longest = std::max(longest, s.prompt_len);

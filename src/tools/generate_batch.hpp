@@ -17,6 +17,12 @@ struct SamplingOptions {
     int top_k = 40;            // 0: the whole vocabulary
 };
 
+// An empty prompt's ids: the one token a continuation starts from (id 10, the newline byte of
+// quintet's byte and BPE vocabularies; 0 in a smaller vocabulary).
+inline void start_if_empty(std::vector<uint32_t>& ids, const Tokenizer& tok) {
+    if (ids.empty()) ids.push_back(uint32_t('\n') < uint32_t(tok.vocab_size()) ? '\n' : 0);
+}
+
 // The next token from logits z[V]: the greedy choice at temperature 0, else a draw among the
 // top_k at that temperature. `order` is scratch of V ints.
 int choose_token(const float* z, int V, const SamplingOptions& o, std::mt19937_64& rng, std::vector<int>& order);

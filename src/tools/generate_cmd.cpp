@@ -170,7 +170,7 @@ int generate_main(int argc, char** argv) {
     } else {
         ids = tok.encode(prompt);
     }
-    if (ids.empty()) ids.push_back(uint32_t('\n') < uint32_t(tok.vocab_size()) ? '\n' : 0);
+    start_if_empty(ids, tok);
     auto be = make_cpu_backend(threads);
     const int trained_ctx = meta.trained_context > 0 ? int(meta.trained_context) : deck.data.seq_len;
     const SamplingOptions sampling{temperature, top_k};

@@ -155,16 +155,24 @@ StepStats Trainer::step(int64_t s, bool locate) {
     std::optional<trace::Span> optimizer_span(std::in_place, trace::Track::compute, "optimizer");
     profile::Scope optimizer_scope("optimizer", /*traced=*/false);
     const double norm = opt_->grad_norm(grads_, grid_.world());
-    if (!std::isfinite(sums[0]) || !std::isfinite(sums[1]) || !std::isfinite(sums[2]) || !std::isfinite(norm)) {
-        st.nonfinite = true;
-        st.lr = lr_at(deck_.train, s);  // what the step would have used
-        st.what = !std::isfinite(sums[0]) ? "the loss" : !std::isfinite(sums[1]) ? "the MoE aux loss" : "the gradient norm";
-        st.loss = sums[0] / (double(gb) * T) + sums[1];
+    // A step rejected before the update (non-finite, or a spike the policy acts on): the state
+    // stays as it was; what it would have used and how long it took are reported.
+    auto rejected = [&] {
+        st.lr = lr_at(deck_.train, s);
         st.grad_norm = norm;
         st.step_time = now_s() - t0;
         close_times(st);
         moe_.clear();  // a skipped step routes nothing
         return st;
+    };
+    if (!std::isfinite(sums[0]) || !std::isfinite(sums[1]) || !std::isfinite(sums[2]) || !std::isfinite(norm)) {
+        st.nonfinite = true;
+        st.what = !std::isfinite(sums[0])   ? "the loss"
+                  : !std::isfinite(sums[1]) ? "the MoE aux loss"
+                  : !std::isfinite(sums[2]) ? "the MTP loss"
+                                            : "the gradient norm";
+        st.loss = sums[0] / (double(gb) * T) + sums[1];
+        return rejected();
     }
     //    Then the spike policy (train/spikes): the loss and the norm against the window of
     //    accepted steps, world rank 0's values on every rank (an all-reduce may round
@@ -178,11 +186,7 @@ StepStats Trainer::step(int64_t s, bool locate) {
     spikes_.check(judged[0], judged[1], st);
     if (st.spike) {
         st.ce_loss = ce, st.aux_loss = aux, st.mtp_loss = mtp, st.loss = judged[0];
-        st.lr = lr_at(deck_.train, s);  // what the step would have used
-        st.grad_norm = norm;
-        st.step_time = now_s() - t0;
-        moe_.clear();  // a skipped step routes nothing
-        return st;
+        return rejected();
     }
     opt_->clip(grads_, norm);
     const double lr = lr_at(deck_.train, s);

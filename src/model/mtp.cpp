@@ -276,9 +276,7 @@ float* ModelChunk::mtp_backward(int si, const float* params, float* grads, Pass 
             const float* P = u.params;
             float* G = W ? u.grads() : nullptr;
             // RMSNorm_f, then the decoder layer.
-            if (pass == Pass::whole) md.head_norm.backward(dres, G, dxf, v[kMtpOut], P, v[kMtpRstdF], Nr);
-            else if (B) md.head_norm.backward_input(si, dres, dxf, v[kMtpOut], P, v[kMtpRstdF], Nr);
-            else md.head_norm.backward_weight(si, G, v[kMtpOut], v[kMtpRstdF], Nr);
+            norm_backward(md.head_norm, pass, si, dres, G, dxf, v[kMtpOut], P, v[kMtpRstdF]);
             layer_backward(md.block, si, si, s.tok, layer_saved(v), v[kMtpX], dres, P, G, pass);
             // eh_proj: its input's gradient [d(norm_e) | d(norm_h)], then its weight's.
             if (B) md.eh->backward_input(si, dres, Nr, dcat, P);
@@ -296,9 +294,7 @@ float* ModelChunk::mtp_backward(int si, const float* params, float* grads, Pass 
                     be_.copy_2d(den, size_t(C), dcat + size_t(n.half) * C, size_t(2) * C, size_t(Nr), size_t(C), false);
                     be_.zero(n.dx, NrC);
                 }
-                if (pass == Pass::whole) n.norm.backward(n.dx, G, den, n.x, P, n.rstd, Nr);
-                else if (B) n.norm.backward_input(si, n.dx, den, n.x, P, n.rstd, Nr);
-                else n.norm.backward_weight(si, G, n.x, n.rstd, Nr);
+                norm_backward(n.norm, pass, si, n.dx, G, den, n.x, P, n.rstd);
             }
         }
         if (W) {  // the embedding rows' gradient into the embedding the modules read

@@ -306,6 +306,14 @@ void ModelChunk::layer_backward(Layer& layer, int bs, int si, const TokenInfo& t
     }
 }
 
+void ModelChunk::norm_backward(RmsNormLayer& norm, Pass pass, int si, float* dx, float* G, const float* dy,
+                               const float* x, const float* P, const float* rstd) {
+    const int Nr = ctx_.Nr;
+    if (pass == Pass::whole) norm.backward(dx, G, dy, x, P, rstd, Nr);
+    else if (pass == Pass::input) norm.backward_input(si, dx, dy, x, P, rstd, Nr);
+    else norm.backward_weight(si, G, x, rstd, Nr);
+}
+
 // The last chunk's start of the backward, from grad_scale * dL/dlogits (the loss left it in
 // s.logits): the head and the final norm, as the pass says. A head tied to this rank's own
 // embedding completes only with the embedding's backward (under ZeRO >= 2 it is computed there).
@@ -332,13 +340,10 @@ void ModelChunk::head_backward(int si, const float* params, float* grads, Pass p
         }
     }
     if (pass != Pass::input && !head_is_local_embedding_) lin_.done(Gh + head_->offset(), head_->numel());
-    if (pass == Pass::weight) {
-        final_norm_->backward_weight(si, n.grads(), s.res.back(), s.rstd_f, Nr);
-        return;
-    }
-    be_.zero(s.dres, size_t(Nr) * ctx_.d.C);
-    if (pass == Pass::whole) final_norm_->backward(s.dres, n.grads(), dxf, s.res.back(), n.params, s.rstd_f, Nr);
-    else final_norm_->backward_input(si, s.dres, dxf, s.res.back(), n.params, s.rstd_f, Nr);
+    if (pass != Pass::weight) be_.zero(s.dres, size_t(Nr) * ctx_.d.C);
+    // (B opens no gradient window: n.grads() only where the weight's gradient is made.)
+    norm_backward(*final_norm_, pass, si, s.dres, pass != Pass::input ? n.grads() : nullptr, dxf, s.res.back(),
+                  n.params, s.rstd_f);
 }
 
 void ModelChunk::embedding_weight(Slot& s, float* grads) {

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "quintet/core/stats.hpp"
 #include "quintet/io/h5.hpp"
 #include "quintet/io/metrics_schema.hpp"
 
@@ -14,9 +15,7 @@ namespace fs = std::filesystem;
 
 double median(std::vector<double> v) {
     v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return !std::isfinite(x); }), v.end());
-    if (v.empty()) return std::nan("");
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    return v.empty() ? std::nan("") : median_of(v);
 }
 
 std::vector<double> steady(const std::vector<double>& v) {

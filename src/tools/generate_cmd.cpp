@@ -172,15 +172,14 @@ int generate_main(int argc, char** argv) {
     }
     start_if_empty(ids, tok);
     auto be = make_cpu_backend(threads);
-    const int trained_ctx = meta.trained_context > 0 ? int(meta.trained_context) : deck.data.seq_len;
+    const int trained = meta.trained_context > 0 ? int(meta.trained_context) : deck.data.seq_len;
     const SamplingOptions sampling{temperature, top_k};
     if (many) {
         PromptsOptions po;
         po.file = prompts_file, po.batch = batch, po.tokens = tokens, po.stop_id = stop_id, po.seed = seed;
         po.print_ids = vm.count("print-ids") > 0, po.full_kv = kv_cache == "full", po.checkpoint = ckpt;
-        return generate_prompts(*be, deck.model, deck.rope, trained_ctx, table, params, tok, sampling, po);
+        return generate_prompts(*be, deck.model, deck.rope, trained, table, params, tok, sampling, po);
     }
-    const int trained = trained_ctx;
     warn_untrained_positions(deck.rope, trained, int64_t(ids.size()), tokens, "the prompt", ckpt);
     Decoder dec(*be, deck.model, deck.rope, trained, table, params, int(ids.size()) + tokens,
                 kv_cache == "full");

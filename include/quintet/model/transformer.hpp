@@ -177,6 +177,10 @@ private:
     // the pass says: dres, dL/d(its output), becomes dL/dx (whole, B); gradients into G (whole, W).
     void layer_backward(Layer& layer, int bs, int si, const TokenInfo& tok, const LayerSaved& l, const float* x,
                         float* dres, const float* P, float* G, Pass pass);
+    // One RMSNorm's backward as the pass says: whole (dx += ..., dw += ...), B (dx += ..., its
+    // incoming gradient kept for W) or W (dw += ... from what B kept; dx, dy and P unread).
+    void norm_backward(RmsNormLayer& norm, Pass pass, int si, float* dx, float* G, const float* dy, const float* x,
+                       const float* P, const float* rstd);
     double loss(Slot& s, const float* params, float grad_scale, bool need_grad);
     // The one reverse walk: the head, the layers, the embedding, as the pass says.
     void backward_pass(int si, const float* params, float* grads, Pass pass);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "quintet/core/stats.hpp"  // median_of, which the report takes of the ranks' times
 #include "quintet/parallel/layout.hpp"
 
 namespace quintet {
@@ -55,8 +56,5 @@ private:
     int64_t steps_ = 0;
     std::vector<double> scratch_;
 };
-
-// The median of v (v reordered); 0 for an empty v.
-double median_of(std::vector<double>& v);
 
 }  // namespace quintet

@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <vector>
 #include <cstdint>
+#include <vector>
+
+#include "quintet/core/stats.hpp"
 
 #if QUINTET_BLAS_BLIS
 // Declared in blis.h (which BLIS's cblas.h does not pull in); dim_t is 64-bit in Debian's build.
@@ -72,13 +74,6 @@ double cpu_measure_sgemm_gflops(Backend& be, int n, int repeats) {
     be.release(c);
     return best;
 }
-
-namespace {
-double median_of(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-}  // namespace
 
 double cpu_measure_read_gbs(Backend& be, int mib, int repeats) {
     const size_t n = size_t(mib) << 18;  // floats

@@ -370,7 +370,7 @@ constexpr int kFewRows = 8;
 int few_rows_max() {
     static const int m = [] {
         const char* env = std::getenv("QUINTET_FEW_ROWS");
-        return env ? std::max(0, std::atoi(env)) : 8;
+        return env ? std::max(0, std::atoi(env)) : kFewRows;
     }();
     return m;
 }

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <random>
 #include <thread>
@@ -80,6 +81,24 @@ int wait_status(pid_t pid) {
 
 double seconds(std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// SIGINT to a started command's process group and, under mpirun, to the ranks it started, which
+// Open MPI puts in process groups of their own (and to which mpirun passes a SIGINT on only
+// after they finish work this short): as a batch system's cancel signals every task.
+void interrupt(pid_t pid) {
+    kill(-pid, SIGINT);
+    std::ifstream children("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+    for (pid_t child; children >> child;) kill(-child, SIGINT);
+}
+
+// The units of work a prepare into `corpus` has finished (their counts written last).
+int units_done(const fs::path& corpus) {
+    std::error_code ec;
+    int n = 0;
+    for (fs::directory_iterator it(corpus / ".prepare", ec), end; !ec && it != end; it.increment(ec))
+        n += it->path().extension() == ".json" && it->path().filename().string().rfind("unit_", 0) == 0;
+    return n;
 }
 
 struct PrepareFaults : ::testing::Test {
@@ -246,7 +265,8 @@ TEST_F(PrepareFaults, SigintAtRandomMomentsThenResumeEqualsUninterrupted) {
         return (ranks > 1 ? kMpirun + " -x QUINTET_PREPARE_UNIT_BYTES -n 2 " : std::string()) + kBinary + args +
                (resume ? " --resume" : "");
     };
-    setenv("QUINTET_PREPARE_UNIT_BYTES", "1000000", 1);  // 26 units of work
+    setenv("QUINTET_PREPARE_UNIT_BYTES", "1000000", 1);
+    constexpr int kUnits = 26;  // units of work of 1 MB
     std::map<std::string, std::string> ref;
     int stops = 0;
     bool train_checked = false;
@@ -266,12 +286,27 @@ TEST_F(PrepareFaults, SigintAtRandomMomentsThenResumeEqualsUninterrupted) {
         for (int round = 0; round < 10 && !done; ++round) {
             const std::string log_name = "run" + std::to_string(round) + ".log";
             const auto before = tree(work / "corpus");
+            const int had = units_done(work / "corpus");
             const pid_t pid = start(work, command(ranks, round > 0), log_name);
-            // The first stop anywhere in the run, later ones early (a resumed run has less left).
             const double u = double(g() % 1000) / 1000.0;
-            const double at = d * (round == 0 ? 0.25 + 0.6 * u : 0.15 + 0.3 * u);
-            std::this_thread::sleep_for(std::chrono::duration<double>(at));
-            if (round < 5) kill(-pid, SIGINT);
+            if (round == 0 || had >= kUnits - 1) {
+                // The first stop anywhere in the run (start-up, the tokenizer, the units, the
+                // shards), a later one with little work left early.
+                std::this_thread::sleep_for(std::chrono::duration<double>(d * (round == 0 ? 0.25 + 0.6 * u : 0.15 + 0.3 * u)));
+            } else {
+                // Other stops amid the units (a resumed run has less left than the first, and a
+                // time on a loaded host can fall in its start-up or after its end): after a
+                // random number of the units it had left.
+                const int target = had + 1 + int(u * (kUnits - 1 - had));
+                const auto t0 = std::chrono::steady_clock::now();
+                auto running = [&] {  // not yet ended (the status is left for wait_status)
+                    siginfo_t info{};
+                    return waitid(P_PID, id_t(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == 0;
+                };
+                while (units_done(work / "corpus") < target && running() && seconds(t0) < 60)
+                    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            }
+            if (round < 5) interrupt(pid);
             const int st = wait_status(pid);
             const std::string log = read_file(work / log_name);
             if (st == 0) {
